@@ -1,0 +1,1 @@
+"""diagtrain dashboard: the Dash app that reads analyzer output (not built yet)."""

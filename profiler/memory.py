@@ -1,0 +1,53 @@
+"""Peak memory of one step: the CUDA caching allocator's peak on GPU, peak RSS on CPU.
+
+On Linux the kernel's peak-RSS counter (VmHWM) can be reset by writing ``5`` to
+``/proc/self/clear_refs``, which gives a true per-step peak on CPU. Where that is not allowed the
+process-lifetime peak (``ru_maxrss``) is the fallback, and the record says which one it is.
+"""
+
+from __future__ import annotations
+
+import resource
+from pathlib import Path
+
+import torch
+
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+_STATUS = Path("/proc/self/status")
+_RESET_PEAK_RSS = b"5"  # clear_refs code that resets VmHWM (Linux >= 4.0)
+
+
+class PeakMemory:
+    """Resets and reads the peak memory of the current process for one device."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.source = "cuda_max_allocated" if device.type == "cuda" else "rss_peak"
+        self._can_reset_rss = self.source == "rss_peak" and self._try_reset_rss()
+        if self.source == "rss_peak" and not self._can_reset_rss:
+            self.source = "rss_lifetime_peak"
+
+    @staticmethod
+    def _try_reset_rss() -> bool:
+        try:
+            _CLEAR_REFS.write_bytes(_RESET_PEAK_RSS)
+            return True
+        except OSError:
+            return False
+
+    def reset(self) -> None:
+        """Start a new measurement window (called at the start of each step)."""
+        if self.source == "cuda_max_allocated":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        elif self._can_reset_rss:
+            self._try_reset_rss()
+
+    def read(self) -> int:
+        """Peak bytes since the last :meth:`reset` (or since start, for the lifetime fallback)."""
+        if self.source == "cuda_max_allocated":
+            return int(torch.cuda.max_memory_allocated(self.device))
+        if self._can_reset_rss:
+            for line in _STATUS.read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024

@@ -1,0 +1,190 @@
+"""Fault injection: ``--inject KIND:key=value,...`` specs, and what each one does inside a rank.
+
+Every injected fault is ground truth for the analyzer: rank 0 writes the parsed list to
+``injected.json`` in the run directory before training starts.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from diagtrain.profiler.step_ranges import StepRange, parse_step_range
+
+# kind -> (required keys, optional keys); "ms|factor" means exactly one of the two.
+FAULT_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "straggler": (("rank", "ms|factor"), ("steps",)),
+    "dataloader_stall": (("rank", "ms"), ("every", "steps")),
+    "slow_comm": (("rank", "ms"), ("steps",)),
+    "mem_imbalance": (("rank", "mb"), ()),
+    "hang": (("rank", "step"), ()),
+    "pp_imbalance": (("stage", "layers"), ()),
+    "few_microbatches": (("microbatches",), ()),
+}
+_INT_KEYS = {"rank", "step", "every", "stage", "layers", "microbatches"}
+_FLOAT_KEYS = {"ms", "factor", "mb"}
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """One injected fault: what, on which rank, at which step, with which parameters."""
+
+    kind: str
+    rank: int | None = None
+    step: int | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    text: str = ""
+
+    @property
+    def steps(self) -> StepRange | None:
+        """The steps it is active in (``None``: every step)."""
+        return parse_step_range(self.params["steps"]) if "steps" in self.params else None
+
+    def active(self, step: int) -> bool:
+        """Whether the fault acts at ``step``."""
+        return self.steps is None or step in self.steps
+
+    def to_json(self) -> dict[str, Any]:
+        """The ground-truth record: ``{kind, rank, step, params}``."""
+        return {"kind": self.kind, "rank": self.rank, "step": self.step, "params": dict(self.params)}
+
+
+def parse_fault(text: str) -> FaultSpec:
+    """Parse ``KIND:key=value,...``; raise ``ValueError`` naming the spec and the problem."""
+    kind, _, rest = text.partition(":")
+    kind = kind.strip()
+    if kind not in FAULT_KINDS:
+        raise ValueError(f"{text!r}: unknown fault kind {kind!r}; known: {', '.join(FAULT_KINDS)}")
+    required, optional = FAULT_KINDS[kind]
+    allowed = {k for key in required + optional for k in key.split("|")}
+    values: dict[str, Any] = {}
+    for item in filter(None, (s.strip() for s in rest.split(","))):
+        key, eq, raw = item.partition("=")
+        if not eq or not raw:
+            raise ValueError(f"{text!r}: {item!r} is not key=value")
+        if key not in allowed:
+            raise ValueError(f"{text!r}: {kind} takes {', '.join(sorted(allowed))}, not {key!r}")
+        values[key] = _convert(text, key, raw)
+    for key in required:
+        present = [k for k in key.split("|") if k in values]
+        if len(present) != 1:
+            raise ValueError(f"{text!r}: {kind} needs exactly one of {key.replace('|', ' or ')}")
+    rank, step = values.pop("rank", None), values.pop("step", None)
+    return FaultSpec(kind, rank, step, values, text)
+
+
+def _convert(text: str, key: str, raw: str) -> Any:
+    try:
+        if key == "steps":
+            return str(parse_step_range(raw))
+        value = int(raw) if key in _INT_KEYS else float(raw)
+    except ValueError:
+        kind = "a step range" if key == "steps" else "an integer" if key in _INT_KEYS else "a number"
+        raise ValueError(f"{text!r}: {key}={raw!r} is not {kind}") from None
+    minimum = 0 if key in ("rank", "stage") else 1 if key in _INT_KEYS else 0
+    if value < minimum or (key == "factor" and value < 1):
+        raise ValueError(f"{text!r}: {key}={raw} is out of range")
+    return value
+
+
+class FaultInjector:
+    """Applies the faults that target this rank; every method is a no-op when none does."""
+
+    def __init__(self, faults: list[FaultSpec], rank: int, forward_calls_per_step: int) -> None:
+        self.faults = [f for f in faults if f.rank == rank]
+        self.forward_calls_per_step = forward_calls_per_step
+        self.step = 1
+        self._held: torch.Tensor | None = None
+
+    def _get(self, kind: str) -> FaultSpec | None:
+        return next((f for f in self.faults if f.kind == kind and f.active(self.step)), None)
+
+    def hold_memory(self, device: torch.device) -> None:
+        """mem_imbalance: allocate and keep ``mb`` MiB, touched so that it is resident."""
+        fault = next((f for f in self.faults if f.kind == "mem_imbalance"), None)
+        if fault is not None:
+            self._held = torch.ones(int(fault.params["mb"] * 2**20) // 4, device=device)
+
+    def data_delay(self) -> None:
+        """dataloader_stall: sleep in the data phase every ``every`` steps."""
+        fault = self._get("dataloader_stall")
+        if fault is not None and self.step % int(fault.params.get("every", 1)) == 0:
+            time.sleep(fault.params["ms"] / 1e3)
+
+    def skips_metrics_collective(self) -> bool:
+        """hang: this rank does not enter the step's metrics all-reduce (a conditional collective)."""
+        return any(f.kind == "hang" and f.step == self.step for f in self.faults)
+
+    def slow_forward(self, modules: list[nn.Module]) -> None:
+        """straggler: make every forward call of ``modules`` slower by ``ms`` per step or ``factor``."""
+        if not any(f.kind == "straggler" for f in self.faults):
+            return
+        for module in modules:
+            module.register_forward_pre_hook(self._forward_start)
+            module.register_forward_hook(self._forward_end)
+
+    def _forward_start(self, module: nn.Module, args: Any) -> None:
+        module._diagtrain_fwd_start = time.perf_counter()
+
+    def _forward_end(self, module: nn.Module, args: Any, output: Any) -> None:
+        fault = self._get("straggler")
+        if fault is None:
+            return
+        if "ms" in fault.params:
+            delay = fault.params["ms"] / 1e3 / self.forward_calls_per_step
+        else:
+            delay = (time.perf_counter() - module._diagtrain_fwd_start) * (fault.params["factor"] - 1)
+        time.sleep(delay)
+
+    def slow_collectives(self, ddp_model: nn.Module | None) -> None:
+        """slow_comm: sleep ``ms`` before each collective this rank issues."""
+        if not any(f.kind == "slow_comm" for f in self.faults):
+            return
+        for module, names in _collective_entry_points():
+            for name in names:
+                if hasattr(module, name):
+                    setattr(module, name, self._delayed(getattr(module, name)))
+        if ddp_model is not None:
+            # DDP's reducer issues its all-reduces from C++; a comm hook is the way in.
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            def hook(state: Any, bucket: Any) -> Any:
+                self._comm_delay()
+                return default_hooks.allreduce_hook(state, bucket)
+
+            ddp_model.register_comm_hook(None, hook)
+
+    def _comm_delay(self) -> None:
+        fault = self._get("slow_comm")
+        if fault is not None:
+            time.sleep(fault.params["ms"] / 1e3)
+
+    def _delayed(self, fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            self._comm_delay()
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+
+def _collective_entry_points() -> list[tuple[Any, tuple[str, ...]]]:
+    """The Python-level functions that FSDP2, DTensor and pipelining call to communicate."""
+    import torch.distributed._functional_collectives as funcol
+
+    c10d = (
+        "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single",
+        "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "broadcast",
+        "all_to_all_single", "batch_isend_irecv", "send", "recv", "barrier",
+    )
+    functional = (
+        "all_reduce", "all_gather_tensor", "all_gather_single", "reduce_scatter_tensor",
+        "reduce_scatter_single", "all_to_all_single", "broadcast",
+    )
+    return [(dist, c10d), (funcol, functional)]
