@@ -15,6 +15,8 @@ nothing, so a script keeps working outside diagtrain.
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import time
 from contextlib import contextmanager
@@ -88,14 +90,16 @@ class StepRecorder:
             self._begin_step()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type | None, *exc: object) -> None:
         if not self.enabled:
             return
         # A window cut short (error, or fewer steps than asked) is still exported: it is often
-        # the most interesting trace of the run.
+        # the most interesting trace of the run. After a clean end the open step is only the
+        # tail after the last step() call, not a step, so its annotation is dropped.
+        unfinished = self.step_num if exc_type is None and self._step_annotation is not None else None
         self._end_profiled_step()
         if self._profiler is not None:
-            self._stop_profiler()
+            self._stop_profiler(drop_step=unfinished)
         self._steps.close()
 
     # -- the API a training loop calls ---------------------------------------------------------
@@ -179,7 +183,7 @@ class StepRecorder:
         )
         self._profiler.__enter__()
 
-    def _stop_profiler(self) -> None:
+    def _stop_profiler(self, drop_step: int | None = None) -> None:
         profiler, window = self._profiler, self._window
         self._profiler, self._window = None, None
         profiler.__exit__(None, None, None)
@@ -188,4 +192,15 @@ class StepRecorder:
         # suffix, and the rename makes the finished file appear whole.
         tmp = self.dir / f".tmp-{os.getpid()}-{name}"
         profiler.export_chrome_trace(str(tmp))
+        if drop_step is not None:
+            _drop_annotation(tmp, f"ProfilerStep#{drop_step}")
         os.replace(tmp, self.dir / name)
+
+
+def _drop_annotation(path: Path, name: str) -> None:
+    """Remove the events called ``name`` from a gzipped Chrome trace, in place."""
+    with gzip.open(path, "rt") as f:
+        trace = json.load(f)
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("name") != name]
+    with gzip.open(path, "wt") as f:
+        json.dump(trace, f)

@@ -53,7 +53,7 @@ class TrainConfig:
     vocab: int = 256
     global_batch: int = 8
     grad_accum: int = 1
-    lr: float = 3e-3
+    lr: float = 1e-2
     seed: int = 0
     bf16: bool = False
     activation_checkpoint: bool = False
@@ -145,7 +145,7 @@ def parse_mesh(text: str) -> ParallelDims:
     parts = text.lower().split("x")
     if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
         raise argparse.ArgumentTypeError(
-            f"--mesh {text!r}: expected PPxDPxTP with positive integers, e.g. 2x2x2"
+            f"{text!r}: expected PPxDPxTP with positive integers, e.g. 2x2x2"
         )
     return ParallelDims(*(int(p) for p in parts))
 
@@ -154,7 +154,7 @@ def _fault(text: str) -> FaultSpec:
     try:
         return parse_fault(text)
     except ValueError as e:
-        raise argparse.ArgumentTypeError(f"--inject {e}") from None
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _bool(text: str) -> bool:
@@ -179,7 +179,7 @@ def add_train_arguments(p: argparse.ArgumentParser, *, with_nproc: bool) -> None
     p.add_argument("--vocab", type=int, default=256, help="vocabulary size (default 256)")
     p.add_argument("--global-batch", type=int, default=8, help="sequences per micro-step over all data-parallel ranks (default 8)")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step (default 1)")
-    p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default 3e-3)")
+    p.add_argument("--lr", type=float, default=1e-2, help="AdamW learning rate (default 1e-2)")
     p.add_argument("--seed", type=int, default=0, help="seed of the model init and the synthetic data")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast for forward")
     p.add_argument("--activation-checkpoint", action="store_true", help="recompute each block in backward")

@@ -154,10 +154,13 @@ class FaultInjector:
             # DDP's reducer issues its all-reduces from C++; a comm hook is the way in.
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-            def hook(state: Any, bucket: Any) -> Any:
+            def hook(state, bucket):
                 self._comm_delay()
                 return default_hooks.allreduce_hook(state, bucket)
 
+            # DDP inspects these annotations; postponed (string) annotations would not match.
+            hook.__annotations__ = {"state": object, "bucket": dist.GradBucket,
+                                    "return": torch.futures.Future[torch.Tensor]}
             ddp_model.register_comm_hook(None, hook)
 
     def _comm_delay(self) -> None:

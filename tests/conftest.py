@@ -1,0 +1,75 @@
+"""Shared helpers: run real multi-process trainer jobs and read what they wrote."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+# A trainer job that has not finished by then is stuck; the suite must not wait forever.
+JOB_TIMEOUT_S = 240
+
+
+@dataclass
+class Run:
+    """A finished trainer job and its run directory."""
+
+    out: Path
+    returncode: int
+    stderr: str
+
+    def steps(self, rank: int) -> list[dict]:
+        lines = (self.out / "ranks" / str(rank) / "steps.jsonl").read_text().splitlines()
+        return [json.loads(line) for line in lines]
+
+    def losses(self, rank: int = 0) -> list[float]:
+        return [r["loss"] for r in self.steps(rank)]
+
+    def parameters(self, rank: int) -> dict:
+        return json.loads((self.out / "ranks" / str(rank) / "parameters.json").read_text())
+
+    def json(self, name: str):
+        return json.loads((self.out / name).read_text())
+
+    def traces(self, rank: int) -> list[Path]:
+        return sorted((self.out / "ranks" / str(rank)).glob("trace-*.json.gz"))
+
+
+def load_trace(path: Path) -> dict:
+    with gzip.open(path) as f:
+        return json.load(f)
+
+
+def phase(records: list[dict], name: str) -> list[float]:
+    """One phase's time (ms) per step."""
+    return [r["phases_ms"].get(name, 0.0) for r in records]
+
+
+def train(out: Path | None, *args: str, nproc: int = 2, check: bool = True, cwd: Path | None = None) -> Run:
+    """Run ``diagtrain train`` for real (torch.distributed.run, gloo) and wait for it.
+
+    With ``out=None`` the launcher picks the run directory, and the one it announces is used.
+    """
+    cmd = [sys.executable, "-m", "diagtrain.profiler.cli", "train", "--nproc", str(nproc), *args]
+    if out is not None:
+        cmd += ["--out", str(out)]
+    env = {k: v for k, v in os.environ.items() if k != "DIAGTRAIN_RUN_DIR"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=JOB_TIMEOUT_S, env=env, cwd=cwd)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
+    announced = re.search(r"^diagtrain: run directory (.+)$", proc.stderr, re.MULTILINE)
+    return Run(Path(announced.group(1)) if out is None else out, proc.returncode, proc.stderr)
+
+
+@pytest.fixture(scope="session")
+def reference_run(tmp_path_factory) -> Run:
+    """The single-process loss curve every data-parallel strategy must follow."""
+    cwd = tmp_path_factory.mktemp("single")
+    return train(None, "--strategy", "ddp", "--steps", "6", nproc=1, cwd=cwd)
