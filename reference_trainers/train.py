@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -71,6 +72,7 @@ def _train(config: TrainConfig, device: torch.device, mesh) -> None:
     # cleanly instead of pairing the skipped all-reduce with a gradient all-reduce.
     metrics_group = dist.new_group(group_desc="metrics")
     windows = parse_step_ranges(config.profile_steps)
+    progress = _Progress(config.steps)
     with StepRecorder(out, rank=rank, profile_steps=windows, device=device) as rec:
         for step in range(1, config.steps + 1):
             faults.step = step
@@ -86,6 +88,11 @@ def _train(config: TrainConfig, device: torch.device, mesh) -> None:
                     checkpoint.save(model.parts, optimizers, out / "checkpoints" / f"step-{step}")
             samples = config.global_batch * config.grad_accum
             rec.step(samples=samples, tokens=samples * config.seq_len, loss=loss)
+            if rank == 0:
+                progress.update(step, loss)
+    if rank == 0:
+        print(f"[diagtrain] done: {config.steps} steps of {config.strategy} on {config.nproc} ranks; run directory {out}",
+              flush=True)
 
 
 def _train_step(config: TrainConfig, model: Parallelized, device: torch.device, rec: StepRecorder,
@@ -151,6 +158,26 @@ def _global_mean(total: float, count: int, device: torch.device, group, *, skip:
     if not skip:
         dist.all_reduce(t, group=group)
     return (t[0] / t[1]).item() if t[1] > 0 else None
+
+
+class _Progress:
+    """Rank 0's log line about every tenth of the run: step, loss, time per step."""
+
+    LINES_PER_RUN = 10  # enough to see the loss fall, few enough to read
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+        self.every = max(1, steps // self.LINES_PER_RUN)
+        self.last_time, self.last_step = time.perf_counter(), 0
+
+    def update(self, step: int, loss: float | None) -> None:
+        if step % self.every and step != self.steps:
+            return
+        now = time.perf_counter()
+        per_step_ms = (now - self.last_time) / (step - self.last_step) * 1e3
+        self.last_time, self.last_step = now, step
+        loss_text = f"{loss:.4f}" if loss is not None else "n/a"
+        print(f"[diagtrain] step {step}/{self.steps}  loss {loss_text}  {per_step_ms:.0f} ms/step", flush=True)
 
 
 def _agree_on_run_dir(config: TrainConfig) -> Path:
