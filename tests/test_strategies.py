@@ -181,3 +181,28 @@ def _numel(shape: list[int]) -> int:
     for s in shape:
         n *= s
     return n
+
+
+# -- Training options ---------------------------------------------------------------------------
+
+LINEARS_PER_FORWARD = 4 * 6 + 1  # q, k, v, o, w1, w2 per layer, and the output projection
+LINEARS_RECOMPUTED = 4 * 6  # activation checkpointing replays each block's forward in backward
+
+
+def _linear_inputs(run: Run) -> list[list[str]]:
+    events = load_trace(run.traces(0)[0])["traceEvents"]
+    return [e["args"]["Input type"] for e in events if e.get("name") == "aten::linear"]
+
+
+def test_grad_accumulation_and_activation_checkpointing(fsdp_run, tmp_path):
+    run = train(tmp_path, "--strategy", "fsdp", "--steps", "2", "--profile-steps", "2",
+                "--activation-checkpoint", "--grad-accum", "2")
+    assert len(_linear_inputs(fsdp_run)) == LINEARS_PER_FORWARD
+    assert len(_linear_inputs(run)) == 2 * (LINEARS_PER_FORWARD + LINEARS_RECOMPUTED)
+    assert [r["samples"] for r in run.steps(0)] == [16, 16]
+
+
+def test_bf16_autocast_runs_linears_in_bfloat16(fsdp_run, tmp_path):
+    run = train(tmp_path, "--strategy", "ddp", "--steps", "2", "--profile-steps", "2", "--bf16")
+    assert any("c10::BFloat16" in types for types in _linear_inputs(run))
+    assert not any("c10::BFloat16" in types for types in _linear_inputs(fsdp_run))
