@@ -48,7 +48,7 @@ class TrainConfig:
     mesh: ParallelDims | None = None
     layers: int | None = None
     dim: int = 64
-    heads: int = 4
+    heads: int = 8
     seq_len: int = 32
     vocab: int = 256
     global_batch: int = 8
@@ -174,7 +174,7 @@ def add_train_arguments(p: argparse.ArgumentParser, *, with_nproc: bool) -> None
     p.add_argument("--mesh", type=parse_mesh, help="3d only: PPxDPxTP, e.g. 2x2x2 (default from the rank count)")
     p.add_argument("--layers", type=int, help=f"transformer layers (default max({DEFAULT_LAYERS}, pipeline stages))")
     p.add_argument("--dim", type=int, default=64, help="model width (default 64)")
-    p.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
+    p.add_argument("--heads", type=int, default=8, help="attention heads (default 8)")
     p.add_argument("--seq-len", type=int, default=32, help="tokens per sequence (default 32)")
     p.add_argument("--vocab", type=int, default=256, help="vocabulary size (default 256)")
     p.add_argument("--global-batch", type=int, default=8, help="sequences per micro-step over all data-parallel ranks (default 8)")

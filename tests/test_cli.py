@@ -31,7 +31,7 @@ def test_no_command_is_a_usage_error():
     (["--strategy", "3d", "--nproc", "8", "--mesh", "2x2x3"], "--mesh 2x2x3 (pp x dp x tp) has 12 ranks, but --nproc is 8"),
     (["--strategy", "3d", "--nproc", "8", "--mesh", "2x4"], "expected PPxDPxTP"),
     (["--strategy", "ddp", "--mesh", "1x2x1"], "--mesh applies to --strategy 3d only"),
-    (["--strategy", "tp", "--nproc", "3"], "--heads 4 is not divisible by the tensor-parallel degree 3"),
+    (["--strategy", "tp", "--nproc", "3"], "--heads 8 is not divisible by the tensor-parallel degree 3"),
     (["--strategy", "ddp", "--inject", "straggler:rank=1"], "straggler needs exactly one of ms or factor"),
     (["--strategy", "ddp", "--inject", "teleport:rank=1"], "unknown fault kind 'teleport'"),
     (["--strategy", "ddp", "--inject", "straggler:rank=7,ms=5"], "rank 7 is outside 0..1"),

@@ -206,3 +206,11 @@ def test_bf16_autocast_runs_linears_in_bfloat16(fsdp_run, tmp_path):
     run = train(tmp_path, "--strategy", "ddp", "--steps", "2", "--profile-steps", "2", "--bf16")
     assert any("c10::BFloat16" in types for types in _linear_inputs(run))
     assert not any("c10::BFloat16" in types for types in _linear_inputs(fsdp_run))
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "tp", "pp", "3d"])
+def test_every_strategy_runs_on_4_ranks(tmp_path, reference_run, strategy):
+    run = train(tmp_path, "--strategy", strategy, "--steps", "2", "--layers", "4", nproc=4)
+    for rank in range(4):
+        assert [r["step"] for r in run.steps(rank)] == [1, 2]
+    assert_follows(run, reference_run, rank=3)
