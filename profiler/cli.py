@@ -14,8 +14,10 @@ def build_parser() -> argparse.ArgumentParser:
         "which rank, which step, which operation.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    from diagtrain.profiler import run_command
     from diagtrain.reference_trainers import launch
 
+    run_command.add_parser(subparsers)
     launch.add_parser(subparsers)
     return parser
 

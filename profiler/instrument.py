@@ -37,6 +37,15 @@ from diagtrain.profiler.step_ranges import StepRange, parse_step_ranges
 
 PROFILE_STEPS_ENV = "DIAGTRAIN_PROFILE_STEPS"
 
+# Set while a recorder the program created itself is open; the optimizer-hook recorder that
+# `diagtrain run` installs then stands down, so steps are never counted twice.
+_explicit_recorders = 0
+
+
+def explicit_recorder_active() -> bool:
+    """Whether the program drives a StepRecorder itself."""
+    return _explicit_recorders > 0
+
 
 def current_rank() -> int:
     """This process's global rank: from torch.distributed once initialized, else ``$RANK``, else 0."""
@@ -60,6 +69,8 @@ class StepRecorder:
         profile_steps: list[StepRange] | str | None = None,
         device: torch.device | None = None,
         first_step: int = 1,
+        implicit: bool = False,
+        started_at: float | None = None,
     ) -> None:
         run_dir = run_dir if run_dir is not None else os.environ.get(RUN_DIR_ENV)
         self.enabled = bool(run_dir)
@@ -77,10 +88,16 @@ class StepRecorder:
         self._profiler: torch.profiler.profile | None = None
         self._window: StepRange | None = None
         self._step_annotation: Any = None
+        self._phase_starts: dict[str, tuple[float, Any]] = {}
+        self.implicit = implicit
+        self._first_start = started_at  # time.perf_counter() when step 1 began, if before entering
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     def __enter__(self) -> "StepRecorder":
+        global _explicit_recorders
+        if not self.implicit:
+            _explicit_recorders += 1
         if self.enabled:
             self.rank = self._rank if self._rank is not None else current_rank()
             self.dir = rank_dir(self.run_dir, self.rank)
@@ -91,6 +108,9 @@ class StepRecorder:
         return self
 
     def __exit__(self, exc_type: type | None, *exc: object) -> None:
+        global _explicit_recorders
+        if not self.implicit:
+            _explicit_recorders -= 1
         if not self.enabled:
             return
         # A window cut short (error, or fewer steps than asked) is still exported: it is often
@@ -107,20 +127,30 @@ class StepRecorder:
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Time a phase of the current step (data, forward, backward, optimizer, ...)."""
-        if not self.enabled:
+        self.begin_phase(name)
+        try:
             yield
+        finally:
+            self.end_phase(name)
+
+    def begin_phase(self, name: str) -> None:
+        """Start timing ``name``; for code where a ``with`` block does not fit (hooks)."""
+        if not self.enabled:
             return
         annotation = None
         if self._profiler is not None:
             annotation = torch.profiler.record_function(f"diagtrain.phase.{name}")
             annotation.__enter__()
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self._phases[name] = self._phases.get(name, 0.0) + time.perf_counter() - start
-            if annotation is not None:
-                annotation.__exit__(None, None, None)
+        self._phase_starts[name] = (time.perf_counter(), annotation)
+
+    def end_phase(self, name: str) -> None:
+        """Stop timing ``name`` and add the time to the current step."""
+        if not self.enabled or name not in self._phase_starts:
+            return
+        start, annotation = self._phase_starts.pop(name)
+        self._phases[name] = self._phases.get(name, 0.0) + time.perf_counter() - start
+        if annotation is not None:
+            annotation.__exit__(None, None, None)
 
     def step(self, **metrics: Any) -> None:
         """End the current step, writing its record with ``metrics`` (samples, tokens, loss, ...)."""
@@ -167,7 +197,8 @@ class StepRecorder:
             self._step_annotation = torch.profiler.record_function(f"ProfilerStep#{self.step_num}")
             self._step_annotation.__enter__()
         self._memory.reset()
-        self._step_start = time.perf_counter()
+        self._step_start = self._first_start or time.perf_counter()
+        self._first_start = None
 
     def _end_profiled_step(self) -> None:
         if self._step_annotation is not None:

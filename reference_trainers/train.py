@@ -71,7 +71,8 @@ def _train(config: TrainConfig, device: torch.device, mesh) -> None:
     # Loss logging gets its own group so that a rank skipping it (the hang fault) deadlocks
     # cleanly instead of pairing the skipped all-reduce with a gradient all-reduce.
     metrics_group = dist.new_group(group_desc="metrics")
-    windows = parse_step_ranges(config.profile_steps)
+    # Without --profile-steps, the recorder takes $DIAGTRAIN_PROFILE_STEPS (set by `diagtrain run`).
+    windows = parse_step_ranges(config.profile_steps) if config.profile_steps else None
     progress = _Progress(config.steps)
     with StepRecorder(out, rank=rank, profile_steps=windows, device=device) as rec:
         for step in range(1, config.steps + 1):

@@ -24,6 +24,7 @@ class Run:
     out: Path
     returncode: int
     stderr: str
+    stdout: str = ""
 
     def steps(self, rank: int) -> list[dict]:
         lines = (self.out / "ranks" / str(rank) / "steps.jsonl").read_text().splitlines()
@@ -40,6 +41,13 @@ class Run:
 
     def traces(self, rank: int) -> list[Path]:
         return sorted((self.out / "ranks" / str(rank)).glob("trace-*.json.gz"))
+
+    @property
+    def manifest(self) -> dict:
+        return self.json("manifest.json")
+
+    def text(self, rank: int, name: str) -> str:
+        return (self.out / "ranks" / str(rank) / name).read_text()
 
 
 def load_trace(path: Path) -> dict:
@@ -73,3 +81,22 @@ def reference_run(tmp_path_factory) -> Run:
     """The single-process loss curve every data-parallel strategy must follow."""
     cwd = tmp_path_factory.mktemp("single")
     return train(None, "--strategy", "ddp", "--steps", "6", nproc=1, cwd=cwd)
+
+
+USER_SCRIPT = Path(__file__).parent / "scripts" / "user_ddp.py"
+
+
+def torchrun(nproc: int, *extra: str) -> list[str]:
+    """A torchrun command line, as a user would type it."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *extra]
+
+
+def diagtrain_run(out: Path, *args: str, env: dict | None = None, check: bool = True) -> Run:
+    """``diagtrain run --out OUT ARGS...`` for real; ARGS holds options, ``--`` and the command."""
+    cmd = [sys.executable, "-m", "diagtrain.profiler.cli", "run", "--out", str(out), *args]
+    full_env = {k: v for k, v in os.environ.items() if k != "DIAGTRAIN_RUN_DIR"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
+                          env={**full_env, "OMP_NUM_THREADS": "1", **(env or {})})
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
+    return Run(out, proc.returncode, proc.stderr, proc.stdout)

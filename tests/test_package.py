@@ -18,8 +18,9 @@ def test_wheel_contains_every_subpackage(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     for sub in SUBPACKAGES:
         folder = REPO / sub
-        for source in folder.glob("*.py"):
-            assert f"diagtrain/{sub}/{source.name}" in names, f"{sub}/{source.name} missing from the wheel"
+        for source in folder.rglob("*.py"):
+            inside = source.relative_to(folder).as_posix()
+            assert f"diagtrain/{sub}/{inside}" in names, f"{sub}/{inside} missing from the wheel"
     assert not any(n.startswith(("tests/", "benchmarks/", "diagtrain/tests")) for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "diagtrain = diagtrain.profiler.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

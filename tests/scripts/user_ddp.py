@@ -1,0 +1,36 @@
+"""A user's DDP script that knows nothing of diagtrain (run under torchrun or plain python).
+
+Environment knobs for the tests: STEPS, STEP_SLEEP (seconds per step), FAIL_RANK and FAIL_STEP
+(that rank raises at that step), EXIT_CODE (exit with it at the end).
+"""
+
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+distributed = "RANK" in os.environ
+if distributed:
+    dist.init_process_group("gloo")
+rank = dist.get_rank() if distributed else 0
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+if distributed:
+    model = DistributedDataParallel(model)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+fail_rank, fail_step = int(os.environ.get("FAIL_RANK", -1)), int(os.environ.get("FAIL_STEP", 0))
+for step in range(1, int(os.environ.get("STEPS", "6")) + 1):
+    if rank == fail_rank and step == fail_step:
+        raise RuntimeError(f"injected failure on rank {rank} at step {step}")
+    loss = model(torch.randn(16, 32)).pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    time.sleep(float(os.environ.get("STEP_SLEEP", "0")))
+print(f"user script: rank {rank} finished", flush=True)
+print(f"user script: rank {rank} says goodbye on stderr", file=sys.stderr, flush=True)
+if distributed:
+    dist.destroy_process_group()
+sys.exit(int(os.environ.get("EXIT_CODE", "0")))
