@@ -26,7 +26,7 @@ class TelemetrySampler:
     """Samples host, rank processes and GPUs every ``interval`` seconds in a daemon thread."""
 
     def __init__(self, run_dir: Path, host_dir: Path, host: str, interval: float,
-                 say: Callable[[str], None]) -> None:
+                 say: Callable[[str], None], gpus: Any = None) -> None:
         self.host, self.interval = host, interval
         self.ranks = RankIndex(run_dir)
         self.out = JsonlAppender(host_dir / "telemetry.jsonl")
@@ -34,9 +34,8 @@ class TelemetrySampler:
         self._processes: dict[int, psutil.Process] = {}
         self._thread = threading.Thread(target=self._loop, name="diagtrain-telemetry", daemon=True)
         try:
-            self.gpus: nvml.NvmlReader | None = nvml.NvmlReader()
-            self.source = "nvml+psutil"
-            self.driver = self.gpus.driver
+            self.gpus = gpus or nvml.NvmlReader()  # anything with read() -> raw samples, and driver
+            self.source, self.driver = "nvml+psutil", self.gpus.driver
         except nvml.NvmlUnavailable as e:
             self.gpus, self.source, self.driver = None, "psutil", None
             say(f"no NVIDIA GPU telemetry here ({e}); sampling CPU and memory of each rank with psutil")

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import collections
+import json
 import os
 import re
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 
-from conftest import JOB_TIMEOUT_S, Run, load_trace, train
+from conftest import JOB_TIMEOUT_S, Run, diagtrain_run, load_trace, train
 
 STEPS = 6
 # Every strategy here computes the same math as one process (same init, same global batch, mean
@@ -209,8 +211,23 @@ def test_bf16_autocast_runs_linears_in_bfloat16(fsdp_run, tmp_path):
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "tp", "pp", "3d"])
-def test_every_strategy_runs_on_4_ranks(tmp_path, reference_run, strategy):
-    run = train(tmp_path, "--strategy", strategy, "--steps", "2", "--layers", "4", nproc=4)
+def test_every_strategy_on_4_ranks_under_diagtrain_run(tmp_path, reference_run, strategy):
+    out = tmp_path / "run"
+    run = diagtrain_run(out, "--profile-steps", "2", "--telemetry-interval", "0.2", "--", sys.executable, "-m",
+                        "diagtrain.profiler.cli", "train", "--strategy", strategy, "--nproc", "4",
+                        "--steps", "2", "--layers", "4")
+    manifest = run.manifest
+    assert manifest["status"] == "ok" and manifest["strategy"] == strategy and manifest["world_size"] == 4
+    assert manifest["exit_codes"] == {str(r): 0 for r in range(4)}
     for rank in range(4):
         assert [r["step"] for r in run.steps(rank)] == [1, 2]
+        [trace] = run.traces(rank)
+        events = load_trace(trace)
+        assert events["distributedInfo"]["rank"] == rank
+        assert any(e.get("name", "").startswith("gloo:") for e in events["traceEvents"])
+        assert json.loads(run.text(rank, "flight_recorder.json"))["entries"]
+        assert (out / f"ranks/{rank}/stderr.log").exists()
+    assert "[diagtrain] step 2/2" in run.text(0, "stdout.log")
+    processes = pd.read_parquet(out / "telemetry.parquet").query("kind == 'process'")
+    assert set(processes["rank"]) == {0, 1, 2, 3}
     assert_follows(run, reference_run, rank=3)
