@@ -29,9 +29,9 @@ from diagtrain.profiler.memory import PeakMemory
 from diagtrain.profiler.run_dir import (
     RUN_DIR_ENV,
     SCHEMA_VERSION,
+    Heartbeat,
     JsonlAppender,
     rank_dir,
-    write_json_atomic,
 )
 from diagtrain.profiler.step_ranges import StepRange, parse_step_ranges
 
@@ -103,6 +103,7 @@ class StepRecorder:
             self.dir = rank_dir(self.run_dir, self.rank)
             self.dir.mkdir(parents=True, exist_ok=True)
             self._steps = JsonlAppender(self.dir / "steps.jsonl")
+            self._heartbeat = Heartbeat(self.dir / "heartbeat")
             self._memory = PeakMemory(self.device)
             self._begin_step()
         return self
@@ -121,6 +122,7 @@ class StepRecorder:
         if self._profiler is not None:
             self._stop_profiler(drop_step=unfinished)
         self._steps.close()
+        self._heartbeat.close()
 
     # -- the API a training loop calls ---------------------------------------------------------
 
@@ -174,10 +176,7 @@ class StepRecorder:
             **metrics,
         }
         self._steps.append(record)
-        write_json_atomic(
-            self.dir / "heartbeat",
-            {"step": self.step_num, "time": record["end"], "pid": os.getpid()},
-        )
+        self._heartbeat.write({"step": self.step_num, "time": record["end"], "pid": os.getpid()})
         self._end_profiled_step()
         if self._window is not None and self.step_num >= self._window.last:
             self._stop_profiler()

@@ -66,3 +66,28 @@ class JsonlAppender:
     def close(self) -> None:
         """Close the file; further appends fail."""
         self._file.close()
+
+
+class Heartbeat:
+    """A small JSON record rewritten in place every step, for the watchdog and the progress view.
+
+    A rename per step costs about a millisecond on overlay filesystems, 1-2% of a short step. One
+    ``pwrite`` of a fixed-size record at offset 0 costs microseconds, and a single write of under
+    a page is never seen half-done by a reader on Linux; the padding keeps the file's length
+    constant so no stale tail survives a shorter record.
+    """
+
+    SIZE = 128
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Replace the record."""
+        data = json.dumps(record, separators=(",", ":")).encode()
+        if len(data) >= self.SIZE:
+            raise ValueError(f"heartbeat record over {self.SIZE} bytes: {data!r}")
+        os.pwrite(self._fd, data.ljust(self.SIZE - 1) + b"\n", 0)
+
+    def close(self) -> None:
+        os.close(self._fd)
