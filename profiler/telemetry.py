@@ -84,6 +84,8 @@ class TelemetrySampler:
                 proc = self._processes[pid] = psutil.Process(pid)
                 proc.cpu_percent(None)
             with proc.oneshot():
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    return None  # exited, not yet reaped: its counters read as zero
                 return {"kind": "process", "rank": rank, "pid": pid, "cpu_percent": proc.cpu_percent(None),
                         "rss_bytes": proc.memory_info().rss, "threads": proc.num_threads()}
         except psutil.Error:

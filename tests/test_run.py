@@ -62,7 +62,11 @@ def test_traces_with_distributed_info_and_communication(user_run):
 
 def test_logs_flight_recorder_and_exit_record_per_rank(user_run):
     for rank in (0, 1):
-        assert f"rank {rank} finished" in user_run.text(rank, "stdout.log")
+        stdout = user_run.text(rank, "stdout.log")
+        assert f"rank {rank} finished" in stdout
+        # Set before the process group started: NCCL would write its INFO log there on a GPU.
+        assert f"NCCL_DEBUG_FILE={user_run.out}/ranks/{rank}/nccl.log" in stdout
+        assert "TORCH_FR_BUFFER_SIZE=20000" in stdout
         assert f"rank {rank} says goodbye on stderr" in user_run.text(rank, "stderr.log")
         entries = json.loads(user_run.text(rank, "flight_recorder.json"))["entries"]
         assert any(e["profiling_name"] == "gloo:all_reduce" for e in entries)
@@ -104,7 +108,8 @@ def test_a_failing_rank_is_named_with_its_error(tmp_path):
     assert len(run.text(1, "steps.jsonl").splitlines()) == 2
 
 
-def test_sigint_stops_everything_and_keeps_what_was_collected(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_everything_and_keeps_what_was_collected(tmp_path, signum):
     marker = uuid.uuid4().hex
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "diagtrain.profiler.cli", "run", "--out", str(out), "--",
@@ -113,7 +118,7 @@ def test_sigint_stops_everything_and_keeps_what_was_collected(tmp_path):
     wrapper = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for_step(out, rank=1, step=3)
-        wrapper.send_signal(signal.SIGINT)
+        wrapper.send_signal(signum)
         _, stderr = wrapper.communicate(timeout=60)
     finally:
         wrapper.kill()
@@ -123,7 +128,8 @@ def test_sigint_stops_everything_and_keeps_what_was_collected(tmp_path):
     for rank in (0, 1):
         records = [json.loads(line) for line in (out / f"ranks/{rank}/steps.jsonl").read_text().splitlines()]
         assert len(records) >= 3
-        assert json.loads((out / f"ranks/{rank}/exit.json").read_text())["reason"] == "interrupted"
+        reason = json.loads((out / f"ranks/{rank}/exit.json").read_text())["reason"]
+        assert reason == ("interrupted" if signum == signal.SIGINT else "terminated")
     assert (out / "telemetry.parquet").exists()
     assert _processes_with(marker) == []
 

@@ -29,7 +29,8 @@ for step in range(1, int(os.environ.get("STEPS", "6")) + 1):
     optimizer.step()
     optimizer.zero_grad()
     time.sleep(float(os.environ.get("STEP_SLEEP", "0")))
-print(f"user script: rank {rank} finished", flush=True)
+print(f"user script: rank {rank} finished; NCCL_DEBUG_FILE={os.environ.get('NCCL_DEBUG_FILE')} "
+      f"TORCH_FR_BUFFER_SIZE={os.environ.get('TORCH_FR_BUFFER_SIZE')}", flush=True)
 print(f"user script: rank {rank} says goodbye on stderr", file=sys.stderr, flush=True)
 if distributed:
     dist.destroy_process_group()
