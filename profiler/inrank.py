@@ -153,15 +153,18 @@ class _ExitRecorder:
         self._sys_exit(code)
 
     def _on_exception(self, exc_type: type, exc: BaseException, tb: Any) -> None:
-        where = user_frame(traceback.extract_tb(tb))
         interrupted = issubclass(exc_type, KeyboardInterrupt)
+        # The cause first, in one assignment: launchers often send a second SIGINT, which can
+        # interrupt this hook itself.
         self.record = {
             "code": 128 + signal.SIGINT if interrupted else 1,
             "reason": "interrupted" if interrupted else "exception",
             "exception": f"{exc_type.__name__}: {exc}"[:2000],
-            "where": where,
         }
-        self._excepthook(exc_type, exc, tb)
+        try:
+            self.record["where"] = user_frame(traceback.extract_tb(tb))
+        finally:
+            self._excepthook(exc_type, exc, tb)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self.record = {"code": SIGTERM_EXIT_CODE, "reason": "terminated"}

@@ -67,9 +67,12 @@ def reap_orphans(keep: int) -> None:
         os.waitpid(info.si_pid, 0)
 
 
-def stop_all(grace_s: float, keep: int) -> list[int]:
-    """SIGTERM every descendant, SIGKILL what is left after ``grace_s``; return the pids killed."""
-    procs = descendants()
+def stop_all(grace_s: float, keep: int, settle_s: float = 0.0) -> list[int]:
+    """SIGTERM every descendant, SIGKILL what is left after ``grace_s``; return the pids killed.
+
+    ``settle_s`` first lets processes that are already ending (log tees draining) end by themselves.
+    """
+    _, procs = psutil.wait_procs(descendants(), timeout=settle_s) if settle_s else ([], descendants())
     send(procs, signal.SIGTERM)
     _, alive = psutil.wait_procs(procs, timeout=grace_s)
     send(alive, signal.SIGKILL)

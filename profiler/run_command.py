@@ -33,6 +33,7 @@ EXIT_USAGE = 2
 EXIT_NOT_FOUND = 127  # what a shell returns for a command it cannot find
 SHUTDOWN_GRACE_S = 10.0  # after Ctrl-C: time for ranks to write their exit records and dumps
 LEFTOVER_GRACE_S = 3.0  # after the command ends: time for stray processes to exit on SIGTERM
+SETTLE_S = 1.0  # after the command ends: time for the ranks' log tees to drain before any signal
 POLL_S = 0.25
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
 
@@ -93,6 +94,13 @@ def _label(command: list[str]) -> str:
     return Path(command[0]).name
 
 
+def _is_log_tee(proc, out: Path) -> bool:
+    try:
+        return proc.name() == "tee" and any(arg.startswith(str(out)) for arg in proc.cmdline())
+    except Exception:  # noqa: BLE001 - the process is gone or unreadable: not one of ours
+        return False
+
+
 class Collection:
     """One wrapped run on this host."""
 
@@ -141,7 +149,7 @@ class Collection:
                 pumps = [self._pump(child.stdout, sys.stdout.buffer, progress),
                          self._pump(child.stderr, sys.stderr.buffer, progress)]
                 code = self._wait(child, progress)
-                leftovers = process_tree.stop_all(LEFTOVER_GRACE_S, keep=child.pid)
+                leftovers = process_tree.stop_all(LEFTOVER_GRACE_S, keep=child.pid, settle_s=SETTLE_S)
                 for pump in pumps:
                     pump.join(timeout=LEFTOVER_GRACE_S)
         finally:
@@ -158,7 +166,11 @@ class Collection:
             return
         self.interrupted = signum
         self.say(f"{signal.Signals(signum).name}: stopping the job (again to kill it at once)")
-        process_tree.send(process_tree.descendants(), signum)
+        process_tree.send(self._job_processes(), signum)
+
+    def _job_processes(self) -> list:
+        """The command's processes, without the ranks' log tees: they must drain to the end."""
+        return [p for p in process_tree.descendants() if not _is_log_tee(p, self.out)]
 
     def _wait(self, child: subprocess.Popen, progress: Progress) -> int:
         deadline = None

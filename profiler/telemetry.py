@@ -84,10 +84,11 @@ class TelemetrySampler:
                 proc = self._processes[pid] = psutil.Process(pid)
                 proc.cpu_percent(None)
             with proc.oneshot():
-                if proc.status() == psutil.STATUS_ZOMBIE:
-                    return None  # exited, not yet reaped: its counters read as zero
+                rss = proc.memory_info().rss
+                if rss == 0 or proc.status() == psutil.STATUS_ZOMBIE:
+                    return None  # exiting or exited: its counters read as zero
                 return {"kind": "process", "rank": rank, "pid": pid, "cpu_percent": proc.cpu_percent(None),
-                        "rss_bytes": proc.memory_info().rss, "threads": proc.num_threads()}
+                        "rss_bytes": rss, "threads": proc.num_threads()}
         except psutil.Error:
             return None  # the rank has exited
 
