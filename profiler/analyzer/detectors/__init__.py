@@ -1,0 +1,1 @@
+"""Detectors: one module each, from the analysis tables to findings."""
