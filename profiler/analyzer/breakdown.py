@@ -1,0 +1,88 @@
+"""Where each rank's time goes: compute, communication (exposed or overlapped), idle.
+
+GPU traces use Holistic Trace Analysis's definitions, so the numbers can be checked against it:
+over the span from the first to the last kernel, idle = no kernel running on any stream, compute =
+union of non-communication, non-memory kernels, non-compute = the rest; overlap = share of the
+communication kernels' time during which a compute kernel also runs. Like HTA, kernels launched
+in the last profiled step are left out (that step is usually cut short by the profiler).
+
+CPU traces (gloo) have no kernels: the same categories come from host ops, with ``gloo:*`` and
+``c10d::*`` spans as communication and the other operators as compute.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from diagtrain.profiler.analyzer import intervals as iv
+from diagtrain.profiler.analyzer.trace_file import COMM, COMPUTE, CPU, STEP_ANNOTATION
+
+
+@dataclass
+class Breakdown:
+    """Time of one rank (or one step of a rank), in microseconds."""
+
+    total_us: float
+    idle_us: float
+    compute_us: float
+    non_compute_us: float
+    comm_us: float
+    exposed_comm_us: float
+    overlap_pct: float  # share of communication time overlapped with compute, 0-100
+
+    @property
+    def overlapped_comm_us(self) -> float:
+        return self.comm_us - self.exposed_comm_us
+
+
+def gpu_kernels(events: pd.DataFrame) -> pd.DataFrame:
+    """GPU events whose launch happened before the last ProfilerStep began (HTA's filter)."""
+    gpu = events[events["stream"] >= 0]
+    steps = events[events["name"].astype(str).str.match(STEP_ANNOTATION) & (events["stream"] < 0)]
+    if len(steps) < 2:
+        return gpu
+    launches = events[(events["stream"] < 0) & (events["correlation"] >= 0) & (events["ts"] < steps["ts"].max())]
+    return gpu[gpu["correlation"].isin(launches["correlation"])]
+
+
+def gpu_breakdown(events: pd.DataFrame) -> Breakdown:
+    """HTA's temporal breakdown and comm/compute overlap for one rank's GPU events."""
+    kernels = gpu_kernels(events)
+    # HTA rounds fractional timestamps inward (start up, end down) before merging.
+    starts = np.ceil(kernels["ts"].to_numpy()) if kernels["ts"].dtype.kind == "f" else kernels["ts"].to_numpy()
+    ends = np.floor(kernels["end"].to_numpy()) if kernels["end"].dtype.kind == "f" else kernels["end"].to_numpy()
+    kinds = kernels["kind"].to_numpy()
+    busy = iv.merge(starts, ends)
+    compute = iv.merge(starts[kinds == COMPUTE], ends[kinds == COMPUTE])
+    comm = iv.merge(starts[kinds == COMM], ends[kinds == COMM])
+    return _breakdown(busy, compute, comm, window=(busy[0][0], busy[1][-1]) if len(busy[0]) else (0.0, 0.0))
+
+
+def cpu_breakdown(events: pd.DataFrame, window: tuple[float, float]) -> Breakdown:
+    """The same categories from host ops within ``window`` (start, end µs), for gloo/CPU runs."""
+    host = events[events["stream"] < 0]
+    # Collectives appear as cpu_op or user_annotation depending on the version; compute is ops.
+    is_comm = (host["kind"] == COMM).to_numpy()
+    is_compute = ((host["kind"] == CPU) & (host["cat"] == "cpu_op")).to_numpy()
+    starts, ends = host["ts"].to_numpy(), host["end"].to_numpy()
+    compute = iv.clip(iv.merge(starts[is_compute], ends[is_compute]), *window)
+    comm = iv.clip(iv.merge(starts[is_comm], ends[is_comm]), *window)
+    busy = iv.merge(np.concatenate([compute[0], comm[0]]), np.concatenate([compute[1], comm[1]]))
+    return _breakdown(busy, compute, comm, window)
+
+
+def _breakdown(busy: iv.Intervals, compute: iv.Intervals, comm: iv.Intervals, window: tuple[float, float]) -> Breakdown:
+    total = max(window[1] - window[0], 0.0)
+    busy_us, compute_us, comm_us = iv.length(busy), iv.length(compute), iv.length(comm)
+    overlapped = iv.intersection_length(comm, compute)
+    idle = max(total - busy_us, 0.0)
+    return Breakdown(
+        total_us=total, idle_us=idle, compute_us=compute_us,
+        non_compute_us=max(total - compute_us - idle, 0.0),
+        comm_us=comm_us, exposed_comm_us=comm_us - overlapped,
+        overlap_pct=100 * overlapped / comm_us if comm_us else math.nan,
+    )

@@ -1,0 +1,56 @@
+"""The time breakdown on real GPU traces agrees with Holistic Trace Analysis run on the same files."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from diagtrain.profiler.analyzer import intervals as iv
+from diagtrain.profiler.analyzer.breakdown import cpu_breakdown, gpu_breakdown
+from diagtrain.profiler.analyzer.trace_file import read_trace
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "hta"
+GPU_TRACES = ["nccl_2rank_rank0", "sampled_128rank_rank0", "sampled_128rank_rank1", "rocm_mi250_minitoy"]
+AGREEMENT = 0.01  # the issue's bar: within 1% of HTA's value
+OVERLAP_POINTS = 1.0  # and overlap within one percentage point
+
+
+@pytest.mark.parametrize("name", GPU_TRACES)
+def test_temporal_breakdown_and_overlap_match_hta(tmp_path, name):
+    hta = pytest.importorskip("hta.trace_analysis")
+    logging.getLogger("hta").setLevel(logging.ERROR)
+    shutil.copy(TRACES / f"{name}.json.gz", tmp_path)
+    analysis = hta.TraceAnalysis(trace_dir=str(tmp_path))
+    expected = analysis.get_temporal_breakdown(visualize=False).iloc[0]
+    ours = gpu_breakdown(read_trace(TRACES / f"{name}.json.gz").events)
+    assert ours.total_us == pytest.approx(expected["kernel_time(us)"], rel=AGREEMENT)
+    assert ours.idle_us == pytest.approx(expected["idle_time(us)"], rel=AGREEMENT)
+    assert ours.compute_us == pytest.approx(expected["compute_time(us)"], rel=AGREEMENT)
+    assert ours.non_compute_us == pytest.approx(expected["non_compute_time(us)"], rel=AGREEMENT)
+    if ours.comm_us:
+        with np.errstate(invalid="ignore"):
+            overlap = analysis.get_comm_comp_overlap(visualize=False).iloc[0]["comp_comm_overlap_pctg"]
+        assert ours.overlap_pct == pytest.approx(overlap, abs=OVERLAP_POINTS)
+
+
+def test_cpu_trace_breakdown_from_host_ops():
+    trace = read_trace(TRACES / "cpu_only_gloo_rank34.json.gz")
+    events = trace.events
+    window = (events["ts"].min(), events["end"].max())
+    b = cpu_breakdown(events, window)
+    comm = events[events["kind"] == "comm"]
+    assert b.comm_us == pytest.approx(iv.length(iv.merge(comm["ts"].to_numpy(), comm["end"].to_numpy())))
+    assert b.comm_us > 0 and b.total_us == pytest.approx(window[1] - window[0])
+    assert b.idle_us + b.compute_us + b.non_compute_us == pytest.approx(b.total_us)
+
+
+def test_interval_union_and_overlap():
+    merged = iv.merge(np.array([5.0, 0.0, 2.0, 10.0]), np.array([6.0, 3.0, 4.0, 12.0]))
+    assert merged[0].tolist() == [0.0, 5.0, 10.0] and merged[1].tolist() == [4.0, 6.0, 12.0]
+    other = (np.array([3.0, 11.0]), np.array([5.5, 20.0]))
+    assert iv.intersection_length(merged, other) == pytest.approx(1.0 + 0.5 + 1.0)
+    assert iv.length(iv.clip(merged, 1.0, 11.0)) == pytest.approx(3.0 + 1.0 + 1.0)
