@@ -15,9 +15,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     from diagtrain.profiler import run_command
+    from diagtrain.profiler.analyzer import command as analyze_command
     from diagtrain.reference_trainers import launch
 
     run_command.add_parser(subparsers)
+    analyze_command.add_parser(subparsers)
     launch.add_parser(subparsers)
     return parser
 

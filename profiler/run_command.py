@@ -55,6 +55,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="profile steps A to B in every rank (repeatable; steps count from 1)")
     p.add_argument("--telemetry-interval", type=float, default=telemetry.DEFAULT_INTERVAL_S, metavar="SECONDS",
                    help=f"seconds between telemetry samples (default {telemetry.DEFAULT_INTERVAL_S})")
+    p.add_argument("--no-analyze", action="store_true", help="do not analyze the run when it ends")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, after --")
     p.set_defaults(handler=run_command)
 
@@ -76,7 +77,23 @@ def run_command(args: argparse.Namespace, argv: list[str]) -> int:
         check_writable(out)
     except OSError as e:
         return _usage(err, f"--out {out}: cannot write there ({e.strerror or e})")
-    return Collection(out, command, argv, windows, args.telemetry_interval, err).run()
+    code = Collection(out, command, argv, windows, args.telemetry_interval, err).run()
+    if not args.no_analyze:
+        _analyze(out, err)
+    return code
+
+
+def _analyze(out: Path, err: Console) -> None:
+    """Analyze what was collected; a failed analysis is reported and never changes the exit code."""
+    from diagtrain.profiler.analyzer.command import analyze_and_print
+    from diagtrain.profiler.analyzer.load import default_workers
+
+    if not any(out.glob("ranks/*/steps.jsonl")) and not any(out.glob("ranks/*/trace-*")):
+        return
+    try:
+        analyze_and_print(out, out, ["md", "json", "html"], default_workers(), err)
+    except Exception as e:  # noqa: BLE001 - the run's data is safe on disk; `diagtrain analyze` can retry
+        err.print(f"diagtrain: analysis failed ({type(e).__name__}: {e}); run `diagtrain analyze {out}`", markup=False)
 
 
 def _usage(err: Console, message: str) -> int:

@@ -16,6 +16,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b")
 # Interleaved 1F1B runs this many stages ("virtual stages") on every pipeline rank.
 STAGES_PER_RANK_INTERLEAVED = 2
 DEFAULT_LAYERS = 4
+MICROBATCHES_PER_STAGE = 4  # default microbatches: enough to keep the pipeline bubble small
 
 
 class ConfigError(ValueError):
@@ -99,11 +100,15 @@ class TrainConfig:
 
     @property
     def n_microbatches(self) -> int:
-        """Pipeline microbatches per step: a fault may lower it; by default one per stage."""
+        """Pipeline microbatches per step: a fault may lower it; by default as many as the batch
+        allows up to 4 per stage (the bubble (p-1)/(m+p-1) then stays near 20%)."""
         for fault in self.inject:
             if fault.kind == "few_microbatches":
                 return int(fault.params["microbatches"])
-        return self.microbatches if self.microbatches is not None else max(self.num_stages, 1)
+        if self.microbatches is not None:
+            return self.microbatches
+        fits = [m for m in range(1, MICROBATCHES_PER_STAGE * self.num_stages + 1) if self.local_batch % m == 0]
+        return max(fits[-1], 1)
 
     def stage_layers(self) -> list[int]:
         """Number of transformer layers on each pipeline stage (``pp_imbalance`` makes it uneven)."""
@@ -186,7 +191,8 @@ def add_train_arguments(p: argparse.ArgumentParser, *, with_nproc: bool) -> None
     p.add_argument("--fsdp-reshard-after-forward", type=_bool, default=True, metavar="BOOL",
                    help="false keeps parameters unsharded after forward (ZeRO-2-like); default true (ZeRO-3)")
     p.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="pipeline schedule (pp, 3d)")
-    p.add_argument("--microbatches", type=int, help="pipeline microbatches per step (default: one per stage)")
+    p.add_argument("--microbatches", type=int,
+                   help="pipeline microbatches per step (default: up to 4 per stage, as the batch allows)")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
                    help="save a distributed checkpoint every N steps into OUT/checkpoints (0: never)")
     p.add_argument("--profile-steps", action="append", default=[], metavar="A-B",

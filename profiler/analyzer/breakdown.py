@@ -62,6 +62,17 @@ def gpu_breakdown(events: pd.DataFrame) -> Breakdown:
     return _breakdown(busy, compute, comm, window=(busy[0][0], busy[1][-1]) if len(busy[0]) else (0.0, 0.0))
 
 
+def gpu_breakdown_in(events: pd.DataFrame, window: tuple[float, float]) -> Breakdown:
+    """The GPU categories within ``window`` (one step): kernels clipped to it."""
+    kernels = events[events["stream"] >= 0]
+    kinds = kernels["kind"].to_numpy()
+    starts, ends = kernels["ts"].to_numpy(), kernels["end"].to_numpy()
+    busy = iv.clip(iv.merge(starts, ends), *window)
+    compute = iv.clip(iv.merge(starts[kinds == COMPUTE], ends[kinds == COMPUTE]), *window)
+    comm = iv.clip(iv.merge(starts[kinds == COMM], ends[kinds == COMM]), *window)
+    return _breakdown(busy, compute, comm, window)
+
+
 def cpu_breakdown(events: pd.DataFrame, window: tuple[float, float]) -> Breakdown:
     """The same categories from host ops within ``window`` (start, end µs), for gloo/CPU runs."""
     host = events[events["stream"] < 0]

@@ -138,6 +138,7 @@ def _columns(doc: _Trace) -> pd.DataFrame:
         "pg_name": [None if a.pg_name is None else str(a.pg_name) for a in args],
         "pg_desc": [a.pg_desc for a in args],
         "input_dims": [a.input_dims for a in args],
+        "input_type": [a.input_type for a in args],
     })
     frame["end"] = frame["ts"] + frame["dur"]
     frame["kind"] = _kinds(frame)

@@ -1,0 +1,47 @@
+"""dataloader_stall: steps where a rank waits for its next batch far longer than usual."""
+
+from __future__ import annotations
+
+from diagtrain.profiler.analyzer.detectors.base import ranges, steady, time_range
+from diagtrain.profiler.analyzer.findings import Finding
+from diagtrain.profiler.analyzer.tables import Tables
+
+STALL_FACTOR = 3.0  # a data phase this many times the run's typical one is a stall...
+MIN_STALL_MS = 10.0  # ...and at least this long, so that microsecond jitter never counts
+MIN_STEPS = 2  # a single slow batch (a cold cache) is not worth a finding
+
+
+def detect(tables: Tables) -> list[Finding]:
+    steps = steady(tables.steps)
+    if "data_ms" not in steps or steps["data_ms"].isna().all():
+        return []
+    typical = float(steps["data_ms"].median())
+    threshold = max(STALL_FACTOR * typical, MIN_STALL_MS)
+    findings = []
+    for rank, rows in steps[steps["data_ms"] >= threshold].groupby("rank"):
+        if len(rows) < MIN_STEPS:
+            continue
+        stalled = sorted(int(s) for s in rows["step"])
+        every = _period(stalled)
+        per_stall = float(rows["data_ms"].median())
+        findings.append(Finding(
+            kind="dataloader_stall", severity="warning", ranks=[int(rank)], steps=stalled,
+            time_range=time_range(rows),
+            explanation=(
+                f"rank {rank} waits {per_stall:.0f} ms for data in steps {ranges(stalled)}"
+                + (f" (every {every} steps)" if every else "")
+                + f", against {typical:.1f} ms typically; the other ranks wait for it at the next collective."
+            ),
+            suggestion="Give the data loader more workers or prefetching (num_workers, prefetch_factor, "
+                       "pin_memory), and check that rank's storage or preprocessing for periodic slow reads.",
+            metrics={"observed_ms": per_stall, "expected_ms": typical, "threshold_ms": threshold, "period_steps": every},
+            evidence=[{"type": "steps", "rank": int(rank), "step": int(s), "data_ms": round(float(d), 3)}
+                      for s, d in zip(rows["step"], rows["data_ms"])][:20],
+            impact_ms=float((rows["data_ms"] - typical).sum() / steps["step"].nunique()),
+        ))
+    return findings
+
+
+def _period(steps: list[int]) -> int | None:
+    gaps = {b - a for a, b in zip(steps, steps[1:])}
+    return gaps.pop() if len(gaps) == 1 and len(steps) >= 2 else None

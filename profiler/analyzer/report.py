@@ -1,0 +1,138 @@
+"""report.md, report.json and report.html from the findings and tables."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from diagtrain.profiler.analyzer.findings import SEVERITIES, Finding
+from diagtrain.profiler.analyzer.tables import Tables
+from diagtrain.profiler.run_dir import SCHEMA_VERSION, write_bytes_atomic
+
+FORMATS = ("md", "json", "html")
+MAX_RANK_ROWS = 64  # longer rank tables are cut in the Markdown report (all ranks stay in JSON)
+
+
+def order(findings: list[Finding]) -> list[Finding]:
+    """Most worth fixing first: warnings and worse by impact, then the informational ones."""
+    actionable = SEVERITIES.index("warning")
+    return sorted(findings, key=lambda f: (SEVERITIES.index(f.severity) < actionable, -(f.impact_ms or 0.0),
+                                           -SEVERITIES.index(f.severity)))
+
+
+def build(run: Path, tables: Tables, findings: list[Finding], health: list[dict], skipped: list[dict]) -> dict[str, Any]:
+    """The report.json document."""
+    m = tables.manifest
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "run": {"path": str(run), "status": m.get("status"), "command": m.get("command"),
+                "strategy": m.get("strategy"), "mesh": m.get("mesh"), "world_size": tables.world_size,
+                "hosts": [h.get("name") for h in m.get("hosts", [])], "injected": m.get("injected", []),
+                "steps": int(tables.steps["step"].nunique()) if not tables.steps.empty else 0,
+                "on_gpu": tables.on_gpu},
+        "ranks": [_clean(r) for r in tables.ranks.to_dict("records")],
+        "findings": [f.to_json() for f in findings],
+        "health": health,
+        "skipped": skipped,
+    }
+
+
+def write(run_out: Path, report: dict[str, Any], formats: list[str], tables: Tables) -> list[Path]:
+    """Write the asked formats next to the run; return the paths written."""
+    written = []
+    for fmt in formats:
+        path = run_out / f"report.{fmt}"
+        text = {"md": markdown, "json": lambda r: json.dumps(r, indent=2, default=str) + "\n",
+                "html": lambda r: html_page(r, tables)}[fmt](report)
+        write_bytes_atomic(path, text.encode())
+        written.append(path)
+    return written
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """GitHub-flavoured Markdown that pastes well into an issue."""
+    run = report["run"]
+    lines = [f"## diagtrain report: `{run['path']}`", ""]
+    facts = [f"status **{run['status']}**" if run.get("status") else None,
+             f"strategy {run['strategy']}" if run.get("strategy") else None,
+             f"mesh {run['mesh']}" if run.get("mesh") else None,
+             f"{run['world_size']} ranks" if run.get("world_size") else None,
+             f"{run['steps']} steps", "GPU traces" if run["on_gpu"] else "CPU traces"]
+    lines += [", ".join(f for f in facts if f), ""]
+    findings = report["findings"]
+    lines += [f"### Findings ({len(findings)})", ""]
+    if not findings:
+        lines += ["No problems found.", ""]
+    for i, f in enumerate(findings, 1):
+        impact = f" · saves ~{f['impact_ms']:.1f} ms/step" if f.get("impact_ms") else ""
+        lines += [f"{i}. **{f['severity'].upper()} {f['kind']}**{impact}: {f['explanation']}",
+                  f"   - *What to do:* {f['suggestion']}",
+                  f"   - *Thresholds:* {_thresholds(f['metrics'])}", ""]
+    lines += _rank_table(report["ranks"])
+    if report["health"]:
+        lines += ["### Trace health", ""] + [f"- {h['severity']}: {h['message']}" for h in report["health"]] + [""]
+    if report["skipped"]:
+        lines += ["### Skipped inputs", ""] + [f"- `{s['path']}`: {s['reason']}" for s in report["skipped"]] + [""]
+    return "\n".join(lines)
+
+
+def _thresholds(metrics: dict[str, Any]) -> str:
+    keys = [k for k in metrics if k.startswith(("threshold", "observed", "expected"))]
+    return ", ".join(f"{k} = {_fmt(metrics[k])}" for k in keys) or "n/a"
+
+
+def _rank_table(ranks: list[dict]) -> list[str]:
+    if not ranks:
+        return []
+    lines = ["### Ranks", "", "| rank | steps | median step (ms) | compute (ms) | non-compute (ms) | idle (ms) | overlap | peak memory (MiB) |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in ranks[:MAX_RANK_ROWS]:
+        lines.append("| {} | {} | {} | {} | {} | {} | {} | {} |".format(
+            r["rank"], r["steps"], _ms(r.get("step_time_median_us")), _ms(r.get("compute_us")),
+            _ms(r.get("non_compute_us")), _ms(r.get("idle_us")),
+            "" if r.get("comm_comp_overlap_pct") is None else f"{r['comm_comp_overlap_pct']:.0f}%",
+            "" if r.get("peak_mem_bytes") is None else f"{r['peak_mem_bytes'] / 2**20:.0f}"))
+    if len(ranks) > MAX_RANK_ROWS:
+        lines.append(f"| ... | {len(ranks) - MAX_RANK_ROWS} more ranks in report.json | | | | | | |")
+    return lines + [""]
+
+
+def html_page(report: dict[str, Any], tables: Tables) -> str:
+    """A self-contained page: the Markdown content plus charts (plotly, inlined)."""
+    import plotly.graph_objects as go
+    from plotly.io import to_html
+
+    figures = []
+    steps = tables.steps
+    if not steps.empty:
+        grid = steps.pivot_table(index="rank", columns="step", values="wall_ms")
+        figures.append(go.Figure(go.Heatmap(z=grid.to_numpy(), x=list(grid.columns), y=list(grid.index),
+                                            colorbar={"title": "ms"}),
+                                 layout={"title": "Step time per rank (ms)", "xaxis_title": "step", "yaxis_title": "rank"}))
+    ranks = tables.ranks
+    if not ranks.empty and ranks["compute_us"].notna().any():
+        figures.append(go.Figure([go.Bar(name=n, x=ranks["rank"], y=ranks[c] / 1e3)
+                                  for n, c in (("compute", "compute_us"), ("non-compute", "non_compute_us"), ("idle", "idle_us"))],
+                                 layout={"barmode": "stack", "title": "Profiled time per rank (ms)", "xaxis_title": "rank"}))
+    charts = "".join(to_html(fig, full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figures))
+    body = html.escape(markdown(report))
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>diagtrain report</title></head>"
+            f"<body style='font-family:sans-serif;max-width:1100px;margin:auto'><pre style='white-space:pre-wrap'>{body}</pre>"
+            f"{charts}</body></html>")
+
+
+def _ms(us: float | None) -> str:
+    return "" if us is None or (isinstance(us, float) and math.isnan(us)) else f"{us / 1e3:.1f}"
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+def _clean(record: dict) -> dict:
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in record.items()}

@@ -1,0 +1,129 @@
+"""The analysis tables every detector reads: steps (rank × step), ranks, collectives, run facts.
+
+Built once from what the loaders returned and from the run directory's own files (steps.jsonl,
+manifest, trainer.json, parameters.json, telemetry). Detectors never read files themselves.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from diagtrain.profiler.analyzer.collectives import match
+from diagtrain.profiler.analyzer.load import RankResult
+from diagtrain.profiler.rank_files import read_json
+
+US_PER_MS = 1e3
+
+
+@dataclass
+class Tables:
+    """Everything the detectors look at."""
+
+    steps: pd.DataFrame  # rank, step, start, end (Unix s), wall_ms, <phase>_ms, peak_mem_bytes, trace columns
+    ranks: pd.DataFrame  # one row per rank: the report's per-rank record
+    collectives: pd.DataFrame  # matched across ranks (see collectives.match)
+    phases: list[str]  # phase names, in the order a step runs them
+    manifest: dict[str, Any] = field(default_factory=dict)
+    trainer: dict[str, Any] | None = None
+    parameters: dict[int, int] = field(default_factory=dict)  # rank -> parameters held (local numel)
+    world_size: int | None = None
+    on_gpu: bool = False
+    telemetry: pd.DataFrame | None = None
+
+
+def build(run_dir: Path, results: list[RankResult]) -> Tables:
+    """Join the per-rank results with the run directory's step records and facts."""
+    recorded, phases = read_step_records(run_dir)
+    traced = pd.concat([r.steps for r in results], ignore_index=True) if results else pd.DataFrame()
+    steps = _join_steps(recorded, traced)
+    collectives = match(pd.concat([r.collectives for r in results], ignore_index=True)) if results else pd.DataFrame()
+    manifest = read_json(run_dir / "manifest.json") or {}
+    world = manifest.get("world_size") or max((r.world_size or 0 for r in results), default=0) or None
+    tables = Tables(steps=steps, ranks=pd.DataFrame(), collectives=collectives, phases=phases, manifest=manifest,
+                    trainer=read_json(run_dir / "trainer.json"), parameters=_parameters(run_dir), world_size=world,
+                    on_gpu=any(r.on_gpu for r in results), telemetry=_telemetry(run_dir))
+    tables.ranks = rank_table(tables, results)
+    return tables
+
+
+def read_step_records(run_dir: Path) -> tuple[pd.DataFrame, list[str]]:
+    """Every rank's steps.jsonl as one table with a column per phase (ms)."""
+    rows, phases = [], []
+    for path in sorted(run_dir.glob("ranks/*/steps.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a line cut by a kill
+            for name in record.get("phases_ms", {}):
+                if name not in phases:
+                    phases.append(name)
+            rows.append({
+                "rank": record["rank"], "step": record["step"], "start": record["start"], "end": record["end"],
+                "wall_ms": record["duration_ms"], "peak_mem_bytes": record.get("peak_mem_bytes"),
+                "samples": record.get("samples"), "tokens": record.get("tokens"),
+                **{f"{k}_ms": v for k, v in record.get("phases_ms", {}).items()},
+            })
+    return pd.DataFrame(rows), phases
+
+
+def _join_steps(recorded: pd.DataFrame, traced: pd.DataFrame) -> pd.DataFrame:
+    if not traced.empty:
+        traced = traced.assign(**{c.replace("_us", "_ms"): traced[c] / US_PER_MS
+                                  for c in ("compute_us", "comm_us", "exposed_comm_us", "overlapped_comm_us", "idle_us")})
+        traced = traced.assign(trace_wall_ms=traced["wall_us"] / US_PER_MS, trace_start=traced["start_us"] / 1e6,
+                               trace_end=traced["end_us"] / 1e6)
+        traced = traced[["rank", "step", "trace_wall_ms", "trace_start", "trace_end", "compute_ms", "comm_ms",
+                         "exposed_comm_ms", "overlapped_comm_ms", "idle_ms"]]
+    if recorded.empty:
+        if traced.empty:
+            return pd.DataFrame(columns=["rank", "step", "wall_ms", "profiled"])
+        steps = traced.rename(columns={"trace_wall_ms": "wall_ms", "trace_start": "start", "trace_end": "end"})
+        return steps.assign(profiled=True).sort_values(["rank", "step"], ignore_index=True)
+    if traced.empty:
+        return recorded.assign(profiled=False).sort_values(["rank", "step"], ignore_index=True)
+    steps = recorded.merge(traced, on=["rank", "step"], how="left")
+    steps["profiled"] = steps["compute_ms"].notna()
+    return steps.sort_values(["rank", "step"], ignore_index=True)
+
+
+def rank_table(tables: Tables, results: list[RankResult]) -> pd.DataFrame:
+    """report.json's ``ranks``: steps, median step time, compute, non-compute, idle, overlap."""
+    rows = []
+    steps_by_rank = dict(tuple(tables.steps.groupby("rank"))) if not tables.steps.empty else {}
+    traced = {r.rank: r for r in results}
+    for rank in sorted(set(steps_by_rank) | set(traced)):
+        steps = steps_by_rank.get(rank, pd.DataFrame())
+        b = traced[rank].breakdown if rank in traced else {}
+        rows.append({
+            "rank": rank,
+            "steps": int(len(steps)),
+            "step_time_median_us": float(steps["wall_ms"].median() * US_PER_MS) if len(steps) else None,
+            "compute_us": b.get("compute_us"),
+            "non_compute_us": b.get("non_compute_us"),
+            "idle_us": b.get("idle_us"),
+            "comm_comp_overlap_pct": None if not b or np.isnan(b.get("overlap_pct", np.nan)) else b["overlap_pct"],
+            "peak_mem_bytes": int(steps["peak_mem_bytes"].max()) if "peak_mem_bytes" in steps and steps["peak_mem_bytes"].notna().any() else None,
+            "parameters": tables.parameters.get(rank),
+        })
+    return pd.DataFrame(rows)
+
+
+def _parameters(run_dir: Path) -> dict[int, int]:
+    held = {}
+    for path in run_dir.glob("ranks/*/parameters.json"):
+        info = read_json(path)
+        if info:
+            held[int(info["rank"])] = sum(p["local_numel"] for p in info["parameters"])
+    return held
+
+
+def _telemetry(run_dir: Path) -> pd.DataFrame | None:
+    path = run_dir / "telemetry.parquet"
+    return pd.read_parquet(path) if path.exists() else None
