@@ -29,6 +29,7 @@ from diagtrain.profiler.analyzer.trace_file import STEP_ANNOTATION, TraceError, 
 from diagtrain.profiler.run_dir import write_bytes_atomic, write_json_atomic
 
 TRACE_PATTERNS = ("*.json", "*.json.gz")
+OWN_FILES = {"report.json", "manifest.json", "trainer.json", "injected.json"}  # diagtrain's, not traces
 CACHE_VERSION = 1  # bump when what the cache holds changes
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 _TRAILING_NUMBER = re.compile(r"(\d+)(?:\.pt)?\.trace|(\d+)$")
@@ -87,7 +88,7 @@ def discover(path: Path) -> tuple[list[RankInput], list[Skipped]]:
             if files:
                 inputs.append(RankInput(f"rank-{folder.name}", files, int(folder.name), fr if fr.exists() else None))
         return inputs, []
-    files = sorted(f for pattern in TRACE_PATTERNS for f in path.glob(pattern))
+    files = sorted(f for pattern in TRACE_PATTERNS for f in path.glob(pattern) if f.name not in OWN_FILES)
     return [RankInput(_key(f), [f], _rank_from_name(f.name)) for f in files], []
 
 

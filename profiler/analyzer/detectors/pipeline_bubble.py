@@ -58,6 +58,8 @@ def _stage_imbalance(tables: Tables, p: int) -> Finding | None:
     if ratio < IMBALANCE_RATIO:
         return None
     busiest, lightest = int(work.idxmax()), int(work.idxmin())
+    steps = steady(tables.steps)
+    wall = float(steps["wall_ms"].median()) if len(steps) else None
     layers = (tables.trainer or {}).get("stage_layers")
     stage_ranks = sorted(r for r in tables.steps["rank"].unique() if stage_of(tables, r) == busiest)
     return Finding(
@@ -70,6 +72,8 @@ def _stage_imbalance(tables: Tables, p: int) -> Finding | None:
         metrics={"observed_ratio": ratio, "threshold_ratio": IMBALANCE_RATIO, "work_per_stage": work.round(3).to_dict(),
                  "source": source},
         evidence=[{"type": "stage", "stage": int(s), "work": float(w)} for s, w in work.items()],
+        # The pipeline moves at the busiest stage's pace; balanced, every stage does the mean.
+        impact_ms=wall * (1 - float(work.mean() / work.max())) if wall else None,
     )
 
 

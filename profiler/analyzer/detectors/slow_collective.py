@@ -24,10 +24,11 @@ def detect(tables: Tables) -> list[Finding]:
     c = tables.collectives
     if c.empty or "group" not in c:
         return []
-    return _late_ranks(c) + _low_bandwidth(c)
+    profiled_steps = int(tables.steps.loc[tables.steps["profiled"], "step"].nunique()) if "profiled" in tables.steps else 0
+    return _late_ranks(c, profiled_steps) + _low_bandwidth(c)
 
 
-def _late_ranks(c: pd.DataFrame) -> list[Finding]:
+def _late_ranks(c: pd.DataFrame, profiled_steps: int) -> list[Finding]:
     findings = []
     late = late_arrivals(c)
     for row in late[late["late_share"] >= PERSISTENTLY_LATE].itertuples():
@@ -48,7 +49,8 @@ def _late_ranks(c: pd.DataFrame) -> list[Finding]:
                      "lateness_ms": float(row.lateness_ms), "peer_wait_ms": per_collective},
             evidence=[{"type": "collective", "rank": int(row.rank), "group": g, "op": o, "seq": int(s)}
                       for g, o, s in mine[["group", "op", "seq"]].head(10).itertuples(index=False)],
-            impact_ms=None,
+            # Everyone waits this long at each of the rank's collectives in a step.
+            impact_ms=row.lateness_ms * row.collectives / profiled_steps if profiled_steps else None,
         ))
     return findings
 

@@ -20,6 +20,7 @@ MIN_EXCESS_MS = 5.0  # below this, scheduling noise on a busy host explains it
 MIN_EXCESS_SHARE = 0.08  # ... or below this share of the median step time
 MIN_STEPS = 2  # one slow step is noise; two is a pattern
 ERROR_SHARE = 0.5  # a straggler costing half the step or more is an error, not a warning
+EXCLUDED_PHASES = ("data",)  # waiting for data is the dataloader_stall detector's finding
 
 
 def detect(tables: Tables) -> list[Finding]:
@@ -90,7 +91,7 @@ def _excess(steps: pd.DataFrame, phases: list[str], threshold: float) -> pd.Data
                     rows += found
                     break
             continue
-        for phase in phases:
+        for phase in (p for p in phases if p not in EXCLUDED_PHASES):
             column = f"{phase}_ms"
             if column not in group or group[column].isna().any():
                 continue
@@ -105,6 +106,8 @@ def _over_peers(step: int, ranks: pd.Series, values: pd.Series, phase: str, sour
                 threshold: float) -> list[dict]:
     """The rank whose value stands above the rest, if one does."""
     values = values.to_numpy(dtype=float)
+    if len(values) < 2 or np.isnan(values).any():
+        return []  # a rank alone in this step has no peers to compare with
     top = int(np.argmax(values))
     peers = np.delete(values, top)
     peer = float(np.median(peers))

@@ -1,0 +1,171 @@
+"""The analyzer on real runs with injected faults, on the shared real traces, and on bad input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import diagtrain_run
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "hta"
+USAGE = 2
+
+
+def analyze(path: Path, *args: str, out: Path | None = None) -> tuple[subprocess.CompletedProcess, dict | None]:
+    cmd = [sys.executable, "-m", "diagtrain.profiler.cli", "analyze", str(path), "--workers", "2", *args]
+    if out is not None:
+        cmd += ["--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    report = (out or path) / "report.json"
+    return proc, json.loads(report.read_text()) if proc.returncode == 0 and report.exists() else None
+
+
+def kinds(report: dict, severity_at_least: str = "warning") -> list[tuple[str, list[int]]]:
+    order = ["info", "warning", "error", "critical"]
+    return [(f["kind"], f["ranks"]) for f in report["findings"]
+            if order.index(f["severity"]) >= order.index(severity_at_least)]
+
+
+def train_run(out: Path, *args: str, profile: str | None = None) -> Path:
+    options = ["--profile-steps", profile] if profile else []
+    diagtrain_run(out, *options, "--no-analyze", "--", sys.executable, "-m", "diagtrain.profiler.cli", "train", *args)
+    return out
+
+
+@pytest.fixture(scope="module")
+def faulty_ddp(tmp_path_factory) -> dict:
+    out = train_run(tmp_path_factory.mktemp("faulty") / "run", "--strategy", "ddp", "--nproc", "4", "--steps", "9",
+                    "--inject", "straggler:rank=1,ms=80,steps=3-6",
+                    "--inject", "dataloader_stall:rank=2,ms=80,every=3",
+                    "--inject", "mem_imbalance:rank=3,mb=300")
+    proc, report = analyze(out)
+    assert proc.returncode == 0, proc.stderr
+    return report
+
+
+def test_straggler_named_with_rank_steps_and_phase(faulty_ddp):
+    [f] = [f for f in faulty_ddp["findings"] if f["kind"] == "straggler"]
+    assert f["ranks"] == [1] and f["steps"] == [3, 4, 5, 6]
+    assert f["metrics"]["phase"] == "forward phase"
+    assert f["metrics"]["excess_ms"] == pytest.approx(80, rel=0.25)
+    assert f["impact_ms"] > 0 and "rank 1 is a straggler in steps 3-6" in f["explanation"]
+
+
+def test_dataloader_stall_with_its_period(faulty_ddp):
+    [f] = [f for f in faulty_ddp["findings"] if f["kind"] == "dataloader_stall"]
+    assert f["ranks"] == [2] and f["steps"] == [3, 6, 9] and f["metrics"]["period_steps"] == 3
+    assert "(every 3 steps)" in f["explanation"]
+
+
+def test_memory_imbalance_on_the_rank_that_holds_memory(faulty_ddp):
+    [f] = [f for f in faulty_ddp["findings"] if f["kind"] == "memory_imbalance"]
+    assert f["ranks"] == [3]
+    excess = f["metrics"]["observed_bytes"] - f["metrics"]["expected_bytes"]
+    assert excess == pytest.approx(300 * 2**20, rel=0.2)
+
+
+def test_report_files_and_contract_fields(faulty_ddp, tmp_path):
+    assert set(faulty_ddp) >= {"schema_version", "ranks", "findings", "skipped"}
+    assert [r["rank"] for r in faulty_ddp["ranks"]] == [0, 1, 2, 3]
+    assert all(r["steps"] == 9 and r["step_time_median_us"] > 0 for r in faulty_ddp["ranks"])
+    assert not [k for k in kinds(faulty_ddp) if k[0] not in ("straggler", "dataloader_stall", "memory_imbalance")]
+
+
+def test_a_clean_run_has_no_warning(tmp_path):
+    out = train_run(tmp_path / "run", "--strategy", "fsdp", "--nproc", "2", "--steps", "8", profile="3-4")
+    proc, report = analyze(out)
+    assert proc.returncode == 0, proc.stderr
+    assert kinds(report) == []
+    assert all(r["compute_us"] > 0 and r["comm_comp_overlap_pct"] is not None for r in report["ranks"])
+    for name in ("report.md", "report.html", "analysis/steps.parquet", "analysis/findings.json",
+                 "analysis/collectives.parquet"):
+        assert (out / name).exists(), name
+    assert "<script" in (out / "report.html").read_text()  # plotly inlined: opens offline
+
+
+def test_slow_comm_is_a_late_rank_at_collectives(tmp_path):
+    out = train_run(tmp_path / "run", "--strategy", "ddp", "--nproc", "2", "--steps", "6",
+                    "--inject", "slow_comm:rank=1,ms=30", profile="3-5")
+    _, report = analyze(out)
+    [f] = [f for f in report["findings"] if f["kind"] == "slow_collective"]
+    assert f["ranks"] == [1] and f["metrics"]["lateness_ms"] >= 0.8 * 30  # at least the injected delay
+    assert "straggler" not in [k for k, _ in kinds(report)]
+    assert report["findings"][0]["kind"] == "slow_collective"  # the first line names the cause
+
+
+@pytest.mark.parametrize("fault,extra,expected", [
+    ("few_microbatches:microbatches=1", ["--schedule", "gpipe"], "1 microbatch for 2 pipeline stages"),
+    ("pp_imbalance:stage=0,layers=5", ["--layers", "6"], "pipeline stage 0 does 4.0x the work of stage 1"),
+])
+def test_pipeline_bubbles(tmp_path, fault, extra, expected):
+    out = train_run(tmp_path / "run", "--strategy", "pp", "--nproc", "2", "--steps", "5", *extra, "--inject", fault)
+    _, report = analyze(out)
+    [f] = [f for f in report["findings"] if f["kind"] == "pipeline_bubble"]
+    assert expected in f["explanation"]
+
+
+@pytest.mark.parametrize("name", ["nccl_2rank_rank0", "sampled_128rank_rank0", "cpu_only_gloo_rank34", "rocm_mi250_minitoy"])
+def test_every_shared_trace_is_analyzed(tmp_path, name):
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    shutil.copy(TRACES / f"{name}.json.gz", folder)
+    proc, report = analyze(folder)
+    assert proc.returncode == 0, proc.stderr
+    assert report["skipped"] == [] and len(report["ranks"]) == 1
+    if name == "rocm_mi250_minitoy":  # no distributedInfo, no rank in the name
+        assert any("no distributedInfo" in h["message"] for h in report["health"])
+    if name == "sampled_128rank_rank0":
+        assert any(h["check"] == "missing_ranks" for h in report["health"])
+
+
+def test_two_ranks_of_one_gpu_job_are_matched(tmp_path):
+    for r in (0, 1):
+        shutil.copy(TRACES / f"sampled_128rank_rank{r}.json.gz", tmp_path)
+    proc, report = analyze(tmp_path, "--format", "json")
+    assert proc.returncode == 0
+    assert [r["rank"] for r in report["ranks"]] == [0, 1]
+    assert all(r["idle_us"] > 0 and r["compute_us"] > 0 for r in report["ranks"])
+
+
+def test_bad_inputs_are_skipped_by_name_and_the_rest_analyzed(tmp_path):
+    good = TRACES / "nccl_2rank_rank0.json.gz"
+    shutil.copy(good, tmp_path / "rank0.json.gz")
+    (tmp_path / "rank1.json.gz").write_bytes(good.read_bytes()[:5000])  # truncated gzip
+    (tmp_path / "rank2.json").write_text('{"traceEvents": [')  # invalid JSON
+    (tmp_path / "rank3.json").write_text('{"traceEvents": []}')  # no events
+    shutil.copy(good, tmp_path / "copy_of_rank0.json.gz")  # claims rank 0 too (distributedInfo)
+    proc, report = analyze(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert [r["rank"] for r in report["ranks"]] == [0]
+    reasons = {Path(s["path"]).name: s["reason"] for s in report["skipped"]}
+    assert "cannot read" in reasons["rank1.json.gz"]
+    assert "not a PyTorch Profiler trace" in reasons["rank2.json"]
+    assert "no duration events" in reasons["rank3.json"]
+    assert "claims rank 0" in reasons["rank0.json.gz"] or "claims rank 0" in reasons["copy_of_rank0.json.gz"]
+    assert "### Skipped inputs" in proc.stdout
+
+
+def test_a_second_analysis_reuses_the_cache(tmp_path):
+    shutil.copy(TRACES / "nccl_2rank_rank0.json.gz", tmp_path)
+    analyze(tmp_path, "--format", "json")
+    summary = next((tmp_path / "analysis" / "cache").glob("*/summary.json"))
+    before = summary.stat().st_mtime_ns
+    _, report = analyze(tmp_path, "--format", "json")
+    assert summary.stat().st_mtime_ns == before and len(report["ranks"]) == 1
+
+
+@pytest.mark.parametrize("args,message", [
+    (["/nonexistent/run"], "no such directory"),
+    ([str(TRACES), "--format", "pdf"], "--format 'pdf'"),
+    ([str(TRACES), "--out", "/proc/diagtrain-nope"], "cannot write the analysis there"),
+])
+def test_usage_errors(args, message):
+    proc = subprocess.run([sys.executable, "-m", "diagtrain.profiler.cli", "analyze", *args],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == USAGE and message in proc.stderr
