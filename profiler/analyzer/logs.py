@@ -426,7 +426,10 @@ def _common_fields(text: str) -> dict[str, Any]:
     """Fields any error line may carry: the PG/rank prefix, WorkNCCL details, the source line."""
     fields: dict[str, Any] = {}
     if header := _PG_HEADER.search(text):
-        fields.update({k: _int_or_text(v) for k, v in header.groupdict().items() if v is not None})
+        fields.update({k: v for k, v in header.groupdict().items() if v is not None})
+        fields["rank"] = int(header.group("rank"))
+        if header.group("pg_id") is not None:
+            fields["pg_id"] = int(header.group("pg_id"))
     if "WorkNCCL(" in text:
         for name, pattern in _WORK_FIELDS:
             if found := pattern.search(text):

@@ -1,0 +1,134 @@
+"""Accuracy of the analyzer: reference-trainer runs with injected faults (ground truth) and clean
+runs, each analyzed; a fault counts as found when a finding of the right kind names its rank(s)
+and, where the fault has a step range, steps inside it. Clean runs must give no finding of
+warning severity or higher.
+
+    python benchmarks/accuracy.py [--only NAME]
+
+Target: every injected fault found and located, zero false alarms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import machine, run, save
+
+# Which finding kind diagnoses each fault kind.
+EXPECTED_KIND = {"straggler": "straggler", "dataloader_stall": "dataloader_stall", "slow_comm": "slow_collective",
+                 "mem_imbalance": "memory_imbalance", "pp_imbalance": "pipeline_bubble",
+                 "few_microbatches": "pipeline_bubble"}
+ACTIONABLE = ("warning", "error", "critical")
+
+# name, trainer arguments, --profile-steps (None: always-on records only)
+CASES = [
+    ("clean-ddp-4", ["--strategy", "ddp", "--nproc", "4"], "4-5"),
+    ("clean-fsdp-2", ["--strategy", "fsdp", "--nproc", "2"], "4-5"),
+    ("clean-tp-2", ["--strategy", "tp", "--nproc", "2"], "4-5"),
+    ("clean-pp-2", ["--strategy", "pp", "--nproc", "2"], "4-5"),
+    ("clean-3d-8", ["--strategy", "3d", "--nproc", "8"], "4-5"),
+    ("straggler-ddp-4", ["--strategy", "ddp", "--nproc", "4", "--inject", "straggler:rank=2,ms=60,steps=3-8"], None),
+    ("straggler-fsdp-2", ["--strategy", "fsdp", "--nproc", "2", "--inject", "straggler:rank=1,ms=60"], "4-5"),
+    ("straggler-3d-8", ["--strategy", "3d", "--nproc", "8", "--inject", "straggler:rank=3,ms=50"], "4-5"),
+    ("stall-ddp-2", ["--strategy", "ddp", "--nproc", "2", "--inject", "dataloader_stall:rank=1,ms=80,every=2"], None),
+    ("stall-tp-2", ["--strategy", "tp", "--nproc", "2", "--inject", "dataloader_stall:rank=0,ms=80,every=3"], None),
+    ("slowcomm-ddp-2", ["--strategy", "ddp", "--nproc", "2", "--inject", "slow_comm:rank=1,ms=30"], "4-5"),
+    ("slowcomm-fsdp-2", ["--strategy", "fsdp", "--nproc", "2", "--inject", "slow_comm:rank=0,ms=20"], "4-5"),
+    ("mem-fsdp-2", ["--strategy", "fsdp", "--nproc", "2", "--inject", "mem_imbalance:rank=1,mb=400"], None),
+    ("mem-3d-8", ["--strategy", "3d", "--nproc", "8", "--inject", "mem_imbalance:rank=5,mb=400"], None),
+    ("ppimb-pp-2", ["--strategy", "pp", "--nproc", "2", "--layers", "6", "--inject", "pp_imbalance:stage=0,layers=5"], None),
+    ("fewmb-pp-2", ["--strategy", "pp", "--nproc", "2", "--schedule", "gpipe", "--inject", "few_microbatches:microbatches=1"], None),
+]
+STEPS = "8"
+
+
+def score(manifest: dict, report: dict) -> dict:
+    """Found and located for each injected fault; false alarms for clean runs."""
+    actionable = [f for f in report["findings"] if f["severity"] in ACTIONABLE]
+    if not manifest["injected"]:
+        return {"ok": not actionable, "false_alarms": [f"{f['kind']} {f['ranks']}" for f in actionable]}
+    trainer = report["run"]
+    results = []
+    for fault in manifest["injected"]:
+        kind = EXPECTED_KIND.get(fault["kind"])
+        matching = [f for f in actionable if f["kind"] == kind]
+        ranks = _fault_ranks(fault, trainer)
+        located = [f for f in matching if set(ranks) & set(f["ranks"]) and _steps_ok(fault, f)]
+        others = [f"{f['kind']} {f['ranks']}" for f in actionable if f not in located]
+        results.append({"fault": fault["kind"], "found": bool(matching), "located": bool(located),
+                        "other_findings": others})
+    return {"ok": all(r["located"] for r in results), "faults": results}
+
+
+def _fault_ranks(fault: dict, run: dict) -> list[int]:
+    if fault["rank"] is not None:
+        return [fault["rank"]]
+    mesh = run.get("mesh") or {}
+    per_stage = (mesh.get("dp") or 1) * (mesh.get("tp") or 1)
+    stage = fault["params"].get("stage")
+    if stage is None:
+        return list(range(run.get("world_size") or 0))
+    return list(range(stage * per_stage, (stage + 1) * per_stage))
+
+
+def _steps_ok(fault: dict, finding: dict) -> bool:
+    window = fault["params"].get("steps")
+    if not window or not finding["steps"]:
+        return True
+    first, last = map(int, window.split("-"))
+    return all(first <= s <= last for s in finding["steps"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", help="run only the case with this name")
+    args = parser.parse_args()
+    cases = [c for c in CASES if args.only in (None, c[0])]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, trainer, profile in cases:
+            out = Path(tmp) / name
+            started = time.monotonic()
+            options = ["--profile-steps", profile] if profile else []
+            run([sys.executable, "-m", "diagtrain.profiler.cli", "run", "--out", str(out), *options, "--no-analyze", "--",
+                 sys.executable, "-m", "diagtrain.profiler.cli", "train", *trainer, "--steps", STEPS])
+            run([sys.executable, "-m", "diagtrain.profiler.cli", "analyze", str(out), "--format", "json", "--quiet"])
+            manifest = json.loads((out / "manifest.json").read_text())
+            report = json.loads((out / "report.json").read_text())
+            result = {"case": name, "trainer": trainer, "profile_steps": profile, **score(manifest, report),
+                      "seconds": round(time.monotonic() - started, 1)}
+            rows.append(result)
+            print(f"{'PASS' if result['ok'] else 'FAIL'} {name}: {json.dumps({k: v for k, v in result.items() if k in ('faults', 'false_alarms')})}", flush=True)
+    faults = [f for r in rows for f in r.get("faults", [])]
+    clean = [r for r in rows if "false_alarms" in r]
+    summary = {"faults": len(faults), "located": sum(f["located"] for f in faults), "found": sum(f["found"] for f in faults),
+               "clean_runs": len(clean), "false_alarm_runs": sum(bool(r["false_alarms"]) for r in clean)}
+    if args.only:
+        return
+    m = machine()
+    table = "\n".join(f"| {r['case']} | {'pass' if r['ok'] else '**fail**'} | "
+                      f"{'; '.join(f['fault'] + (' located' if f['located'] else ' found only' if f['found'] else ' missed') for f in r.get('faults', [])) or ', '.join(r.get('false_alarms', [])) or 'no alarm'} |"
+                      for r in rows)
+    markdown = f"""# Analyzer accuracy
+
+{m['date']}, {m['cpu_count']} cores, Python {m['python']}, torch {m['torch']}. Command: `{m['command']}`.
+Each case: `diagtrain run -- diagtrain train ... --steps {STEPS}`, then `diagtrain analyze`.
+
+**{summary['located']}/{summary['faults']} injected faults found and located** ({summary['found']} found with the right kind);
+**{summary['false_alarm_runs']}/{summary['clean_runs']} clean runs with a false alarm** (warning or worse).
+
+| case | result | detail |
+| --- | --- | --- |
+{table}
+"""
+    save("accuracy", {"machine": m, "summary": summary, "cases": rows}, markdown)
+    print(markdown)
+
+
+if __name__ == "__main__":
+    main()
