@@ -16,7 +16,8 @@ import pandas as pd
 
 from diagtrain.profiler.analyzer.collectives import match
 from diagtrain.profiler.analyzer.load import RankResult
-from diagtrain.profiler.rank_files import read_json
+from diagtrain.profiler.analyzer.logs import LogEvent, NcclLog, parse_errors, read_nccl_log
+from diagtrain.profiler.rank_files import RankIndex, read_json
 
 US_PER_MS = 1e3
 
@@ -35,6 +36,9 @@ class Tables:
     world_size: int | None = None
     on_gpu: bool = False
     telemetry: pd.DataFrame | None = None
+    nccl_logs: dict[int, NcclLog] = field(default_factory=dict)  # rank -> its NCCL_DEBUG log
+    log_events: dict[int, list[LogEvent]] = field(default_factory=dict)  # rank -> errors in its stderr
+    rank_hosts: dict[int, str] = field(default_factory=dict)  # rank -> host (rank.json)
 
 
 def build(run_dir: Path, results: list[RankResult]) -> Tables:
@@ -47,9 +51,26 @@ def build(run_dir: Path, results: list[RankResult]) -> Tables:
     world = manifest.get("world_size") or max((r.world_size or 0 for r in results), default=0) or None
     tables = Tables(steps=steps, ranks=pd.DataFrame(), collectives=collectives, phases=phases, manifest=manifest,
                     trainer=read_json(run_dir / "trainer.json"), parameters=_parameters(run_dir), world_size=world,
-                    on_gpu=any(r.on_gpu for r in results), telemetry=_telemetry(run_dir))
+                    on_gpu=any(r.on_gpu for r in results), telemetry=_telemetry(run_dir),
+                    nccl_logs=_per_rank(run_dir, "nccl.log", read_nccl_log),
+                    log_events=_per_rank(run_dir, "stderr.log", lambda p: parse_errors(_lines(p))),
+                    rank_hosts={r: i.get("host") for r, i in RankIndex(run_dir).refresh().items()})
     tables.ranks = rank_table(tables, results)
+    tables.telemetry = join_telemetry(tables.telemetry, steps)
     return tables
+
+
+def join_telemetry(telemetry: pd.DataFrame | None, steps: pd.DataFrame) -> pd.DataFrame | None:
+    """Give each rank's telemetry sample the step that rank was in when it was taken."""
+    if telemetry is None or telemetry.empty or steps.empty or "rank" not in telemetry:
+        return telemetry
+    t = telemetry.assign(unix=telemetry["time"].astype("int64") / 1e9 if telemetry["time"].dtype.kind == "M"
+                         else telemetry["time"].astype(float))
+    with_rank = t[t["rank"].notna()].astype({"rank": "int64"}).sort_values("unix")
+    spans = steps[["rank", "step", "start", "end"]].dropna().astype({"rank": "int64"}).sort_values("start")
+    joined = pd.merge_asof(with_rank, spans, left_on="unix", right_on="start", by="rank", direction="backward")
+    joined.loc[joined["unix"] > joined["end"], "step"] = np.nan  # between steps (or after the last)
+    return pd.concat([joined.drop(columns=["start", "end"]), t[t["rank"].isna()]], ignore_index=True)
 
 
 def read_step_records(run_dir: Path) -> tuple[pd.DataFrame, list[str]]:
@@ -122,6 +143,19 @@ def _parameters(run_dir: Path) -> dict[int, int]:
         if info:
             held[int(info["rank"])] = sum(p["local_numel"] for p in info["parameters"])
     return held
+
+
+def _per_rank(run_dir: Path, name: str, read) -> dict:
+    """``read(path)`` for each rank's file ``name`` that exists and is not empty."""
+    found = {}
+    for path in run_dir.glob(f"ranks/*/{name}"):
+        if path.parent.name.isdigit() and path.stat().st_size:
+            found[int(path.parent.name)] = read(path)
+    return found
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text(errors="replace").splitlines()
 
 
 def _telemetry(run_dir: Path) -> pd.DataFrame | None:

@@ -18,6 +18,9 @@ DETECTORS = (
     "pipeline_bubble",
     "slow_collective",
     "exposed_communication",
+    "nccl_transport",
+    "gpu_throttling",
+    "low_utilization",
 )
 
 

@@ -1,0 +1,36 @@
+"""low_utilization: a rank's GPU sits without any kernel for much of the steps.
+
+NVML's utilization says whether any kernel ran during the sample window, so low values mean the
+GPU waits (for data, the host, or communication), not that its SMs are partly used.
+"""
+
+from __future__ import annotations
+
+from diagtrain.profiler.analyzer.findings import Finding
+from diagtrain.profiler.analyzer.tables import Tables
+
+LOW_UTIL_PERCENT = 50.0  # a GPU with no kernel half of the time is waiting on something
+MIN_SAMPLES = 3  # fewer samples during steps say nothing
+
+
+def detect(tables: Tables) -> list[Finding]:
+    t = tables.telemetry
+    if t is None or "gpu_util_percent" not in t:
+        return []
+    gpu = t[(t["kind"] == "gpu") & t["rank"].notna() & t["step"].notna()]
+    findings = []
+    for rank, rows in gpu.groupby("rank"):
+        util = float(rows["gpu_util_percent"].median())
+        if len(rows) < MIN_SAMPLES or util >= LOW_UTIL_PERCENT:
+            continue
+        findings.append(Finding(
+            kind="low_utilization", severity="warning", ranks=[int(rank)],
+            steps=sorted(int(s) for s in rows["step"].unique()),
+            explanation=(f"rank {int(rank)}'s GPU runs kernels only {util:.0f}% of the time during steps "
+                         f"(median of {len(rows)} samples)."),
+            suggestion="Profile a few steps (--profile-steps) to see what the GPU waits for: the data loader, "
+                       "host-side Python, synchronizations, or exposed communication.",
+            metrics={"observed_percent": util, "threshold_percent": LOW_UTIL_PERCENT, "samples": int(len(rows))},
+            evidence=[{"type": "telemetry", "rank": int(rank), "median_gpu_util_percent": util}],
+        ))
+    return findings
