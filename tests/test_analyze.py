@@ -169,3 +169,20 @@ def test_usage_errors(args, message):
     proc = subprocess.run([sys.executable, "-m", "diagtrain.profiler.cli", "analyze", *args],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == USAGE and message in proc.stderr
+
+
+def test_a_rank_on_a_skewed_host_is_put_back_on_the_common_clock(tmp_path):
+    skew_us = 5_000_000  # rank 1's host clock runs 5 s ahead
+    shutil.copy(TRACES / "sampled_128rank_rank0.json.gz", tmp_path / "rank0.json.gz")
+    with gzip.open(TRACES / "sampled_128rank_rank1.json.gz") as f:
+        trace = json.load(f)
+    for event in trace["traceEvents"]:
+        if isinstance(event.get("ts"), (int, float)):
+            event["ts"] += skew_us
+    trace["host_name"] = "another-host"
+    with gzip.open(tmp_path / "rank1.json.gz", "wt") as f:
+        json.dump(trace, f)
+    _, report = analyze(tmp_path, "--format", "json")
+    [note] = [h for h in report["health"] if h["check"] == "clocks" and "shifted" in h["message"]]
+    shift_ms = float(note["message"].split("shifted by ")[1].split(" ms")[0])
+    assert shift_ms == pytest.approx(-skew_us / 1e3, abs=50)

@@ -36,6 +36,9 @@ def check(tables: Tables, results: list[RankResult]) -> list[dict]:
             note("events", f"rank {r.rank}: {message}")
         for message in r.warnings:
             note("rank_from_name", message, "info")
+    for rank, shift in sorted(tables.clock_shifts_us.items()):
+        note("clocks", f"rank {rank} is on another host; its clock was shifted by {shift / 1e3:+.1f} ms to line "
+             "up the end times of its collectives", "info")
     skew = _clock_skew(tables)
     if skew is not None and skew > CLOCK_SKEW_MS:
         note("clocks", f"the same profiled step starts up to {skew:.0f} ms apart across ranks: clocks may not line up")

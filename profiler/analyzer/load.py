@@ -30,7 +30,7 @@ from diagtrain.profiler.run_dir import write_bytes_atomic, write_json_atomic
 
 TRACE_PATTERNS = ("*.json", "*.json.gz")
 OWN_FILES = {"report.json", "manifest.json", "trainer.json", "injected.json"}  # diagtrain's, not traces
-CACHE_VERSION = 1  # bump when what the cache holds changes
+CACHE_VERSION = 2  # bump when what the cache holds changes
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 _TRAILING_NUMBER = re.compile(r"(\d+)(?:\.pt)?\.trace|(\d+)$")
 # Columns that are Python objects (shapes); the cached event table leaves them out.
@@ -69,6 +69,7 @@ class RankResult:
     record_shapes: bool
     profile_memory: bool
     pg_config: list[dict]
+    host_name: str | None
     breakdown: dict
     steps: pd.DataFrame
     collectives: pd.DataFrame
@@ -147,7 +148,7 @@ def load_rank(item: RankInput, cache_root: Path) -> RankResult:
         key=item.key, rank=rank, rank_source=source, files=[str(f) for f in item.files],
         backend=first.backend, world_size=first.world_size, on_gpu=on_gpu,
         record_shapes=all(t.record_shapes for t in traces), profile_memory=all(t.profile_memory for t in traces),
-        pg_config=first.pg_config, breakdown=asdict(whole), steps=step_breakdown(events, rank, on_gpu),
+        pg_config=first.pg_config, host_name=first.host_name, breakdown=asdict(whole), steps=step_breakdown(events, rank, on_gpu),
         collectives=collectives, health=_health(events, item), warnings=notes,
     )
     _write_cache(cache, signature, result, events)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from diagtrain.profiler.analyzer import clocks
 from diagtrain.profiler.analyzer.collectives import match
 from diagtrain.profiler.analyzer.load import RankResult
 from diagtrain.profiler.analyzer.logs import LogEvent, NcclLog, parse_errors, read_nccl_log
@@ -39,6 +40,7 @@ class Tables:
     nccl_logs: dict[int, NcclLog] = field(default_factory=dict)  # rank -> its NCCL_DEBUG log
     log_events: dict[int, list[LogEvent]] = field(default_factory=dict)  # rank -> errors in its stderr
     rank_hosts: dict[int, str] = field(default_factory=dict)  # rank -> host (rank.json)
+    clock_shifts_us: dict[int, float] = field(default_factory=dict)  # rank -> µs added to line up clocks
 
 
 def build(run_dir: Path, results: list[RankResult]) -> Tables:
@@ -55,6 +57,10 @@ def build(run_dir: Path, results: list[RankResult]) -> Tables:
                     nccl_logs=_per_rank(run_dir, "nccl.log", read_nccl_log),
                     log_events=_per_rank(run_dir, "stderr.log", lambda p: parse_errors(_lines(p))),
                     rank_hosts={r: i.get("host") for r, i in RankIndex(run_dir).refresh().items()})
+    # Ranks on other hosts: line up their clocks on collective end times (see clocks.py).
+    hosts = tables.rank_hosts or {r.rank: r.host_name for r in results}
+    tables.clock_shifts_us = clocks.offsets(collectives, hosts)
+    clocks.apply(tables.clock_shifts_us, collectives, steps)
     tables.ranks = rank_table(tables, results)
     tables.telemetry = join_telemetry(tables.telemetry, steps)
     return tables
