@@ -14,6 +14,7 @@ recorder dump.
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import os
 import shutil
 import signal
@@ -72,8 +73,12 @@ def start() -> None:
     _tee_output(folder)
     write_json_atomic(folder / "rank.json", describe_rank(rank))
     _ExitRecorder(folder).install()
-    from diagtrain.profiler import torch_hooks
+    # A C++ abort (gloo's EnforceNotMet, a CUDA error) skips atexit; this at least puts the
+    # Python stacks of every thread into stderr.log.
+    faulthandler.enable(all_threads=True)
+    from diagtrain.profiler import state_dump, torch_hooks
 
+    state_dump.install(folder)
     torch_hooks.arm(Path(run_dir), rank)
 
 
@@ -171,9 +176,10 @@ class _ExitRecorder:
         raise SystemExit(SIGTERM_EXIT_CODE)
 
     def _at_exit(self) -> None:
-        from diagtrain.profiler import flight_recorder
+        from diagtrain.profiler import flight_recorder, state_dump
 
         try:
+            state_dump.write_process_groups(self.folder)
             flight_recorder.dump(self.folder / "flight_recorder.json")
         except Exception as e:  # noqa: BLE001 - a failed dump must not hide the exit record
             self.record["flight_recorder_error"] = f"{type(e).__name__}: {e}"

@@ -21,7 +21,7 @@ from typing import IO
 
 from rich.console import Console
 
-from diagtrain.profiler import manifest, process_tree, telemetry
+from diagtrain.profiler import manifest, process_tree, telemetry, watchdog
 from diagtrain.profiler.inrank import HOST_ENV, WRAPPER_PID_ENV
 from diagtrain.profiler.instrument import PROFILE_STEPS_ENV
 from diagtrain.profiler.progress import Progress
@@ -32,9 +32,12 @@ from diagtrain.profiler.step_ranges import format_step_ranges, parse_step_ranges
 EXIT_USAGE = 2
 EXIT_NOT_FOUND = 127  # what a shell returns for a command it cannot find
 SHUTDOWN_GRACE_S = 10.0  # after Ctrl-C: time for ranks to write their exit records and dumps
+HUNG_GRACE_S = 3.0  # a hung rank blocked in C++ cannot run its SIGTERM handler: do not wait long
 LEFTOVER_GRACE_S = 3.0  # after the command ends: time for stray processes to exit on SIGTERM
 SETTLE_S = 1.0  # after the command ends: time for the ranks' log tees to drain before any signal
 POLL_S = 0.25
+ON_HANG = ("dump-and-kill", "dump-and-wait")
+EXIT_HUNG = 124  # what `timeout` returns: used when a killed hung job still exited 0
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
 
 
@@ -55,6 +58,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="profile steps A to B in every rank (repeatable; steps count from 1)")
     p.add_argument("--telemetry-interval", type=float, default=telemetry.DEFAULT_INTERVAL_S, metavar="SECONDS",
                    help=f"seconds between telemetry samples (default {telemetry.DEFAULT_INTERVAL_S})")
+    p.add_argument("--hang-timeout", type=float, default=watchdog.DEFAULT_HANG_TIMEOUT_S, metavar="SECONDS",
+                   help="a hang is no rank finishing a step for this long while all are alive "
+                   f"(default {watchdog.DEFAULT_HANG_TIMEOUT_S:.0f})")
+    p.add_argument("--on-hang", choices=ON_HANG, default="dump-and-kill",
+                   help="on a hang: dump stacks and flight recorder, analyze, then stop the job (default) or leave it")
     p.add_argument("--no-analyze", action="store_true", help="do not analyze the run when it ends")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, after --")
     p.set_defaults(handler=run_command)
@@ -72,12 +80,17 @@ def run_command(args: argparse.Namespace, argv: list[str]) -> int:
         return _usage(err, f"--profile-steps {e}")
     if args.telemetry_interval <= 0:
         return _usage(err, "--telemetry-interval must be positive")
+    if args.hang_timeout <= 0:
+        return _usage(err, "--hang-timeout must be positive")
     out = Path(args.out or default_run_dir(_label(command))).resolve()
     try:
         check_writable(out)
     except OSError as e:
         return _usage(err, f"--out {out}: cannot write there ({e.strerror or e})")
-    code = Collection(out, command, argv, windows, args.telemetry_interval, err).run()
+    collection = Collection(out, command, argv, windows, args.telemetry_interval, err)
+    collection.watchdog = watchdog.Watchdog(collection.ranks, collection.host_dir.name, args.hang_timeout)
+    collection.kill_on_hang = args.on_hang == "dump-and-kill"
+    code = collection.run()
     if not args.no_analyze:
         _analyze(out, err)
     return code
@@ -88,8 +101,8 @@ def _analyze(out: Path, err: Console) -> None:
     from diagtrain.profiler.analyzer.command import analyze_and_print
     from diagtrain.profiler.analyzer.load import default_workers
 
-    if not any(out.glob("ranks/*/steps.jsonl")) and not any(out.glob("ranks/*/trace-*")):
-        return
+    if not any(out.glob("ranks/*/rank.json")) and not any(out.glob("ranks/*/trace-*")):
+        return  # no rank ever started: nothing to analyze
     try:
         analyze_and_print(out, out, ["md", "json", "html"], default_workers(), err)
     except Exception as e:  # noqa: BLE001 - the run's data is safe on disk; `diagtrain analyze` can retry
@@ -130,6 +143,10 @@ class Collection:
         self.record = manifest.host_record(self.host_dir, command, ["diagtrain", "run", *argv], self.started_at)
         self.env = self._child_env(windows)
         self.interrupted: int | None = None
+        self.hung = False
+        self.grace_s = SHUTDOWN_GRACE_S
+        self.watchdog: watchdog.Watchdog | None = None
+        self.kill_on_hang = True
         self.console_log = open(self.host_dir / "console.log", "ab")
         self.ranks = RankIndex(out)
         self.sampler = telemetry.TelemetrySampler(out, self.host_dir, self.host_dir.name, interval, self.say)
@@ -196,11 +213,31 @@ class Collection:
             progress.update()
             if code is not None:
                 return code
+            if not self.hung and self.watchdog is not None:
+                self._check_hang()
             if self.interrupted is not None:
-                deadline = deadline or time.monotonic() + SHUTDOWN_GRACE_S
+                deadline = deadline or time.monotonic() + self.grace_s
                 if time.monotonic() > deadline:
-                    self.say(f"the job did not stop within {SHUTDOWN_GRACE_S:.0f}s; killing it")
+                    self.say(f"the job did not stop within {self.grace_s:.0f}s; killing it")
                     process_tree.stop_all(LEFTOVER_GRACE_S, keep=child.pid)
+
+    def _check_hang(self) -> None:
+        stall = self.watchdog.check()
+        if stall is None:
+            return
+        self.hung = True
+        steps = ", ".join(f"rank {r}: {s}" for r, s in sorted(stall.last_steps.items()))
+        self.say(f"hang: no rank has finished a step for {stall.seconds:.0f}s (last steps {steps}); "
+                 "dumping stacks and flight recorder")
+        answered = self.watchdog.request_dumps()
+        missing = sorted(set(stall.last_steps) - set(answered))
+        if missing:
+            self.say(f"no state dump from ranks {missing}")
+        if self.kill_on_hang:
+            self.say("stopping the hung job (--on-hang dump-and-wait leaves it running)")
+            process_tree.send(self._job_processes(), signal.SIGTERM)
+            self.interrupted = signal.SIGTERM  # from here on, shut down like after a SIGTERM
+            self.grace_s = HUNG_GRACE_S
 
     def _pump(self, source: IO[bytes], sink: IO[bytes], progress: Progress) -> threading.Thread:
         """Copy the command's output to the terminal (above the progress table) and console.log."""
@@ -219,6 +256,8 @@ class Collection:
         return thread
 
     def _status(self, code: int) -> str:
+        if self.hung:
+            return "hung"
         if self.interrupted is not None:
             return "interrupted"
         return "ok" if code == 0 else "failed"
@@ -228,6 +267,8 @@ class Collection:
             code = 128 - code
         if status == "interrupted" and code == 0:
             code = 128 + (self.interrupted or signal.SIGINT)
+        if status == "hung" and code == 0:
+            code = EXIT_HUNG
         self.console_log.close()
         telemetry.write_parquet(self.out)
         self.record.update(status=status, exit_code=code, ended_at=time.time())

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-from diagtrain.profiler import instrument
+from diagtrain.profiler import instrument, state_dump
 from diagtrain.profiler.run_dir import rank_dir, write_json_atomic
 
 
@@ -70,6 +70,9 @@ class _HookRecorder:
         _add_torch_facts(rank_dir(self.run_dir, self.rank) / "rank.json", torch)
 
     def _active(self, optimizer: Any) -> bool:
+        if self.lead is None and not self.stood_down:
+            # The first step: every process group a training loop needs exists by now.
+            state_dump.write_process_groups(rank_dir(self.run_dir, self.rank))
         if self.stood_down:
             return False
         if instrument.explicit_recorder_active():

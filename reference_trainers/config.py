@@ -210,6 +210,8 @@ FAULT_HELP = [
     "slow_comm:rank=R,ms=M[,steps=A-B]",
     "mem_imbalance:rank=R,mb=M",
     "hang:rank=R,step=K",
+    "stuck:rank=R,step=K",
+    "crash:rank=R,step=K",
     "pp_imbalance:stage=S,layers=L",
     "few_microbatches:microbatches=M",
 ]
@@ -292,7 +294,7 @@ def _validate_fault(c: TrainConfig, fault: FaultSpec) -> None:
     where = f"--inject {fault.text}"
     if fault.rank is not None and not 0 <= fault.rank < c.nproc:
         raise ConfigError(f"{where}: rank {fault.rank} is outside 0..{c.nproc - 1}")
-    if fault.kind == "hang" and not 1 <= fault.step <= c.steps:
+    if fault.kind in ("hang", "stuck", "crash") and not 1 <= fault.step <= c.steps:
         raise ConfigError(f"{where}: step {fault.step} is outside 1..{c.steps}")
     if fault.kind in ("pp_imbalance", "few_microbatches") and c.dims.pp < 2:
         raise ConfigError(f"{where}: needs a pipeline (--strategy pp, or 3d with pp > 1)")

@@ -24,6 +24,8 @@ FAULT_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "slow_comm": (("rank", "ms"), ("steps",)),
     "mem_imbalance": (("rank", "mb"), ()),
     "hang": (("rank", "step"), ()),
+    "stuck": (("rank", "step"), ()),
+    "crash": (("rank", "step"), ()),
     "pp_imbalance": (("stage", "layers"), ()),
     "few_microbatches": (("microbatches",), ()),
 }
@@ -112,7 +114,12 @@ class FaultInjector:
             self._held = torch.ones(int(fault.params["mb"] * 2**20) // 4, device=device)
 
     def data_delay(self) -> None:
-        """dataloader_stall: sleep in the data phase every ``every`` steps."""
+        """dataloader_stall: sleep in the data phase every ``every`` steps; stuck: never return;
+        crash: raise."""
+        if any(f.kind == "stuck" and f.step == self.step for f in self.faults):
+            _stuck_in_user_code()
+        if any(f.kind == "crash" and f.step == self.step for f in self.faults):
+            raise RuntimeError(f"injected crash at step {self.step}")
         fault = self._get("dataloader_stall")
         if fault is not None and self.step % int(fault.params.get("every", 1)) == 0:
             time.sleep(fault.params["ms"] / 1e3)
@@ -175,6 +182,12 @@ class FaultInjector:
             return fn(*args, **kwargs)
 
         return wrapper
+
+
+def _stuck_in_user_code() -> None:
+    """The `stuck` fault: user code that never returns (a deadlock, an endless retry loop)."""
+    while True:
+        time.sleep(1)
 
 
 def _collective_entry_points() -> list[tuple[Any, tuple[str, ...]]]:

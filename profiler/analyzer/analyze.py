@@ -13,7 +13,7 @@ from diagtrain.profiler.run_dir import write_bytes_atomic, write_json_atomic
 
 
 def analyze(path: Path, out: Path, formats: list[str], workers: int,
-            progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+            progress: Callable[[str], None] = lambda _: None, flight_recorder: Path | None = None) -> dict[str, Any]:
     """Analyze the run directory or trace folder ``path``; write results under ``out``."""
     analysis_dir = out / "analysis"
     analysis_dir.mkdir(parents=True, exist_ok=True)
@@ -21,7 +21,7 @@ def analyze(path: Path, out: Path, formats: list[str], workers: int,
     progress(f"{len(inputs)} rank inputs in {path}")
     results, more_skipped = load.load(inputs, analysis_dir / "cache", workers, progress)
     skipped += more_skipped
-    t = tables.build(path, results)
+    t = tables.build(path, results, flight_recorder)
     notes = health.check(t, results)
     findings = run_detectors(t, progress)
     doc = report.build(path, t, findings, notes, [asdict(s) for s in skipped])

@@ -26,6 +26,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--format", default="md,json,html", help="report formats, comma-separated: md,json,html")
     p.add_argument("--out", help="where to write analysis/ and the reports (default: PATH)")
     p.add_argument("--workers", type=int, default=load.default_workers(), help="processes that load ranks")
+    p.add_argument("--flight-recorder", metavar="DIR",
+                   help="flight-recorder dumps made outside diagtrain (TORCH_FR_DUMP_TEMP_FILE files, pickle or JSON, "
+                   "one per rank, rank number ending the name) for the hang verdict")
     p.add_argument("--quiet", action="store_true", help="do not print the Markdown report")
     p.set_defaults(handler=run_analyze)
 
@@ -47,15 +50,20 @@ def run_analyze(args: argparse.Namespace, argv: list[str]) -> int:
         return _usage(err, f"{out}: cannot write the analysis there ({e.strerror or e}); pass --out DIR")
     if args.workers < 1:
         return _usage(err, "--workers must be at least 1")
-    return analyze_and_print(path, out, formats, args.workers, err, quiet=args.quiet)
+    fr_dir = Path(args.flight_recorder) if args.flight_recorder else None
+    if fr_dir is not None and not fr_dir.is_dir():
+        return _usage(err, f"--flight-recorder {fr_dir}: no such directory")
+    return analyze_and_print(path, out, formats, args.workers, err, quiet=args.quiet, flight_recorder=fr_dir)
 
 
-def analyze_and_print(path: Path, out: Path, formats: list[str], workers: int, err: Console, quiet: bool = False) -> int:
+def analyze_and_print(path: Path, out: Path, formats: list[str], workers: int, err: Console, quiet: bool = False,
+                      flight_recorder: Path | None = None) -> int:
     """Run the analysis with progress on stderr and the Markdown report on stdout."""
     from diagtrain.profiler.analyzer.analyze import analyze
 
     with err.status("analyzing", spinner="dots") as status:
-        doc = analyze(path, out, formats, workers, progress=lambda m: status.update(f"analyzing: {m}"))
+        doc = analyze(path, out, formats, workers, progress=lambda m: status.update(f"analyzing: {m}"),
+                      flight_recorder=flight_recorder)
     if not doc["ranks"] and doc["skipped"]:
         err.print(f"diagtrain analyze: nothing could be read in {path}:", markup=False)
         for s in doc["skipped"]:

@@ -16,6 +16,7 @@ import pandas as pd
 
 from diagtrain.profiler.analyzer import clocks
 from diagtrain.profiler.analyzer.collectives import match
+from diagtrain.profiler.analyzer.flight_records import rank_of_dump, read_dump
 from diagtrain.profiler.analyzer.load import RankResult
 from diagtrain.profiler.analyzer.logs import LogEvent, NcclLog, parse_errors, read_nccl_log
 from diagtrain.profiler.rank_files import RankIndex, read_json
@@ -41,9 +42,13 @@ class Tables:
     log_events: dict[int, list[LogEvent]] = field(default_factory=dict)  # rank -> errors in its stderr
     rank_hosts: dict[int, str] = field(default_factory=dict)  # rank -> host (rank.json)
     clock_shifts_us: dict[int, float] = field(default_factory=dict)  # rank -> µs added to line up clocks
+    dumps: dict[int, dict] = field(default_factory=dict)  # rank -> flight-recorder dump
+    process_groups: dict[int, dict] = field(default_factory=dict)  # rank -> {pg name: {desc, ranks}}
+    stacks: dict[int, dict] = field(default_factory=dict)  # rank -> stacks.json (dumped on a hang)
+    exits: dict[int, dict] = field(default_factory=dict)  # rank -> exit.json
 
 
-def build(run_dir: Path, results: list[RankResult]) -> Tables:
+def build(run_dir: Path, results: list[RankResult], flight_recorder_dir: Path | None = None) -> Tables:
     """Join the per-rank results with the run directory's step records and facts."""
     recorded, phases = read_step_records(run_dir)
     traced = pd.concat([r.steps for r in results], ignore_index=True) if results else pd.DataFrame()
@@ -56,7 +61,13 @@ def build(run_dir: Path, results: list[RankResult]) -> Tables:
                     on_gpu=any(r.on_gpu for r in results), telemetry=_telemetry(run_dir),
                     nccl_logs=_per_rank(run_dir, "nccl.log", read_nccl_log),
                     log_events=_per_rank(run_dir, "stderr.log", lambda p: parse_errors(_lines(p))),
-                    rank_hosts={r: i.get("host") for r, i in RankIndex(run_dir).refresh().items()})
+                    rank_hosts={r: i.get("host") for r, i in RankIndex(run_dir).refresh().items()},
+                    dumps=_per_rank(run_dir, "flight_recorder.json", read_dump),
+                    process_groups=_per_rank(run_dir, "process_groups.json", read_json),
+                    stacks=_per_rank(run_dir, "stacks.json", read_json),
+                    exits=_per_rank(run_dir, "exit.json", read_json))
+    if flight_recorder_dir is not None:
+        tables.dumps = read_dump_dir(flight_recorder_dir)
     # Ranks on other hosts: line up their clocks on collective end times (see clocks.py).
     hosts = tables.rank_hosts or {r.rank: r.host_name for r in results}
     tables.clock_shifts_us = clocks.offsets(collectives, hosts)
@@ -149,6 +160,20 @@ def _parameters(run_dir: Path) -> dict[int, int]:
         if info:
             held[int(info["rank"])] = sum(p["local_numel"] for p in info["parameters"])
     return held
+
+
+def read_dump_dir(folder: Path) -> dict[int, dict]:
+    """Flight-recorder dumps made outside diagtrain (NCCL's pickles or JSON), one file per rank."""
+    dumps = {}
+    for path in sorted(p for p in folder.iterdir() if p.is_file()):
+        try:
+            dump = read_dump(path)
+        except Exception:  # noqa: BLE001 - not a dump: skip it, as the trace loader skips non-traces
+            continue
+        rank = rank_of_dump(path, dump) if isinstance(dump, dict) else None
+        if rank is not None:
+            dumps[rank] = dump
+    return dumps
 
 
 def _per_rank(run_dir: Path, name: str, read) -> dict:

@@ -12,6 +12,7 @@ from diagtrain.profiler.analyzer.findings import Finding
 from diagtrain.profiler.analyzer.tables import Tables
 
 DETECTORS = (
+    "hang",
     "straggler",
     "dataloader_stall",
     "memory_imbalance",
