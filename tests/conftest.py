@@ -100,3 +100,17 @@ def diagtrain_run(out: Path, *args: str, env: dict | None = None, check: bool = 
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
     return Run(out, proc.returncode, proc.stderr, proc.stdout)
+
+
+def processes_with(marker: str) -> list[int]:
+    """Live processes whose environment has TEST_MARKER=marker (what a test's job left behind)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("TEST_MARKER") == marker:
+                found.append(proc.pid)
+        except psutil.Error:
+            pass
+    return found

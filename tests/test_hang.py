@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
-import shutil
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
 
-import psutil
 import pytest
 
-from conftest import JOB_TIMEOUT_S
+from conftest import JOB_TIMEOUT_S, processes_with
 
 HANG_TIMEOUT_S = 5
 MAX_EXTRA_S = 30  # the bar: stopped within the hang timeout plus this
@@ -26,22 +25,11 @@ def run_hanging(out: Path, *trainer: str) -> tuple[subprocess.CompletedProcess, 
            "--", sys.executable, "-m", "diagtrain.profiler.cli", "train", "--nproc", "2", "--steps", "6", *trainer]
     started = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
-                          env={**__import__("os").environ, "TEST_MARKER": marker})
+                          env={**os.environ, "TEST_MARKER": marker})
     elapsed = time.monotonic() - started
-    assert _processes_with(marker) == [], "processes left behind"
+    assert processes_with(marker) == [], "processes left behind"
     report = json.loads((out / "report.json").read_text())
     return proc, elapsed, report
-
-
-def _processes_with(marker: str) -> list[int]:
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if p.environ().get("TEST_MARKER") == marker:
-                found.append(p.pid)
-        except psutil.Error:
-            pass
-    return found
 
 
 def the_finding(report: dict, kind: str) -> dict:

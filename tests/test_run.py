@@ -12,10 +12,9 @@ import time
 import uuid
 
 import pandas as pd
-import psutil
 import pytest
 
-from conftest import JOB_TIMEOUT_S, USER_SCRIPT, Run, diagtrain_run, load_trace, torchrun
+from conftest import JOB_TIMEOUT_S, USER_SCRIPT, Run, diagtrain_run, load_trace, processes_with, torchrun
 
 USAGE = 2
 
@@ -131,7 +130,7 @@ def test_a_signal_stops_everything_and_keeps_what_was_collected(tmp_path, signum
         reason = json.loads((out / f"ranks/{rank}/exit.json").read_text())["reason"]
         assert reason == ("interrupted" if signum == signal.SIGINT else "terminated")
     assert (out / "telemetry.parquet").exists()
-    assert _processes_with(marker) == []
+    assert processes_with(marker) == []
 
 
 def _wait_for_step(out, rank: int, step: int) -> None:
@@ -145,17 +144,6 @@ def _wait_for_step(out, rank: int, step: int) -> None:
             pass
         time.sleep(0.2)
     raise AssertionError(f"rank {rank} never reached step {step}")
-
-
-def _processes_with(marker: str) -> list[int]:
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get("TEST_MARKER") == marker:
-                found.append(proc.pid)
-        except psutil.Error:
-            pass
-    return found
 
 
 @pytest.mark.parametrize("args,message", [
