@@ -18,8 +18,11 @@ def build_parser() -> argparse.ArgumentParser:
     from diagtrain.profiler.analyzer import command as analyze_command
     from diagtrain.reference_trainers import launch
 
+    from diagtrain.profiler import compare_command
+
     run_command.add_parser(subparsers)
     analyze_command.add_parser(subparsers)
+    compare_command.add_parsers(subparsers)
     launch.add_parser(subparsers)
     return parser
 
