@@ -8,6 +8,7 @@ sub-microsecond precision in float64; ``epoch_offset_us`` puts them on the wall 
 
 from __future__ import annotations
 
+import gc
 import gzip
 import re
 import zlib
@@ -22,7 +23,8 @@ import pandas as pd
 Number = int | float | str | None  # real traces disagree on the types of these fields
 
 
-class _Args(msgspec.Struct):
+# gc=False: a trace is millions of these; the cyclic GC walking them cost 4x the decode itself.
+class _Args(msgspec.Struct, gc=False):
     stream: Number = None
     correlation: Number = None
     collective: str | None = msgspec.field(default=None, name="Collective name")
@@ -36,7 +38,7 @@ class _Args(msgspec.Struct):
     input_type: Any = msgspec.field(default=None, name="Input type")
 
 
-class _Event(msgspec.Struct):
+class _Event(msgspec.Struct, gc=False):
     ph: str = ""
     name: str = ""
     cat: str | None = None
@@ -47,7 +49,7 @@ class _Event(msgspec.Struct):
     args: _Args | None = None
 
 
-class _Trace(msgspec.Struct):
+class _Trace(msgspec.Struct, gc=False):
     traceEvents: list[_Event] = []
     distributedInfo: dict[str, Any] | None = None
     baseTimeNanoseconds: int | None = None
@@ -99,11 +101,15 @@ def read_trace(path: Path) -> TraceFile:
             raw = gzip.decompress(raw)
     except (OSError, EOFError, zlib.error, gzip.BadGzipFile) as e:
         raise TraceError(f"{path}: cannot read: {e}") from None
+    gc.disable()  # nothing cyclic is built here; collections would only rescan millions of objects
     try:
         doc = msgspec.json.decode(raw, type=_Trace)
+        del raw
+        events = _columns(doc)
     except msgspec.DecodeError as e:
         raise TraceError(f"{path}: not a PyTorch Profiler trace: {e}") from None
-    events = _columns(doc)
+    finally:
+        gc.enable()
     if events.empty:
         raise TraceError(f"{path}: the trace has no duration events")
     info = doc.distributedInfo or {}
@@ -121,45 +127,60 @@ def read_trace(path: Path) -> TraceFile:
 
 def _columns(doc: _Trace) -> pd.DataFrame:
     """Duration events ('X') with a start and a length, as typed columns."""
-    evs = [e for e in doc.traceEvents if e.ph == "X" and isinstance(e.ts, (int, float)) and isinstance(e.dur, (int, float))]
+    evs = [e for e in doc.traceEvents if e.ph == "X" and type(e.ts) in _NUMBERS and type(e.dur) in _NUMBERS]
     args = [e.args or _NO_ARGS for e in evs]
+    n = len(evs)
     frame = pd.DataFrame({
         "name": pd.Categorical([e.name for e in evs]),
         "cat": pd.Categorical([e.cat or "" for e in evs]),
-        "ts": np.fromiter((e.ts for e in evs), dtype=np.float64, count=len(evs)),
-        "dur": np.fromiter((e.dur for e in evs), dtype=np.float64, count=len(evs)),
-        "tid": [str(e.tid) for e in evs],
-        "stream": np.fromiter((_int(a.stream, -1) for a in args), dtype=np.int64, count=len(evs)),
-        "correlation": np.fromiter((_int(a.correlation, -1) for a in args), dtype=np.int64, count=len(evs)),
-        "collective": [a.collective for a in args],
-        "in_nelems": np.fromiter((_float(a.in_nelems) for a in args), dtype=np.float64, count=len(evs)),
-        "group_size": np.fromiter((_float(a.group_size) for a in args), dtype=np.float64, count=len(evs)),
-        "dtype": [a.dtype for a in args],
-        "pg_name": [None if a.pg_name is None else str(a.pg_name) for a in args],
-        "pg_desc": [a.pg_desc for a in args],
-        "input_dims": [a.input_dims for a in args],
-        "input_type": [a.input_type for a in args],
+        "ts": np.fromiter((e.ts for e in evs), dtype=np.float64, count=n),
+        "dur": np.fromiter((e.dur for e in evs), dtype=np.float64, count=n),
+        "stream": np.array([_int_or_minus_one(a.stream) for a in args], dtype=np.int64),
+        "correlation": np.array([_int_or_minus_one(a.correlation) for a in args], dtype=np.int64),
     })
+    _collective_columns(frame, args)
     frame["end"] = frame["ts"] + frame["dur"]
     frame["kind"] = _kinds(frame)
     return frame.sort_values("ts", kind="stable").reset_index(drop=True)
 
 
+def _collective_columns(frame: pd.DataFrame, args: list[_Args]) -> None:
+    """Collective and shape arguments: present on few events, so filled only where they are."""
+    rows = [i for i, a in enumerate(args) if a.collective is not None or a.pg_name is not None or a.input_dims is not None]
+    for column, get, kind in (("collective", lambda a: a.collective, object), ("dtype", lambda a: a.dtype, object),
+                              ("pg_name", lambda a: None if a.pg_name is None else str(a.pg_name), object),
+                              ("pg_desc", lambda a: a.pg_desc, object), ("input_dims", lambda a: a.input_dims, object),
+                              ("input_type", lambda a: a.input_type, object),
+                              ("in_nelems", lambda a: _float(a.in_nelems), np.float64),
+                              ("group_size", lambda a: _float(a.group_size), np.float64)):
+        values = np.full(len(frame), np.nan if kind is np.float64 else None, dtype=kind)
+        if rows:
+            values[rows] = [get(args[i]) for i in rows]
+        # dtype=object kept as is: letting pandas infer a string dtype costs more than the parse.
+        frame[column] = pd.Series(values, dtype=kind, copy=False)
+
+
+_NUMBERS = (int, float)
 _NO_ARGS = _Args()
 
 
 def _kinds(frame: pd.DataFrame) -> np.ndarray:
     """compute | comm | memory for GPU events, comm | cpu for host events (by name, vectorized)."""
     names = frame["name"].cat.categories.to_series()
-    comm_kernel = frame["name"].cat.codes.map(dict(enumerate(names.str.match(COMM_KERNEL))))
-    comm_host = frame["name"].cat.codes.map(dict(enumerate(names.str.match(COMM_HOST_OP))))
-    memory = frame["name"].cat.codes.map(dict(enumerate(names.str.match(MEMORY_KERNEL))))
+    codes = frame["name"].cat.codes.to_numpy()
+    # Match each distinct name once, then spread the answers to every event by its code.
+    comm_kernel = names.str.match(COMM_KERNEL).to_numpy(dtype=bool)[codes]
+    comm_host = names.str.match(COMM_HOST_OP).to_numpy(dtype=bool)[codes]
+    memory = names.str.match(MEMORY_KERNEL).to_numpy(dtype=bool)[codes]
     gpu = frame["cat"].isin(GPU_CATEGORIES).to_numpy() & (frame["stream"] >= 0).to_numpy()
-    return np.select(
-        [gpu & comm_kernel.to_numpy(dtype=bool), gpu & memory.to_numpy(dtype=bool), gpu,
-         comm_host.to_numpy(dtype=bool)],
-        [COMM, MEMORY, COMPUTE, COMM], default=CPU,
-    )
+    codes = np.select([gpu & comm_kernel, gpu & memory, gpu, comm_host], [0, 1, 2, 0], default=3)
+    return pd.Categorical.from_codes(codes, categories=[COMM, MEMORY, COMPUTE, CPU])
+
+
+def _int_or_minus_one(value: Any) -> int:
+    if type(value) is int:
+        return value
+    return -1 if value is None else _int(value, -1)
 
 
 def _int(value: Any, default: int | None = None) -> int | None:

@@ -1,0 +1,72 @@
+"""Synthetic Kineto traces of any size, shaped like a GPU training step: CPU ops launching
+kernels (correlated), NCCL kernels on a second stream, ProfilerStep annotations, distributedInfo.
+Used by the speed and scale benchmarks; written with plain string formatting to be fast."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import shutil
+from pathlib import Path
+
+EVENTS_PER_LAUNCH = 3  # a cpu_op, its cudaLaunchKernel and the kernel
+
+
+def write_trace(path: Path, rank: int, world: int, events: int, steps: int = 5, seed: int = 0) -> Path:
+    """A gzipped trace with about ``events`` duration events for ``rank`` of ``world``."""
+    rng = random.Random(seed + rank)
+    launches = max(events // EVENTS_PER_LAUNCH, steps)
+    per_step = launches // steps
+    lines, ts, corr = [], 1_000.0, 1
+    for step in range(steps):
+        step_start = ts
+        for i in range(per_step):
+            dur = rng.uniform(5, 50)
+            comm = i % 20 == 19
+            name = "ncclDevKernel_AllReduce_Sum_f32_RING_LL" if comm else f"void gemm_kernel_{i % 7}"
+            lines.append(f'{{"ph":"X","cat":"cpu_op","name":"aten::op{i % 11}","pid":1,"tid":1,"ts":{ts:.3f},"dur":{dur:.3f},"args":{{"External id":{corr}}}}}')
+            lines.append(f'{{"ph":"X","cat":"cuda_runtime","name":"cudaLaunchKernel","pid":1,"tid":1,"ts":{ts + 1:.3f},"dur":2.0,"args":{{"correlation":{corr}}}}}')
+            stream = 20 if comm else 7
+            args = (f'"stream":{stream},"correlation":{corr},"Collective name":"allreduce","In msg nelems":1048576,'
+                    f'"Group size":{world},"dtype":"Float","Process Group Name":"0","Process Group Description":"default_pg"'
+                    if comm else f'"stream":{stream},"correlation":{corr}')
+            lines.append(f'{{"ph":"X","cat":"kernel","name":"{name}","pid":0,"tid":{stream},"ts":{ts + 5:.3f},"dur":{dur * 0.8:.3f},"args":{{{args}}}}}')
+            ts += dur + rng.uniform(0, 5)
+            corr += 1
+        lines.append(f'{{"ph":"X","cat":"user_annotation","name":"ProfilerStep#{step + 1}","pid":1,"tid":1,"ts":{step_start:.3f},"dur":{ts - step_start:.3f}}}')
+    info = {"backend": "nccl", "rank": rank, "world_size": world, "pg_count": 1,
+            "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cuda:nccl", "pg_size": world,
+                           "ranks": list(range(world))}]}
+    header = f'{{"schemaVersion":1,"distributedInfo":{json.dumps(info)},"baseTimeNanoseconds":1790000000000000000,"traceEvents":['
+    with gzip.open(path, "wt", compresslevel=1) as f:
+        f.write(header + ",\n".join(lines) + "]}")
+    return path
+
+
+def trace_set(folder: Path, world: int, events: int) -> Path:
+    """``world`` synthetic ranks in ``folder`` (rank<r>.json.gz)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for rank in range(world):
+        write_trace(folder / f"rank{rank}.json.gz", rank, world, events)
+    return folder
+
+
+def relabeled_copies(source: Path, folder: Path, world: int) -> Path:
+    """``world`` copies of one real trace, relabeled as ranks 0..world-1 (distributedInfo.rank)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with gzip.open(source, "rt") as f:
+        trace = json.load(f)
+    for rank in range(world):
+        info = dict(trace.get("distributedInfo") or {}, rank=rank, world_size=world)
+        with gzip.open(folder / f"rank{rank}.json.gz", "wt", compresslevel=1) as f:
+            json.dump({**trace, "distributedInfo": info}, f)
+    return folder
+
+
+def copy_run_traces(run: Path, folder: Path) -> Path:
+    """The traces of a diagtrain run directory, flattened into one folder (HTA's layout)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in run.glob("ranks/*/trace-*.json.gz"):
+        shutil.copy(path, folder / path.name)
+    return folder
