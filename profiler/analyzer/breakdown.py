@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.analyzer import intervals as iv
-from diagtrain.profiler.analyzer.trace_file import COMM, COMPUTE, CPU, STEP_ANNOTATION
+from diagtrain.profiler.analyzer.trace_file import COMM, COMPUTE, CPU, STEP_ANNOTATION, name_matches
 
 
 @dataclass
@@ -42,7 +42,7 @@ class Breakdown:
 def gpu_kernels(events: pd.DataFrame) -> pd.DataFrame:
     """GPU events whose launch happened before the last ProfilerStep began (HTA's filter)."""
     gpu = events[events["stream"] >= 0]
-    steps = events[events["name"].astype(str).str.match(STEP_ANNOTATION) & (events["stream"] < 0)]
+    steps = events[name_matches(events["name"], STEP_ANNOTATION) & (events["stream"] < 0).to_numpy()]
     if len(steps) < 2:
         return gpu
     launches = events[(events["stream"] < 0) & (events["correlation"] >= 0) & (events["ts"] < steps["ts"].max())]

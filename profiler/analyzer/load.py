@@ -24,7 +24,7 @@ import pandas as pd
 from diagtrain.profiler.analyzer import breakdown as bd
 from diagtrain.profiler.analyzer.collectives import COLUMNS as COLLECTIVE_COLUMNS
 from diagtrain.profiler.analyzer.collectives import rank_collectives
-from diagtrain.profiler.analyzer.trace_file import STEP_ANNOTATION, TraceError, TraceFile, read_trace
+from diagtrain.profiler.analyzer.trace_file import STEP_ANNOTATION, TraceError, TraceFile, name_matches, read_trace
 from diagtrain.profiler.run_dir import write_bytes_atomic, write_json_atomic
 
 TRACE_PATTERNS = ("*.json", "*.json.gz")
@@ -96,7 +96,15 @@ def load(inputs: list[RankInput], cache_root: Path, workers: int,
          progress: Callable[[str], None] = lambda _: None) -> tuple[list[RankResult], list[Skipped]]:
     """Analyze each rank input in a process pool; conflicting or unreadable inputs are skipped."""
     results, skipped = [], []
-    with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
+    if len(inputs) <= 1 or workers <= 1:  # a pool's start-up would cost more than it saves
+        for done, item in enumerate(inputs, 1):
+            try:
+                results.append(load_rank(item, cache_root))
+            except TraceError as e:
+                skipped.append(Skipped(str(item.files[0]), str(e)))
+            progress(f"loaded {done}/{len(inputs)} ranks")
+        return _resolve_duplicates(sorted(results, key=lambda r: (r.rank, r.key)), skipped)
+    with ProcessPoolExecutor(max_workers=min(workers, len(inputs))) as pool:
         futures = {pool.submit(load_rank, item, cache_root): item for item in inputs}
         for done, future in enumerate(as_completed(futures), 1):
             item = futures[future]
@@ -156,7 +164,7 @@ def load_rank(item: RankInput, cache_root: Path) -> RankResult:
 
 def step_breakdown(events: pd.DataFrame, rank: int, on_gpu: bool) -> pd.DataFrame:
     """Per ProfilerStep#N: wall time and compute / communication / idle within it (µs)."""
-    annotations = events[(events["stream"] < 0) & events["name"].astype(str).str.match(STEP_ANNOTATION)]
+    annotations = events[(events["stream"] < 0).to_numpy() & name_matches(events["name"], STEP_ANNOTATION)]
     rows = []
     for name, start, end in zip(annotations["name"].astype(str), annotations["ts"], annotations["end"]):
         step = int(STEP_ANNOTATION.match(name).group(1))

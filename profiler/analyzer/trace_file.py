@@ -166,15 +166,21 @@ _NO_ARGS = _Args()
 
 def _kinds(frame: pd.DataFrame) -> np.ndarray:
     """compute | comm | memory for GPU events, comm | cpu for host events (by name, vectorized)."""
-    names = frame["name"].cat.categories.to_series()
-    codes = frame["name"].cat.codes.to_numpy()
-    # Match each distinct name once, then spread the answers to every event by its code.
-    comm_kernel = names.str.match(COMM_KERNEL).to_numpy(dtype=bool)[codes]
-    comm_host = names.str.match(COMM_HOST_OP).to_numpy(dtype=bool)[codes]
-    memory = names.str.match(MEMORY_KERNEL).to_numpy(dtype=bool)[codes]
+    comm_kernel = name_matches(frame["name"], COMM_KERNEL)
+    comm_host = name_matches(frame["name"], COMM_HOST_OP)
+    memory = name_matches(frame["name"], MEMORY_KERNEL)
     gpu = frame["cat"].isin(GPU_CATEGORIES).to_numpy() & (frame["stream"] >= 0).to_numpy()
     codes = np.select([gpu & comm_kernel, gpu & memory, gpu, comm_host], [0, 1, 2, 0], default=3)
     return pd.Categorical.from_codes(codes, categories=[COMM, MEMORY, COMPUTE, CPU])
+
+
+def name_matches(names: pd.Series, pattern: re.Pattern) -> np.ndarray:
+    """Which events' (categorical) names match ``pattern``: each distinct name is matched once."""
+    if not isinstance(names.dtype, pd.CategoricalDtype):
+        return names.astype(str).str.match(pattern).to_numpy(dtype=bool)
+    hits = names.cat.categories.to_series().str.match(pattern).to_numpy(dtype=bool)
+    codes = names.cat.codes.to_numpy()
+    return np.where(codes >= 0, hits[codes], False) if len(hits) else np.zeros(len(names), dtype=bool)
 
 
 def _int_or_minus_one(value: Any) -> int:
