@@ -14,14 +14,20 @@ SAMPLE_S = 0.02  # fine enough to catch the peak of a parse that lasts a fractio
 
 def run_measured(code: str, timeout: float = 600) -> tuple[float, float]:
     """(wall seconds, peak MiB of the process and its children) for ``python -c code``."""
+    wall, tree, _ = run_measured_detail(code, timeout)
+    return wall, tree
+
+
+def run_measured_detail(code: str, timeout: float = 600) -> tuple[float, float, float]:
+    """(wall seconds, peak MiB of the whole tree, peak MiB of its largest single process)."""
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     root = psutil.Process(proc.pid)
-    peak = 0
+    peak = single = 0
     while proc.poll() is None:
         try:
-            tree = [root, *root.children(recursive=True)]
-            peak = max(peak, sum(p.memory_info().rss for p in tree if p.is_running()))
+            sizes = [p.memory_info().rss for p in [root, *root.children(recursive=True)] if p.is_running()]
+            peak, single = max(peak, sum(sizes)), max(single, max(sizes, default=0))
         except psutil.Error:
             pass
         time.sleep(SAMPLE_S)
@@ -31,4 +37,4 @@ def run_measured(code: str, timeout: float = 600) -> tuple[float, float]:
     wall = time.monotonic() - started
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr.read().decode()[-2000:])
-    return wall, peak / 2**20
+    return wall, peak / 2**20, single / 2**20
