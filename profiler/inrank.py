@@ -143,6 +143,7 @@ class _ExitRecorder:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.record: dict[str, Any] = {"code": 0, "reason": "returned"}
+        self.sigint_seen = False
 
     def install(self) -> None:
         self._sys_exit = sys.exit
@@ -151,6 +152,8 @@ class _ExitRecorder:
         sys.excepthook = self._on_exception
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, self._on_sigterm)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, self._on_sigint)
         atexit.register(self._at_exit)
 
     def _exit(self, code: Any = None) -> None:
@@ -171,6 +174,12 @@ class _ExitRecorder:
         finally:
             self._excepthook(exc_type, exc, tb)
 
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        # Remembered here because a launcher's second SIGINT can interrupt the excepthook
+        # before it records the first one.
+        self.sigint_seen = True
+        signal.default_int_handler(signum, frame)
+
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self.record = {"code": SIGTERM_EXIT_CODE, "reason": "terminated"}
         raise SystemExit(SIGTERM_EXIT_CODE)
@@ -183,4 +192,6 @@ class _ExitRecorder:
             flight_recorder.dump(self.folder / "flight_recorder.json")
         except Exception as e:  # noqa: BLE001 - a failed dump must not hide the exit record
             self.record["flight_recorder_error"] = f"{type(e).__name__}: {e}"
+        if self.record["reason"] == "returned" and self.sigint_seen:
+            self.record = {**self.record, "code": 128 + signal.SIGINT, "reason": "interrupted"}
         write_json_atomic(self.folder / "exit.json", {**self.record, "time": time.time()})

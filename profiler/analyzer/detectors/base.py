@@ -62,6 +62,8 @@ def time_range(steps: pd.DataFrame) -> tuple[float, float] | None:
 
 LATE_MS = 1.0  # arriving this much after the first rank of the group counts as late
 PERSISTENTLY_LATE = 0.6  # late at this share of its collectives: the delay is on its comm path
+# ... and by this much on average: ranks sharing a busy host arrive a few ms apart by turns.
+MIN_LATENESS_MS = 5.0
 
 
 def late_arrivals(collectives: pd.DataFrame) -> pd.DataFrame:
@@ -79,4 +81,9 @@ def late_arrivals(collectives: pd.DataFrame) -> pd.DataFrame:
 def persistently_late(collectives: pd.DataFrame) -> set[int]:
     """Ranks that arrive last at most of their collectives."""
     late = late_arrivals(collectives)
-    return set(int(r) for r in late.loc[late["late_share"] >= PERSISTENTLY_LATE, "rank"])
+    return set(int(r) for r in late.loc[is_persistently_late(late), "rank"])
+
+
+def is_persistently_late(late: pd.DataFrame) -> pd.Series:
+    """Rows of ``late_arrivals`` whose rank is late at most collectives, and by more than noise."""
+    return (late["late_share"] >= PERSISTENTLY_LATE) & (late["lateness_ms"] >= MIN_LATENESS_MS)

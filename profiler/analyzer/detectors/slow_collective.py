@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from diagtrain.profiler.analyzer.detectors.base import PERSISTENTLY_LATE, late_arrivals
+from diagtrain.profiler.analyzer.detectors.base import MIN_LATENESS_MS, PERSISTENTLY_LATE, is_persistently_late, late_arrivals
 from diagtrain.profiler.analyzer.findings import Finding
 from diagtrain.profiler.analyzer.tables import Tables
 
@@ -31,7 +31,7 @@ def detect(tables: Tables) -> list[Finding]:
 def _late_ranks(c: pd.DataFrame, profiled_steps: int) -> list[Finding]:
     findings = []
     late = late_arrivals(c)
-    for row in late[late["late_share"] >= PERSISTENTLY_LATE].itertuples():
+    for row in late[is_persistently_late(late)].itertuples():
         mine = c[c["rank"] == row.rank]
         groups = sorted(set(mine["pg_desc"].fillna(mine["pg"]).astype(str)))
         waited = c[(c["rank"] != row.rank) & c.set_index(["group", "op", "seq"]).index.isin(
@@ -46,7 +46,8 @@ def _late_ranks(c: pd.DataFrame, profiled_steps: int) -> list[Finding]:
                         "synchronization it does before each collective (hooks, logging, a slow NIC or CPU "
                         "affinity on its host)."),
             metrics={"observed_late_share": float(row.late_share), "threshold_late_share": PERSISTENTLY_LATE,
-                     "lateness_ms": float(row.lateness_ms), "peer_wait_ms": per_collective},
+                     "lateness_ms": float(row.lateness_ms), "threshold_lateness_ms": MIN_LATENESS_MS,
+                     "peer_wait_ms": per_collective},
             evidence=[{"type": "collective", "rank": int(row.rank), "group": g, "op": o, "seq": int(s)}
                       for g, o, s in mine[["group", "op", "seq"]].head(10).itertuples(index=False)],
             # Everyone waits this long at each of the rank's collectives in a step.

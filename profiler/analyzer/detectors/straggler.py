@@ -18,6 +18,14 @@ from diagtrain.profiler.analyzer.tables import Tables
 
 MIN_EXCESS_MS = 5.0  # below this, scheduling noise on a busy host explains it
 MIN_EXCESS_SHARE = 0.08  # ... or below this share of the median step time
+# ... or within this many robust standard deviations of the peers' own step-to-step variation of
+# the same quantity: on a busy host a phase varies by 10-30% from step to step on every rank.
+NOISE_SIGMAS = 3.0
+MIN_NOISE_STEPS = 3  # a rank's variation needs at least this many steps to be estimated
+MAD_TO_SIGMA = 1.4826  # median absolute deviation of a normal distribution, in standard deviations
+# Where the variation cannot be estimated (fewer than MIN_NOISE_STEPS profiled steps), the excess
+# must reach this share of the step: clean 2-rank runs sharing 2 cores differ by up to 15%.
+UNKNOWN_NOISE_SHARE = 0.2
 MIN_STEPS = 2  # one slow step is noise; two is a pattern
 ERROR_SHARE = 0.5  # a straggler costing half the step or more is an error, not a warning
 EXCLUDED_PHASES = ("data",)  # waiting for data is the dataloader_stall detector's finding
@@ -41,10 +49,11 @@ def detect(tables: Tables) -> list[Finding]:
 def _stragglers(steps: pd.DataFrame, phases: list[str]) -> list[Finding]:
     step_ms = float(steps["wall_ms"].median())
     threshold = max(MIN_EXCESS_MS, MIN_EXCESS_SHARE * step_ms)
-    slow = _excess(steps, phases, threshold)  # rank, step, phase, excess_ms, value_ms, peer_ms
+    slow = _excess(steps, phases, threshold, step_ms)  # rank, step, phase, excess_ms, value_ms, peer_ms
     findings = []
     for rank, rows in slow.groupby("rank"):
-        if len(rows) < MIN_STEPS:
+        # A pattern in one kind of evidence (traces or phase records), not one step of each.
+        if rows.groupby("source").size().max() < MIN_STEPS:
             continue
         phase = rows["phase"].mode().iloc[0]
         per_step = float(rows["excess_ms"].median())
@@ -67,7 +76,7 @@ def _stragglers(steps: pd.DataFrame, phases: list[str]) -> list[Finding]:
                 "other processes), its data (larger samples), or code that runs only on that rank."
             ),
             metrics={"observed_ms": float(rows["value_ms"].median()), "expected_ms": float(rows["peer_ms"].median()),
-                     "excess_ms": per_step, "threshold_ms": threshold, "phase": phase,
+                     "excess_ms": per_step, "threshold_ms": float(rows["threshold_ms"].median()), "phase": phase,
                      "step_time_median_ms": step_ms, "source": rows["source"].iloc[0]},
             evidence=[{"type": "steps", "rank": int(rank), "step": int(s), "phase": p, "excess_ms": round(float(e), 3)}
                       for s, p, e in zip(rows["step"], rows["phase"], rows["excess_ms"])][:20],
@@ -76,44 +85,75 @@ def _stragglers(steps: pd.DataFrame, phases: list[str]) -> list[Finding]:
     return findings
 
 
-def _excess(steps: pd.DataFrame, phases: list[str], threshold: float) -> pd.DataFrame:
+def _quantities(steps: pd.DataFrame, phases: list[str]) -> pd.DataFrame:
+    """Per rank and step, each part of a rank's own time the detector compares (ms)."""
+    parts = {}
+    if "comm_ms" in steps:
+        # Clearest first: outside any operator (host stalls), then compute, then both; a busy host
+        # adds noise to compute on every rank alike.
+        parts = {"time outside any operator": steps["idle_ms"], "compute time": steps["compute_ms"],
+                 "time outside collectives": steps["wall_ms"] - steps["comm_ms"]}
+    for phase in (p for p in phases if p not in EXCLUDED_PHASES):
+        if f"{phase}_ms" in steps:
+            parts[f"{phase} phase"] = steps[f"{phase}_ms"]
+    return pd.DataFrame({"rank": steps["rank"], "step": steps["step"], **parts})
+
+
+def _usual(quantities: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per rank and quantity: the median over steps, and the robust standard deviation from step
+    to step (NaN with fewer than MIN_NOISE_STEPS steps)."""
+    by_rank = quantities.drop(columns="step").groupby("rank")
+
+    def scale(values: pd.Series) -> float:
+        values = values.dropna()
+        if len(values) < MIN_NOISE_STEPS:
+            return np.nan
+        return MAD_TO_SIGMA * float((values - values.median()).abs().median())
+    return by_rank.median(), by_rank.agg(scale)
+
+
+def _excess(steps: pd.DataFrame, phases: list[str], threshold: float, step_ms: float) -> pd.DataFrame:
     """Each rank's excess over its peers per step, from traces where profiled, else from phases."""
+    quantities = _quantities(steps, phases)
+    usual, noise = _usual(quantities)
+    traced = [c for c in quantities.columns if not c.endswith(" phase") and c not in ("rank", "step")]
+    phased = [c for c in quantities.columns if c.endswith(" phase")]
     rows = []
-    for step, group in steps.groupby("step"):
-        if group.get("profiled", pd.Series(False)).all() and "comm_ms" in group:
-            # Parts of its own time, clearest first: outside any operator (host stalls), then
-            # compute, then both; a busy host adds noise to compute on every rank alike.
-            for label, values in (("time outside any operator", group["idle_ms"]),
-                                  ("compute time", group["compute_ms"]),
-                                  ("time outside collectives", group["wall_ms"] - group["comm_ms"])):
-                found = _over_peers(step, group["rank"], values, label, "trace", threshold)
-                if found:
-                    rows += found
-                    break
-            continue
-        for phase in (p for p in phases if p not in EXCLUDED_PHASES):
-            column = f"{phase}_ms"
-            if column not in group or group[column].isna().any():
-                continue
-            found = _over_peers(step, group["rank"], group[column], f"{phase} phase", "phases", threshold)
+    for step, group in quantities.groupby("step"):
+        profiled = steps.loc[group.index, "profiled"].all() if "profiled" in steps else False
+        # From traces, the first part in which a rank stands out; from phases, the earliest phase
+        # with a slow rank is the cause, and later ones are waiting.
+        for label in (traced if profiled and traced else phased):
+            found = _over_peers(step, group["rank"], group[label], label, usual[label], noise[label],
+                                "trace" if profiled and traced else "phases", threshold, step_ms)
             if found:
                 rows += found
-                break  # the earliest phase with a slow rank is the cause; later ones are waiting
-    return pd.DataFrame(rows, columns=["rank", "step", "phase", "excess_ms", "value_ms", "peer_ms", "source"])
+                break
+    return pd.DataFrame(rows, columns=["rank", "step", "phase", "excess_ms", "value_ms", "peer_ms", "source",
+                                       "threshold_ms"])
 
 
-def _over_peers(step: int, ranks: pd.Series, values: pd.Series, phase: str, source: str,
-                threshold: float) -> list[dict]:
-    """The rank whose value stands above the rest, if one does."""
+def _over_peers(step: int, ranks: pd.Series, values: pd.Series, label: str, usual: pd.Series, noise: pd.Series,
+                source: str, threshold: float, step_ms: float) -> list[dict]:
+    """The rank whose value stands above the rest, beyond the noise, if one does."""
     values = values.to_numpy(dtype=float)
     if len(values) < 2 or np.isnan(values).any():
         return []  # a rank alone in this step has no peers to compare with
     top = int(np.argmax(values))
     peers = np.delete(values, top)
     peer = float(np.median(peers))
-    excess = values[top] - peer
+    others = [r for r in ranks if r != ranks.iloc[top]]
+    # Above the peers in this step and above what they usually take: one peer's quick step is
+    # not the candidate's slow one.
+    excess = values[top] - max(peer, float(usual.reindex(others).median()))
     spread_rest = float(peers.max() - peers.min()) if len(peers) > 1 else 0.0
-    if excess < threshold or excess <= 2 * spread_rest:
+    # The peers' own variation, not the candidate's: a straggler for part of the run varies a lot.
+    peer_noise = noise.reindex(others).dropna()
+    if len(peer_noise):
+        limit = max(threshold, NOISE_SIGMAS * float(peer_noise.median()))
+    else:
+        limit = max(threshold, UNKNOWN_NOISE_SHARE * step_ms)
+    if excess < limit or excess <= 2 * spread_rest:
         return []
-    return [{"rank": int(ranks.iloc[top]), "step": int(step), "phase": phase, "excess_ms": excess,
-             "value_ms": float(values[top]), "peer_ms": peer, "source": source}]
+    return [{"rank": int(ranks.iloc[top]), "step": int(step), "phase": label, "excess_ms": excess,
+             "value_ms": float(values[top]), "peer_ms": peer, "source": source, "threshold_ms": limit}]
