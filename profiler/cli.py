@@ -14,14 +14,14 @@ def build_parser() -> argparse.ArgumentParser:
         "which rank, which step, which operation.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    from diagtrain.profiler import run_command
+    from diagtrain.dashboard import command as dashboard_command
+    from diagtrain.profiler import compare_command, run_command
     from diagtrain.profiler.analyzer import command as analyze_command
     from diagtrain.reference_trainers import launch
 
-    from diagtrain.profiler import compare_command
-
     run_command.add_parser(subparsers)
     analyze_command.add_parser(subparsers)
+    dashboard_command.add_parser(subparsers)
     compare_command.add_parsers(subparsers)
     launch.add_parser(subparsers)
     return parser

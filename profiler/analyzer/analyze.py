@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
-from diagtrain.profiler.analyzer import detectors, health, load, report, tables
+from diagtrain.profiler.analyzer import detectors, health, load, outputs, report, tables
 from diagtrain.profiler.analyzer.findings import Finding
-from diagtrain.profiler.run_dir import write_bytes_atomic, write_json_atomic
 
 
 def analyze(path: Path, out: Path, formats: list[str], workers: int,
@@ -25,7 +23,7 @@ def analyze(path: Path, out: Path, formats: list[str], workers: int,
     notes = health.check(t, results)
     findings = run_detectors(t, progress)
     doc = report.build(path, t, findings, notes, [asdict(s) for s in skipped])
-    _write_tables(analysis_dir, t, doc)
+    outputs.write(analysis_dir, t, doc, results)
     report.write(out, doc, formats, t)
     return doc
 
@@ -39,14 +37,3 @@ def run_detectors(t: tables.Tables, progress: Callable[[str], None]) -> list[Fin
         except Exception as e:  # noqa: BLE001 - one broken detector must not hide the others
             progress(f"detector {name} failed: {type(e).__name__}: {e}")
     return report.order(found)
-
-
-def _write_tables(analysis_dir: Path, t: tables.Tables, doc: dict[str, Any]) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        write_bytes_atomic(analysis_dir / "steps.parquet", t.steps.to_parquet(index=False))
-        write_bytes_atomic(analysis_dir / "ranks.parquet", t.ranks.to_parquet(index=False))
-        if not t.collectives.empty:
-            c = t.collectives.assign(group_ranks=t.collectives["group_ranks"].map(list))
-            write_bytes_atomic(analysis_dir / "collectives.parquet", c.to_parquet(index=False))
-    write_json_atomic(analysis_dir / "findings.json", doc["findings"])

@@ -76,14 +76,20 @@ def gpu_breakdown_in(events: pd.DataFrame, window: tuple[float, float]) -> Break
 def cpu_breakdown(events: pd.DataFrame, window: tuple[float, float]) -> Breakdown:
     """The same categories from host ops within ``window`` (start, end µs), for gloo/CPU runs."""
     host = events[events["stream"] < 0]
-    # Collectives appear as cpu_op or user_annotation depending on the version; compute is ops.
-    is_comm = (host["kind"] == COMM).to_numpy()
-    is_compute = ((host["kind"] == CPU) & (host["cat"] == "cpu_op")).to_numpy()
+    is_compute, is_comm = host_categories(host)
     starts, ends = host["ts"].to_numpy(), host["end"].to_numpy()
     compute = iv.clip(iv.merge(starts[is_compute], ends[is_compute]), *window)
     comm = iv.clip(iv.merge(starts[is_comm], ends[is_comm]), *window)
     busy = iv.merge(np.concatenate([compute[0], comm[0]]), np.concatenate([compute[1], comm[1]]))
     return _breakdown(busy, compute, comm, window)
+
+
+def host_categories(host: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Masks of the host ops that are compute and communication on a CPU (gloo) rank."""
+    # Collectives appear as cpu_op or user_annotation depending on the version; compute is ops.
+    is_comm = (host["kind"] == COMM).to_numpy()
+    is_compute = ((host["kind"] == CPU) & (host["cat"] == "cpu_op")).to_numpy()
+    return is_compute, is_comm
 
 
 def _breakdown(busy: iv.Intervals, compute: iv.Intervals, comm: iv.Intervals, window: tuple[float, float]) -> Breakdown:

@@ -136,6 +136,35 @@ def mismatches(all_entries: list[Entry]) -> list[Mismatch]:
     found = []
     for (pg, seq), group in sorted(by_key.items(), key=lambda kv: min(e.created_ns for e in kv[1])):
         versions = {e.rank: f"{e.op} {e.sizes} {e.dtypes}" for e in group}
-        if len(set(versions.values())) > 1:
+        # Rooted ops give inputs on one side only (scatter's non-roots pass none): compare the
+        # op everywhere, the sizes among the ranks that gave some.
+        with_inputs = {f"{e.op} {e.sizes} {e.dtypes}" for e in group if e.sizes}
+        if len({e.op for e in group}) > 1 or len(with_inputs) > 1:
             found.append(Mismatch(pg=pg, pg_desc=group[0].pg_desc, seq=seq, versions=versions))
     return found
+
+
+def cross_rank(all_entries: list[Entry], tail: int) -> list[dict[str, Any]]:
+    """The last ``tail`` collectives of each group, one row each: who entered it, who did not."""
+    by_key: dict[tuple[str, int], list[Entry]] = {}
+    members_of: dict[str, set[int]] = {}
+    for e in all_entries:
+        by_key.setdefault((e.pg, e.seq), []).append(e)
+        members_of.setdefault(e.pg, set()).add(e.rank)
+    for pg, recorded in members_of.items():
+        listed = pg.partition(":")[2]  # "name:0,1,2,3" once keyed by members
+        if listed:
+            members_of[pg] = recorded | {int(r) for r in listed.split(",") if r.isdigit()}
+    rows = []
+    for pg in sorted(members_of):
+        seqs = sorted(seq for (g, seq) in by_key if g == pg)[-tail:]
+        for seq in seqs:
+            group = by_key[(pg, seq)]
+            entered = {e.rank: e for e in group}
+            first = min(group, key=lambda e: e.created_ns)
+            rows.append({"group": first.pg_desc or pg, "group_key": pg, "seq": seq, "op": first.op,
+                         "created_ns": first.created_ns, "entered": sorted(entered),
+                         "missing": sorted(members_of[pg] - set(entered)),
+                         "states": {str(r): e.state for r, e in sorted(entered.items())},
+                         "sizes": {str(r): f"{e.sizes} {e.dtypes}" for r, e in sorted(entered.items())}})
+    return rows

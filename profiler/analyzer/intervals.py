@@ -9,16 +9,26 @@ Intervals = tuple[np.ndarray, np.ndarray]  # (starts, ends), sorted and disjoint
 
 def merge(starts: np.ndarray, ends: np.ndarray) -> Intervals:
     """The union of possibly overlapping intervals, as sorted disjoint intervals."""
+    merged, _ = merge_with_first(starts, ends)
+    return merged
+
+
+def merge_with_first(starts: np.ndarray, ends: np.ndarray) -> tuple[Intervals, np.ndarray]:
+    """The union, and for each merged interval the index of the input interval that opens it.
+
+    Ties in start keep the input order, so inputs sorted by (start, longest first) name each
+    merged interval after its outermost interval.
+    """
     if len(starts) == 0:
-        return np.empty(0), np.empty(0)
+        return (np.empty(0), np.empty(0)), np.empty(0, dtype=np.int64)
     order = np.argsort(starts, kind="stable")
     s, e = np.asarray(starts, dtype=np.float64)[order], np.asarray(ends, dtype=np.float64)[order]
     running_end = np.maximum.accumulate(e)
     new_group = np.empty(len(s), dtype=bool)
     new_group[0] = True
     new_group[1:] = s[1:] > running_end[:-1]
-    group = np.cumsum(new_group) - 1
-    return s[new_group], np.maximum.reduceat(e, np.flatnonzero(new_group)) if len(group) else e
+    firsts = np.flatnonzero(new_group)
+    return (s[new_group], np.maximum.reduceat(e, firsts)), order[firsts]
 
 
 def length(iv: Intervals) -> float:

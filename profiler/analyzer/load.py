@@ -3,7 +3,8 @@
 Input is a diagtrain run directory (``ranks/<r>/trace-*.json.gz``, several windows per rank, and
 the flight-recorder dumps) or any folder of PyTorch Profiler traces, one file per rank, as
 Holistic Trace Analysis takes them. Each worker reads one rank, writes its event table to
-``analysis/cache/<key>/events.parquet`` and returns the per-step breakdown and the collectives.
+``analysis/cache/<key>/events.parquet`` and its timeline spans to ``spans.parquet`` there, and
+returns the per-step breakdown and the collectives.
 A rank whose inputs did not change is taken from that cache without reading its traces again.
 """
 
@@ -22,6 +23,7 @@ from typing import Callable
 import pandas as pd
 
 from diagtrain.profiler.analyzer import breakdown as bd
+from diagtrain.profiler.analyzer import timeline
 from diagtrain.profiler.analyzer.collectives import COLUMNS as COLLECTIVE_COLUMNS
 from diagtrain.profiler.analyzer.collectives import rank_collectives
 from diagtrain.profiler.analyzer.trace_file import STEP_ANNOTATION, TraceError, TraceFile, name_matches, read_trace
@@ -29,7 +31,7 @@ from diagtrain.profiler.run_dir import write_bytes_atomic, write_json_atomic
 
 TRACE_PATTERNS = ("*.json", "*.json.gz")
 OWN_FILES = {"report.json", "manifest.json", "trainer.json", "injected.json"}  # diagtrain's, not traces
-CACHE_VERSION = 2  # bump when what the cache holds changes
+CACHE_VERSION = 3  # bump when what the cache holds changes
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 _TRAILING_NUMBER = re.compile(r"(\d+)(?:\.pt)?\.trace|(\d+)$")
 # Columns that are Python objects (shapes); the cached event table leaves them out.
@@ -158,8 +160,19 @@ def load_rank(item: RankInput, cache_root: Path) -> RankResult:
         pg_config=first.pg_config, host_name=first.host_name, breakdown=asdict(whole), steps=step_breakdown(events, rank, on_gpu),
         collectives=collectives, health=_health(events, item), warnings=notes,
     )
-    _write_cache(cache, signature, result, events)
+    spans = pd.concat([timeline.spans(t.events, on_gpu).pipe(_shift, t.epoch_offset_us) for t in traces],
+                      ignore_index=True)
+    _write_cache(cache, signature, result, events, spans)
     return result
+
+
+def spans_path(cache_root: Path, result: RankResult) -> Path:
+    """Where the worker wrote this rank's timeline spans."""
+    return cache_root / result.key / "spans.parquet"
+
+
+def _shift(spans: pd.DataFrame, offset_us: int) -> pd.DataFrame:
+    return spans.assign(start_us=spans["start_us"] + offset_us, end_us=spans["end_us"] + offset_us)
 
 
 def step_breakdown(events: pd.DataFrame, rank: int, on_gpu: bool) -> pd.DataFrame:
@@ -237,7 +250,7 @@ def _read_cache(cache: Path, signature: str) -> RankResult | None:
     return RankResult(**fields, steps=steps, collectives=collectives, cached=True)
 
 
-def _write_cache(cache: Path, signature: str, result: RankResult, events: pd.DataFrame) -> None:
+def _write_cache(cache: Path, signature: str, result: RankResult, events: pd.DataFrame, spans: pd.DataFrame) -> None:
     try:
         cache.mkdir(parents=True, exist_ok=True)
         meta = {k: v for k, v in asdict(result).items() if k not in ("steps", "collectives", "cached")}
@@ -245,6 +258,7 @@ def _write_cache(cache: Path, signature: str, result: RankResult, events: pd.Dat
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             write_bytes_atomic(cache / "events.parquet", events.drop(columns=list(_OBJECT_COLUMNS)).to_parquet(index=False))
+            write_bytes_atomic(cache / "spans.parquet", spans.to_parquet(index=False))
             write_bytes_atomic(cache / "steps.parquet", result.steps.to_parquet(index=False))
             write_bytes_atomic(cache / "collectives.parquet", collectives.to_parquet(index=False))
         write_json_atomic(cache / "summary.json", {**meta, "signature": signature})

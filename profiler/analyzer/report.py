@@ -32,7 +32,7 @@ def build(run: Path, tables: Tables, findings: list[Finding], health: list[dict]
                 "strategy": m.get("strategy"), "mesh": m.get("mesh"), "world_size": tables.world_size,
                 "hosts": [h.get("name") for h in m.get("hosts", [])], "injected": m.get("injected", []),
                 "steps": int(tables.steps["step"].nunique()) if not tables.steps.empty else 0,
-                "on_gpu": tables.on_gpu},
+                "on_gpu": tables.on_gpu, "phases": tables.phases},
         "ranks": [_clean(r) for r in tables.ranks.to_dict("records")],
         "findings": [f.to_json() for f in findings],
         "health": health,

@@ -22,6 +22,7 @@ from diagtrain.profiler.analyzer.logs import LogEvent, NcclLog, parse_errors, re
 from diagtrain.profiler.rank_files import RankIndex, read_json
 
 US_PER_MS = 1e3
+BYTES_PER_PARAM = 16  # AdamW with fp32 master weights: param, grad, two moments (4 bytes each)
 
 
 @dataclass
@@ -72,9 +73,27 @@ def build(run_dir: Path, results: list[RankResult], flight_recorder_dir: Path | 
     hosts = tables.rank_hosts or {r.rank: r.host_name for r in results}
     tables.clock_shifts_us = clocks.offsets(collectives, hosts)
     clocks.apply(tables.clock_shifts_us, collectives, steps)
+    tables.steps = with_waits(steps, collectives)
     tables.ranks = rank_table(tables, results)
     tables.telemetry = join_telemetry(tables.telemetry, steps)
     return tables
+
+
+def with_waits(steps: pd.DataFrame, collectives: pd.DataFrame) -> pd.DataFrame:
+    """Add ``wait_ms``: per profiled step, the rank's time in collectives waiting for the last rank."""
+    if collectives.empty or "trace_start" not in steps or steps["trace_start"].isna().all():
+        return steps
+    spans = steps.loc[steps["trace_start"].notna(), ["rank", "step", "trace_start", "trace_end"]]
+    spans = spans.astype({"rank": "int64"}).sort_values("trace_start")
+    waits = collectives[["rank", "ts", "wait_us"]].astype({"rank": "int64"}).assign(unix=lambda c: c["ts"] / 1e6)
+    joined = pd.merge_asof(waits.sort_values("unix"), spans, left_on="unix", right_on="trace_start", by="rank",
+                           direction="backward")
+    joined = joined[joined["unix"] <= joined["trace_end"]]
+    per_step = joined.groupby(["rank", "step"])["wait_us"].sum().div(US_PER_MS).rename("wait_ms").reset_index()
+    merged = steps.merge(per_step.astype({"step": steps["step"].dtype}), on=["rank", "step"], how="left")
+    # A profiled step with no collective waited for nobody.
+    merged.loc[merged["trace_start"].notna() & merged["wait_ms"].isna(), "wait_ms"] = 0.0
+    return merged
 
 
 def join_telemetry(telemetry: pd.DataFrame | None, steps: pd.DataFrame) -> pd.DataFrame | None:
@@ -149,6 +168,7 @@ def rank_table(tables: Tables, results: list[RankResult]) -> pd.DataFrame:
             "comm_comp_overlap_pct": None if not b or np.isnan(b.get("overlap_pct", np.nan)) else b["overlap_pct"],
             "peak_mem_bytes": int(steps["peak_mem_bytes"].max()) if "peak_mem_bytes" in steps and steps["peak_mem_bytes"].notna().any() else None,
             "parameters": tables.parameters.get(rank),
+            "model_state_bytes": tables.parameters[rank] * BYTES_PER_PARAM if rank in tables.parameters else None,
         })
     return pd.DataFrame(rows)
 

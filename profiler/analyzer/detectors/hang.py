@@ -25,8 +25,7 @@ STOPPED = ("hung", "failed", "interrupted")
 def detect(tables: Tables) -> list[Finding]:
     if not tables.dumps and tables.manifest.get("status") not in STOPPED:
         return []
-    entries = [e for rank, dump in tables.dumps.items() for e in fr.entries(rank, dump)]
-    entries = _key_by_members(entries, tables.process_groups)
+    entries = keyed_entries(tables)
     groups = fr.members({}, entries)
     findings = [_mismatch(m) for m in fr.mismatches(entries)]
     status = tables.manifest.get("status")
@@ -49,8 +48,13 @@ def detect(tables: Tables) -> list[Finding]:
     return findings
 
 
-def _key_by_members(entries: list[fr.Entry], groups_by_rank: dict[int, dict]) -> list[fr.Entry]:
-    """Subgroups of one DeviceMesh dimension share a name; their member lists tell them apart."""
+def keyed_entries(tables: Tables) -> list[fr.Entry]:
+    """Every rank's flight-recorder collectives, each group keyed by its name and member ranks.
+
+    Subgroups of one DeviceMesh dimension share a name; their member lists tell them apart.
+    """
+    entries = [e for rank, dump in tables.dumps.items() for e in fr.entries(rank, dump)]
+    groups_by_rank = tables.process_groups
     for e in entries:
         ranks = (groups_by_rank.get(e.rank, {}).get(e.pg) or {}).get("ranks")
         if ranks:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from diagtrain.profiler.analyzer.detectors.base import peer_groups
 from diagtrain.profiler.analyzer.findings import Finding
-from diagtrain.profiler.analyzer.tables import Tables
+from diagtrain.profiler.analyzer.tables import BYTES_PER_PARAM, Tables
 
 RATIO = 1.2  # peak above 1.2x the peers' median...
 MIN_EXCESS_BYTES = 64 * 2**20  # ...and by at least 64 MiB: allocator rounding is smaller than that
-BYTES_PER_PARAM = 16  # AdamW with fp32 master weights: param, grad, two moments (4 bytes each)
 MIB = 2**20
 
 

@@ -1,0 +1,68 @@
+"""What the analysis leaves under ``analysis/`` for the stages after it (dashboard, compare).
+
+Tables as Parquet, small documents as JSON, each replaced atomically. The dashboard reads only
+these files and report.json; nothing downstream reads the raw traces or logs again.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from diagtrain.profiler.analyzer import flight_records
+from diagtrain.profiler.analyzer.detectors.hang import keyed_entries
+from diagtrain.profiler.analyzer.load import RankResult, spans_path
+from diagtrain.profiler.analyzer.tables import Tables
+from diagtrain.profiler.run_dir import SCHEMA_VERSION, write_bytes_atomic, write_json_atomic
+
+FLIGHT_RECORDER_TAIL = 32  # collectives per group in the cross-rank table: the hang is at the end
+
+
+def write(analysis_dir: Path, tables: Tables, doc: dict[str, Any], results: list[RankResult]) -> None:
+    """Every table and document of the analysis, under ``analysis_dir``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _parquet(analysis_dir / "steps.parquet", tables.steps)
+        _parquet(analysis_dir / "ranks.parquet", tables.ranks)
+        if not tables.collectives.empty:
+            c = tables.collectives.assign(group_ranks=tables.collectives["group_ranks"].map(list))
+            _parquet(analysis_dir / "collectives.parquet", c)
+        if tables.telemetry is not None and not tables.telemetry.empty:
+            _parquet(analysis_dir / "telemetry.parquet", tables.telemetry)
+    write_json_atomic(analysis_dir / "findings.json", doc["findings"])
+    write_json_atomic(analysis_dir / "timeline.json", timeline_index(analysis_dir, tables, results))
+    write_json_atomic(analysis_dir / "nccl.json", {str(r): asdict(log) for r, log in sorted(tables.nccl_logs.items())})
+    write_json_atomic(analysis_dir / "hang.json", hang_document(tables))
+
+
+def timeline_index(analysis_dir: Path, tables: Tables, results: list[RankResult]) -> dict[str, Any]:
+    """Per rank: its spans file (relative to ``analysis_dir``) and the µs that line up its clock."""
+    ranks = {}
+    for result in results:
+        path = spans_path(analysis_dir / "cache", result)
+        if path.exists():
+            ranks[str(result.rank)] = {"spans": str(path.relative_to(analysis_dir)),
+                                       "clock_shift_us": tables.clock_shifts_us.get(result.rank, 0.0),
+                                       "host": tables.rank_hosts.get(result.rank) or result.host_name}
+    return {"schema_version": SCHEMA_VERSION, "ranks": ranks}
+
+
+def hang_document(tables: Tables) -> dict[str, Any]:
+    """The cross-rank flight-recorder table and each rank's stack (empty when nothing was dumped)."""
+    stacks = {}
+    for rank, dump in sorted(tables.stacks.items()):
+        threads = (dump or {}).get("threads") or []
+        stacks[str(rank)] = [{"name": t.get("name"), "main": bool(t.get("main")), "frames": t.get("frames") or []}
+                             for t in threads]
+    return {"schema_version": SCHEMA_VERSION,
+            "flight_recorder": flight_records.cross_rank(keyed_entries(tables), FLIGHT_RECORDER_TAIL),
+            "stacks": stacks,
+            "exits": {str(r): e for r, e in sorted(tables.exits.items()) if e}}
+
+
+def _parquet(path: Path, frame: pd.DataFrame) -> None:
+    write_bytes_atomic(path, frame.to_parquet(index=False))

@@ -1,0 +1,69 @@
+"""One rank's timeline: compute, communication, memory and idle spans, as the dashboard draws them.
+
+A span is the union of the events of one kind (nested host ops and overlapping kernels become one
+span), so a lane never draws an op over another; it is named after the outermost event that
+opens it. Idle spans are the gaps with nothing running: between the first and the last kernel of
+a trace on GPU (HTA's idle), inside each profiled step on CPU. The kinds follow the time
+breakdown: kernels on GPU traces, host ops on CPU traces. Call it once per trace file: the time
+between two profiled windows is not idle.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from diagtrain.profiler.analyzer import intervals as iv
+from diagtrain.profiler.analyzer.breakdown import host_categories
+from diagtrain.profiler.analyzer.trace_file import COMM, COMPUTE, MEMORY, STEP_ANNOTATION, name_matches
+
+IDLE = "idle"
+SPAN_KINDS = (COMPUTE, COMM, MEMORY, IDLE)
+COLUMNS = ["start_us", "end_us", "kind", "name"]
+
+
+def spans(events: pd.DataFrame, on_gpu: bool) -> pd.DataFrame:
+    """The spans of one trace's events, sorted by start: start_us, end_us, kind, name."""
+    active = _active(events, on_gpu)
+    # Outermost first among events that start together, so a span takes the enclosing op's name.
+    active = active.iloc[np.lexsort((-active["dur"].to_numpy(), active["ts"].to_numpy()))]
+    kinds, names = active["kind"].to_numpy(), active["name"].astype(str).to_numpy()
+    starts, ends = active["ts"].to_numpy(), active["end"].to_numpy()
+    frames = []
+    for kind in (COMPUTE, COMM, MEMORY):
+        mask = kinds == kind
+        (s, e), first = iv.merge_with_first(starts[mask], ends[mask])
+        frames.append(pd.DataFrame({"start_us": s, "end_us": e, "kind": kind, "name": names[mask][first]}))
+    frames.append(_idle(events, iv.merge(starts, ends), on_gpu))
+    table = pd.concat([f for f in frames if len(f)] or [pd.DataFrame(columns=COLUMNS)], ignore_index=True)
+    table["kind"] = pd.Categorical(table["kind"], categories=SPAN_KINDS)
+    return table.sort_values("start_us", kind="stable", ignore_index=True)[COLUMNS]
+
+
+def _active(events: pd.DataFrame, on_gpu: bool) -> pd.DataFrame:
+    """The events that count as work: kernels on GPU, compute and communication host ops on CPU."""
+    if on_gpu:
+        return events[(events["stream"] >= 0).to_numpy() & events["kind"].isin([COMPUTE, COMM, MEMORY]).to_numpy()]
+    host = events[events["stream"] < 0]
+    is_compute, is_comm = host_categories(host)
+    host = host[is_compute | is_comm]
+    # On CPU every op is "cpu" in the trace's kinds; name the two the breakdown counts.
+    return host.assign(kind=np.where(is_comm[is_compute | is_comm], COMM, COMPUTE))
+
+
+def _idle(events: pd.DataFrame, busy: iv.Intervals, on_gpu: bool) -> pd.DataFrame:
+    """Gaps in ``busy``: from the first to the last kernel on GPU, inside each step on CPU."""
+    if on_gpu or not len(busy[0]):
+        windows = [(busy[0][0], busy[1][-1])] if len(busy[0]) else []
+    else:
+        host = events[(events["stream"] < 0).to_numpy()]
+        marks = host[name_matches(host["name"], STEP_ANNOTATION)]
+        windows = list(zip(marks["ts"], marks["end"])) or [(events["ts"].min(), events["end"].max())]
+    starts, ends = [np.empty(0)], [np.empty(0)]
+    for lo, hi in windows:
+        s, e = iv.clip(busy, lo, hi)
+        gap_starts, gap_ends = np.concatenate([[lo], e]), np.concatenate([s, [hi]])  # gap i: busy i-1 → busy i
+        keep = gap_ends > gap_starts
+        starts.append(gap_starts[keep])
+        ends.append(gap_ends[keep])
+    return pd.DataFrame({"start_us": np.concatenate(starts), "end_us": np.concatenate(ends), "kind": IDLE, "name": IDLE})
