@@ -15,7 +15,7 @@ from xml.sax.saxutils import quoteattr
 
 from rich.console import Console
 
-from diagtrain.profiler import regression, run_summary
+from diagtrain.profiler import regression
 from diagtrain.profiler.run_dir import write_bytes_atomic, write_json_atomic
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
@@ -49,6 +49,8 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_compare(args: argparse.Namespace, argv: list[str]) -> int:
+    from diagtrain.profiler import run_summary  # pandas: only once the command runs
+
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
         threshold = float(args.threshold.rstrip("%"))
@@ -78,6 +80,8 @@ def run_compare(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def run_baseline(args: argparse.Namespace, argv: list[str]) -> int:
+    from diagtrain.profiler import run_summary
+
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     run = Path(args.run)
     if not run.is_dir():
@@ -108,12 +112,13 @@ def markdown(c: regression.Comparison) -> str:
         lines.append(f"- **{r.metric}** ({r.scope}): {_num(r.base_median)} → {_num(r.new_median)} {r.unit} "
                      f"({r.change_pct:+.1f}%, 95% CI x{r.ci_low:.3f}-x{r.ci_high:.3f}, p = {r.p_value:.2g})")
     lines += c.notes and [""] + [f"> {n}" for n in c.notes] or []
-    lines += ["", "| metric | scope | BASE | NEW | change | 95% CI of ratio | p | verdict |",
-              "| --- | --- | ---: | ---: | ---: | --- | ---: | --- |"]
+    lines += ["", "| metric | scope | BASE | NEW | change | 95% CI of ratio | p | p90 BASE → NEW | verdict |",
+              "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | --- |"]
     shown = sorted(c.results, key=lambda r: (r.verdict != "regression", r.verdict != "improvement", r.scope != "run"))
     for r in shown:
         lines.append(f"| {r.metric} | {r.scope} | {_num(r.base_median)} {r.unit} | {_num(r.new_median)} {r.unit} | "
                      f"{r.change_pct:+.1f}% | x{r.ci_low:.3f} - x{r.ci_high:.3f} | {r.p_value:.2g} | "
+                     f"{_num(r.base_p90)} → {_num(r.new_p90)} | "
                      f"{'**regression**' if r.verdict == 'regression' else r.verdict} |")
     lines += ["", "### Findings", ""]
     for label, found in (("new", c.findings_new), ("resolved", c.findings_resolved), ("unchanged", c.findings_unchanged)):

@@ -33,9 +33,8 @@ from diagtrain.profiler.run_dir import (
     JsonlAppender,
     rank_dir,
 )
-from diagtrain.profiler.step_ranges import StepRange, parse_step_ranges
+from diagtrain.profiler.step_ranges import PROFILE_STEPS_ENV, StepRange, parse_step_ranges
 
-PROFILE_STEPS_ENV = "DIAGTRAIN_PROFILE_STEPS"
 
 # Set while a recorder the program created itself is open; the optimizer-hook recorder that
 # `diagtrain run` installs then stands down, so steps are never counted twice.

@@ -39,6 +39,8 @@ class MetricResult:
     n_base: int
     n_new: int
     verdict: str  # regression | improvement | unchanged | too few samples
+    base_p90: float = math.nan  # the slow tail, shown beside the medians (the verdict is on medians)
+    new_p90: float = math.nan
 
 
 @dataclass
@@ -106,7 +108,12 @@ def _metric(name: str, scope: str, base: list[float], new: list[float], threshol
         verdict = "improvement"
     else:
         verdict = "unchanged"
-    return MetricResult(name, scope, unit, bm, nm, change, low, high, worse_p, len(b), len(n), verdict)
+    return MetricResult(name, scope, unit, bm, nm, change, low, high, worse_p, len(b), len(n), verdict,
+                        base_p90=_p90(b), new_p90=_p90(n))
+
+
+def _p90(values: np.ndarray) -> float:
+    return float(np.percentile(values, 90)) if len(values) else math.nan
 
 
 def _beyond(change_pct: float, delta: float, threshold_pct: float, unit: str, worse: bool, higher_better: bool) -> bool:

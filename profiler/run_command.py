@@ -23,11 +23,10 @@ from rich.console import Console
 
 from diagtrain.profiler import manifest, process_tree, telemetry, watchdog
 from diagtrain.profiler.inrank import HOST_ENV, WRAPPER_PID_ENV
-from diagtrain.profiler.instrument import PROFILE_STEPS_ENV
 from diagtrain.profiler.progress import Progress
 from diagtrain.profiler.rank_files import RankIndex
 from diagtrain.profiler.run_dir import RUN_DIR_ENV, check_writable, default_run_dir
-from diagtrain.profiler.step_ranges import format_step_ranges, parse_step_ranges
+from diagtrain.profiler.step_ranges import PROFILE_STEPS_ENV, format_step_ranges, parse_step_ranges
 
 EXIT_USAGE = 2
 EXIT_NOT_FOUND = 127  # what a shell returns for a command it cannot find
@@ -99,7 +98,7 @@ def run_command(args: argparse.Namespace, argv: list[str]) -> int:
 def _analyze(out: Path, err: Console) -> None:
     """Analyze what was collected; a failed analysis is reported and never changes the exit code."""
     from diagtrain.profiler.analyzer.command import analyze_and_print
-    from diagtrain.profiler.analyzer.load import default_workers
+    from diagtrain.profiler.analyzer import default_workers
 
     if not any(out.glob("ranks/*/rank.json")) and not any(out.glob("ranks/*/trace-*")):
         return  # no rank ever started: nothing to analyze

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+PROFILE_STEPS_ENV = "DIAGTRAIN_PROFILE_STEPS"  # the ranges the wrapper asks every rank to profile
 _RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict, dataclass, field
 
-from diagtrain.reference_trainers.faults import FaultSpec, parse_fault
+from diagtrain.reference_trainers.fault_specs import FaultSpec, parse_fault
 
 STRATEGIES = ("ddp", "fsdp", "tp", "pp", "3d")
 SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b")

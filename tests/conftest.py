@@ -114,3 +114,20 @@ def processes_with(marker: str) -> list[int]:
         except psutil.Error:
             pass
     return found
+
+
+# A 4-rank DDP job, steps 4-5 profiled, with and without rank 2 made 80 ms slow in forward: the
+# runs the dashboard's tests open (not analyzed yet, so the browser test sees the analysis run first).
+DASHBOARD_TRAINER = ["--strategy", "ddp", "--nproc", "4", "--steps", "8"]
+DASHBOARD_STRAGGLER = "straggler:rank=2,ms=80"
+
+
+@pytest.fixture(scope="session")
+def dashboard_runs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("dashboard")
+    runs = {}
+    for name, inject in (("straggler", ["--inject", DASHBOARD_STRAGGLER]), ("clean", [])):
+        runs[name] = root / name
+        diagtrain_run(runs[name], "--profile-steps", "4-5", "--no-analyze", "--", sys.executable, "-m",
+                      "diagtrain.profiler.cli", "train", *DASHBOARD_TRAINER, *inject)
+    return runs

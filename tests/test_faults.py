@@ -1,7 +1,7 @@
 import pytest
 
 from diagtrain.reference_trainers.config import ConfigError, TrainConfig, validate
-from diagtrain.reference_trainers.faults import parse_fault
+from diagtrain.reference_trainers.fault_specs import parse_fault
 
 
 def test_parse_keeps_rank_step_and_params_apart():

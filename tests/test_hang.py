@@ -50,6 +50,23 @@ def test_a_rank_that_skips_a_collective(tmp_path, strategy, rank):
     assert report["findings"][0]["kind"] == "hang"
     for r in (0, 1):
         assert (tmp_path / f"run/ranks/{r}/stacks.txt").read_text().startswith("Thread MainThread")
+    assert_dashboard_hang_view(tmp_path / "run", rank, other)
+
+
+def assert_dashboard_hang_view(run_dir: Path, rank: int, other: int) -> None:
+    """The dashboard's Hang tab: the blocking collective first, then each rank's stack."""
+    from diagtrain.dashboard import data, hang
+
+    run = data.load(run_dir)
+    assert hang.stopped(run)
+    rows, columns = hang.flight_recorder(run)
+    first = rows[0]  # the earliest collective some rank never entered
+    assert (first["group"], first["op"], first["seq"], first["missing"]) == ("metrics", "all_reduce", 3, str(rank))
+    assert (first[f"r{other}"], first[f"r{rank}"]) == (hang.ENTERED, hang.MISSING)
+    assert {"rank 0", "rank 1"} <= {c["name"] for c in columns}
+    stacks = {s["rank"]: s for s in hang.stacks(run)}
+    assert set(stacks) == {0, 1} and "Thread MainThread (main)" in stacks[rank]["text"]
+    assert "reference_trainers/train.py" in stacks[rank]["text"]
 
 
 def test_a_pipeline_stage_that_never_receives(tmp_path):
@@ -116,3 +133,4 @@ def test_ranks_that_disagree_on_a_collective(tmp_path):
     assert "8 vs 4" in f["explanation"]
     # The aborted rank's Python stack still reached its log (faulthandler).
     assert "mismatch.py\", line 9" in (tmp_path / "run/ranks/0/stderr.log").read_text()
+

@@ -21,6 +21,7 @@ def test_wheel_contains_every_subpackage(tmp_path):
         for source in folder.rglob("*.py"):
             inside = source.relative_to(folder).as_posix()
             assert f"diagtrain/{sub}/{inside}" in names, f"{sub}/{inside} missing from the wheel"
+    assert "diagtrain/dashboard/assets/diagtrain.css" in names  # Dash serves it from the installed package
     assert not any(n.startswith(("tests/", "benchmarks/", "diagtrain/tests")) for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "diagtrain = diagtrain.profiler.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

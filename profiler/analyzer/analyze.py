@@ -36,4 +36,4 @@ def run_detectors(t: tables.Tables, progress: Callable[[str], None]) -> list[Fin
             found += detect(t)
         except Exception as e:  # noqa: BLE001 - one broken detector must not hide the others
             progress(f"detector {name} failed: {type(e).__name__}: {e}")
-    return report.order(found)
+    return report.order(detectors.explained(found))

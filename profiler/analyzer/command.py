@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from diagtrain.profiler.analyzer import load, report
+from diagtrain.profiler.analyzer import default_workers
 from diagtrain.profiler.run_dir import check_writable
 
 EXIT_USAGE = 2
@@ -25,7 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("path", help="run directory or folder of traces")
     p.add_argument("--format", default="md,json,html", help="report formats, comma-separated: md,json,html")
     p.add_argument("--out", help="where to write analysis/ and the reports (default: PATH)")
-    p.add_argument("--workers", type=int, default=load.default_workers(), help="processes that load ranks")
+    p.add_argument("--workers", type=int, default=default_workers(), help="processes that load ranks")
     p.add_argument("--flight-recorder", metavar="DIR",
                    help="flight-recorder dumps made outside diagtrain (TORCH_FR_DUMP_TEMP_FILE files, pickle or JSON, "
                    "one per rank, rank number ending the name) for the hang verdict")
@@ -35,6 +35,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run_analyze(args: argparse.Namespace, argv: list[str]) -> int:
     """Validate, analyze, print the report; 0 on success, 2 on bad usage."""
+    from diagtrain.profiler.analyzer import report  # pandas and pyarrow: only once the command runs
+
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     path = Path(args.path)
     formats = [f.strip() for f in args.format.split(",") if f.strip()]
@@ -59,6 +61,7 @@ def run_analyze(args: argparse.Namespace, argv: list[str]) -> int:
 def analyze_and_print(path: Path, out: Path, formats: list[str], workers: int, err: Console, quiet: bool = False,
                       flight_recorder: Path | None = None) -> int:
     """Run the analysis with progress on stderr and the Markdown report on stdout."""
+    from diagtrain.profiler.analyzer import report
     from diagtrain.profiler.analyzer.analyze import analyze
 
     with err.status("analyzing", spinner="dots") as status:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -265,7 +264,3 @@ def _write_cache(cache: Path, signature: str, result: RankResult, events: pd.Dat
     except OSError:
         pass  # a read-only place: analysis still works, only without a cache
 
-
-def default_workers() -> int:
-    """Worker processes: one per core, at least one."""
-    return max(1, os.cpu_count() or 1)

@@ -19,25 +19,32 @@ from diagtrain.profiler.analyzer.trace_file import COMM, COMPUTE, MEMORY, STEP_A
 
 IDLE = "idle"
 SPAN_KINDS = (COMPUTE, COMM, MEMORY, IDLE)
-COLUMNS = ["start_us", "end_us", "kind", "name"]
 
 
 def spans(events: pd.DataFrame, on_gpu: bool) -> pd.DataFrame:
-    """The spans of one trace's events, sorted by start: start_us, end_us, kind, name."""
+    """The spans of one trace's events: start_us, end_us, kind, name; sorted by start within a kind."""
     active = _active(events, on_gpu)
     # Outermost first among events that start together, so a span takes the enclosing op's name.
     active = active.iloc[np.lexsort((-active["dur"].to_numpy(), active["ts"].to_numpy()))]
-    kinds, names = active["kind"].to_numpy(), active["name"].astype(str).to_numpy()
-    starts, ends = active["ts"].to_numpy(), active["end"].to_numpy()
+    names = active["name"].astype("category")
+    names = names.cat.add_categories([IDLE]) if IDLE not in names.cat.categories else names
+    codes, categories = names.cat.codes.to_numpy(), names.cat.categories  # one dictionary for every kind
+    kinds, starts, ends = active["kind"].to_numpy(), active["ts"].to_numpy(), active["end"].to_numpy()
     frames = []
     for kind in (COMPUTE, COMM, MEMORY):
         mask = kinds == kind
         (s, e), first = iv.merge_with_first(starts[mask], ends[mask])
-        frames.append(pd.DataFrame({"start_us": s, "end_us": e, "kind": kind, "name": names[mask][first]}))
-    frames.append(_idle(events, iv.merge(starts, ends), on_gpu))
-    table = pd.concat([f for f in frames if len(f)] or [pd.DataFrame(columns=COLUMNS)], ignore_index=True)
+        frames.append(_frame(s, e, kind, pd.Categorical.from_codes(codes[mask][first], categories=categories)))
+    idle_s, idle_e = _idle(events, iv.merge(starts, ends), on_gpu)
+    idle_codes = np.full(len(idle_s), categories.get_loc(IDLE))
+    frames.append(_frame(idle_s, idle_e, IDLE, pd.Categorical.from_codes(idle_codes, categories=categories)))
+    table = pd.concat(frames, ignore_index=True)
     table["kind"] = pd.Categorical(table["kind"], categories=SPAN_KINDS)
-    return table.sort_values("start_us", kind="stable", ignore_index=True)[COLUMNS]
+    return table
+
+
+def _frame(starts: np.ndarray, ends: np.ndarray, kind: str, names: pd.Categorical) -> pd.DataFrame:
+    return pd.DataFrame({"start_us": starts, "end_us": ends, "kind": kind, "name": names})
 
 
 def _active(events: pd.DataFrame, on_gpu: bool) -> pd.DataFrame:
@@ -51,7 +58,7 @@ def _active(events: pd.DataFrame, on_gpu: bool) -> pd.DataFrame:
     return host.assign(kind=np.where(is_comm[is_compute | is_comm], COMM, COMPUTE))
 
 
-def _idle(events: pd.DataFrame, busy: iv.Intervals, on_gpu: bool) -> pd.DataFrame:
+def _idle(events: pd.DataFrame, busy: iv.Intervals, on_gpu: bool) -> iv.Intervals:
     """Gaps in ``busy``: from the first to the last kernel on GPU, inside each step on CPU."""
     if on_gpu or not len(busy[0]):
         windows = [(busy[0][0], busy[1][-1])] if len(busy[0]) else []
@@ -66,4 +73,4 @@ def _idle(events: pd.DataFrame, busy: iv.Intervals, on_gpu: bool) -> pd.DataFram
         keep = gap_ends > gap_starts
         starts.append(gap_starts[keep])
         ends.append(gap_ends[keep])
-    return pd.DataFrame({"start_us": np.concatenate(starts), "end_us": np.concatenate(ends), "kind": IDLE, "name": IDLE})
+    return np.concatenate(starts), np.concatenate(ends)

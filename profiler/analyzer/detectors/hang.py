@@ -26,13 +26,12 @@ def detect(tables: Tables) -> list[Finding]:
     if not tables.dumps and tables.manifest.get("status") not in STOPPED:
         return []
     entries = keyed_entries(tables)
-    groups = fr.members({}, entries)
     findings = [_mismatch(m) for m in fr.mismatches(entries)]
     status = tables.manifest.get("status")
     if status not in STOPPED:
         return findings
     findings += _mismatch_in_logs(tables)
-    blocked = fr.blocked(entries, groups, set(tables.dumps))
+    blocked = blocked_in_order(tables, entries)
     crashed = {r: e for r, e in tables.exits.items() if e and e.get("reason") == "exception"}
     if status == "failed":
         # A rank with no exit record died abruptly (a C++ abort, a signal): usually the first to go.
@@ -61,6 +60,33 @@ def keyed_entries(tables: Tables) -> list[fr.Entry]:
             e.pg = f"{e.pg}:{','.join(map(str, ranks))}"
             e.pg_desc = e.pg_desc or groups_by_rank[e.rank][e.pg.split(':')[0]].get("desc")
     return entries
+
+
+def blocked_in_order(tables: Tables, entries: list[fr.Entry]) -> list[fr.Blocked]:
+    """Collectives some members entered and others never did, the one everything waits on first."""
+    blocked = fr.blocked(entries, fr.members({}, entries), set(tables.dumps))
+    return sorted(blocked, key=lambda b: (_step_entered(tables, b), b.since_ns))
+
+
+def _step_entered(tables: Tables, b: fr.Blocked) -> float:
+    """The step the waiting ranks were in when they entered ``b``.
+
+    A rank that skipped a collective runs on into the next step and blocks there, possibly before
+    its peer reaches the skipped one: the collective of the earlier step is the cause, whichever
+    was entered first by the clock.
+    """
+    steps = tables.steps
+    if steps.empty or "start" not in steps:
+        return 0.0
+    at = b.since_ns / 1e9
+    found = []
+    for rank in b.waiting:
+        started = steps.loc[(steps["rank"] == rank) & (steps["start"] <= at), "step"]
+        finished = steps.loc[(steps["rank"] == rank) & (steps["end"] <= at), "step"]
+        # Inside a recorded step, or in the one after the last finished step (not recorded yet).
+        found.append(float(started.max()) if len(started) and (finished.empty or started.max() > finished.max())
+                     else float(finished.max()) + 1 if len(finished) else 0.0)
+    return min(found, default=0.0)
 
 
 def _hang_in_collective(tables: Tables, b: fr.Blocked) -> Finding:

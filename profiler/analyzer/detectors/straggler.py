@@ -36,13 +36,15 @@ def detect(tables: Tables) -> list[Finding]:
     if steps.empty or steps["rank"].nunique() < 2:
         return []
     findings = []
-    # A rank late at nearly every collective has a slow communication path (slow_collective),
-    # not slow work of its own.
+    # A rank late at nearly every collective, with nothing but traces to say so, has a slow
+    # communication path (slow_collective): a delay right before each collective is time outside
+    # any operator too. Slow work of its own shows in a phase before any collective as well.
     comm_late = persistently_late(tables.collectives)
     for peers in peer_groups(tables, sorted(steps["rank"].unique())):
         group = steps[steps["rank"].isin(peers)]
         if group["rank"].nunique() >= 2:
-            findings += [f for f in _stragglers(group, tables.phases) if f.ranks[0] not in comm_late]
+            findings += [f for f in _stragglers(group, tables.phases)
+                         if f.ranks[0] not in comm_late or f.metrics["source"] == "phases"]
     return findings
 
 
@@ -53,7 +55,9 @@ def _stragglers(steps: pd.DataFrame, phases: list[str]) -> list[Finding]:
     findings = []
     for rank, rows in slow.groupby("rank"):
         # A pattern in one kind of evidence (traces or phase records), not one step of each.
-        if rows.groupby("source").size().max() < MIN_STEPS:
+        counts = rows.groupby("source").size()
+        rows = rows[rows["source"].isin(counts[counts >= MIN_STEPS].index)]
+        if rows.empty:
             continue
         phase = rows["phase"].mode().iloc[0]
         per_step = float(rows["excess_ms"].median())
@@ -77,7 +81,7 @@ def _stragglers(steps: pd.DataFrame, phases: list[str]) -> list[Finding]:
             ),
             metrics={"observed_ms": float(rows["value_ms"].median()), "expected_ms": float(rows["peer_ms"].median()),
                      "excess_ms": per_step, "threshold_ms": float(rows["threshold_ms"].median()), "phase": phase,
-                     "step_time_median_ms": step_ms, "source": rows["source"].iloc[0]},
+                     "step_time_median_ms": step_ms, "source": "phases" if (rows["source"] == "phases").any() else "trace"},
             evidence=[{"type": "steps", "rank": int(rank), "step": int(s), "phase": p, "excess_ms": round(float(e), 3)}
                       for s, p, e in zip(rows["step"], rows["phase"], rows["excess_ms"])][:20],
             impact_ms=impact,

@@ -1,0 +1,295 @@
+"""The Dash app: the page, its tabs, and the callbacks that tie them to the views.
+
+Callbacks are methods of :class:`Dashboard` taking plain values (what triggered them included), so
+tests call them directly; ``build`` wires them to Dash. Runs are addressed by their index in the
+list the command line gave: no request can name a path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import dash
+from dash import ALL, Dash, Input, Output, State, dash_table, dcc, html
+from dash.exceptions import PreventUpdate
+
+from diagtrain.dashboard import communication, compare, hang, heatmap, memory, overview, telemetry, timeline
+from diagtrain.dashboard.data import RunData
+from diagtrain.dashboard.style import FINDING_COLORS
+
+ASSETS = Path(__file__).parent / "assets"
+TABS = [("overview", "Overview"), ("timeline", "Timeline"), ("steps", "Steps"), ("communication", "Communication"),
+        ("memory", "Memory"), ("telemetry", "Telemetry"), ("hang", "Hang"), ("compare", "Compare")]
+MAX_LANES_ON_FOCUS = 16  # a finding in a bigger job opens with its ranks and a few peers only
+PEER_LANES = 4  # ... that many other ranks, for comparison
+DEFAULT_THRESHOLD_PCT = 5.0
+TABLE_STYLE = {"overflowX": "auto"}
+CELL_STYLE = {"fontFamily": "monospace", "fontSize": "12px", "padding": "2px 6px", "textAlign": "left"}
+
+
+class Dashboard:
+    """The runs on show and what each callback returns for them."""
+
+    def __init__(self, runs: list[RunData]) -> None:
+        self.runs = runs
+
+    def run(self, index: Any) -> RunData:
+        """The run at ``index`` (0 or 1); anything else is the first run."""
+        return self.runs[index] if isinstance(index, int) and 0 <= index < len(self.runs) else self.runs[0]
+
+    # --- pages -----------------------------------------------------------------------------
+    def render_tab(self, tab: str, run_index: int) -> Any:
+        """The content of one tab."""
+        run = self.run(run_index)
+        pages = {"overview": self._overview, "timeline": self._timeline, "steps": self._steps,
+                 "communication": self._communication, "memory": self._memory, "telemetry": self._telemetry,
+                 "hang": self._hang, "compare": self._compare}
+        return pages.get(tab, self._overview)(run)
+
+    def _overview(self, run: RunData) -> Any:
+        facts = html.Table([html.Tr([html.Th(k), html.Td(v)]) for k, v in overview.facts(run)], className="facts")
+        findings = overview.ordered_findings(run)
+        cards = [html.Button([
+            html.Span(f["severity"].upper(), className="severity", style={"background": FINDING_COLORS.get(f["severity"])}),
+            html.Strong(f" {f['kind']} "), html.Span(overview.where(f), className="where"),
+            html.Div(f["explanation"], className="explanation"),
+            html.Div(["What to do: ", f["suggestion"]], className="suggestion"),
+        ], id={"type": "finding", "index": i}, className="finding", n_clicks=0, title="show on the timeline")
+            for i, f in findings]
+        health = [html.Li(f"{h['severity']}: {h['message']}") for h in run.report.get("health") or []]
+        skipped = [html.Li(f"{s['path']}: {s['reason']}") for s in run.report.get("skipped") or []]
+        return html.Div([
+            html.H3("Run"), facts,
+            html.H3(f"Findings ({len(findings)})"),
+            html.Div(cards or [html.P("No problems found.")], id="findings"),
+            html.Div([html.H3("Trace health"), html.Ul(health)]) if health else None,
+            html.Div([html.H3("Skipped inputs"), html.Ul(skipped)]) if skipped else None,
+        ])
+
+    def _timeline(self, run: RunData) -> Any:
+        options = [{"label": lane.label, "value": lane.rank} for lane in run.lanes]
+        return html.Div([
+            html.Div([
+                dcc.Dropdown(id="lanes", options=options, multi=True, placeholder="all ranks", value=[],
+                             style={"minWidth": "320px"}),
+                html.Button("Whole run", id="timeline-reset", n_clicks=0),
+                html.Span(id="timeline-status", className="status"),
+            ], className="controls"),
+            dcc.Graph(id="timeline", config={"scrollZoom": True, "displaylogo": False}),
+            html.P("Drag to zoom in time, double-click for the whole run. Zoomed out, each step is drawn as its "
+                   "phases; zoomed in to a few profiled steps, the compute, communication and idle spans.",
+                   className="hint"),
+        ])
+
+    def _steps(self, run: RunData) -> Any:
+        return html.Div([
+            html.Div([
+                dcc.Dropdown(id="heatmap-metric", options=heatmap.metrics(run), value=heatmap.default_metric(run),
+                             clearable=False, style={"minWidth": "320px"}),
+                dcc.RadioItems(id="heatmap-mode", value=heatmap.RELATIVE, inline=True, options=[
+                    {"label": "difference from the step's median", "value": heatmap.RELATIVE},
+                    {"label": "absolute", "value": heatmap.ABSOLUTE}]),
+            ], className="controls"),
+            dcc.Graph(id="heatmap"),
+        ])
+
+    def _communication(self, run: RunData) -> Any:
+        topo = communication.topology(run)
+        return html.Div([
+            dcc.RadioItems(id="collectives-mode", value=communication.SUMMARY, inline=True, options=[
+                {"label": "by op, group and size", "value": communication.SUMMARY},
+                {"label": "every call", "value": communication.PER_COLLECTIVE}]),
+            html.P(id="collectives-note", className="hint"),
+            dash_table.DataTable(id="collectives", sort_action="native", filter_action="native", page_size=25,
+                                 style_table=TABLE_STYLE, style_cell=CELL_STYLE),
+            html.H3("NCCL topology and transports"),
+            dash_table.DataTable(data=topo, columns=[{"name": k, "id": k} for k in (topo[0] if topo else {})],
+                                 style_table=TABLE_STYLE, style_cell=CELL_STYLE) if topo else
+            html.P("No NCCL logs in this run (gloo, or NCCL_DEBUG was off)."),
+        ])
+
+    def _memory(self, run: RunData) -> Any:
+        return html.Div([dcc.Graph(id="memory-peaks", figure=memory.peaks(run)),
+                         dcc.Graph(id="memory-time", figure=memory.over_time(run))])
+
+    def _telemetry(self, run: RunData) -> Any:
+        options = telemetry.metrics(run)
+        if not options:
+            return html.P("No telemetry was recorded for this run.")
+        return html.Div([
+            dcc.Dropdown(id="telemetry-metric", options=options, value=telemetry.default_metric(run), clearable=False,
+                         style={"maxWidth": "320px"}),
+            dcc.Graph(id="telemetry"),
+        ])
+
+    def _hang(self, run: RunData) -> Any:
+        rows, columns = hang.flight_recorder(run)
+        stacks = hang.stacks(run)
+        status = run.report.get("run", {}).get("status")
+        intro = (f"The run ended {status}." if hang.stopped(run) else
+                 "The run did not hang; the flight recorder below is its last collectives.")
+        verdict = [f for f in run.findings if f["kind"] in ("hang", "crash", "collective_mismatch")]
+        return html.Div([
+            html.P(intro),
+            html.Div([html.P(html.Strong(f["explanation"])) for f in verdict[:3]]),
+            html.H3("Flight recorder, across ranks (collectives some ranks never entered first)"),
+            dash_table.DataTable(id="flight-recorder", data=rows, columns=columns, page_size=25, sort_action="native",
+                                 style_table=TABLE_STYLE, style_cell=CELL_STYLE,
+                                 style_data_conditional=[{"if": {"filter_query": "{missing} != ''"},
+                                                          "backgroundColor": "#fde2e2"}])
+            if rows else html.P("No flight-recorder dumps in this run."),
+            html.H3("Stacks"),
+            html.Div([html.Details([html.Summary(f"rank {s['rank']}: {s['where']}"), html.Pre(s["text"])])
+                      for s in stacks] or [html.P("No stacks were dumped (they are taken when a run hangs).")]),
+        ])
+
+    def _compare(self, run: RunData) -> Any:
+        if len(self.runs) < 2:
+            return html.P("Start the dashboard with two runs to compare them: diagtrain dashboard BASE NEW.")
+        return html.Div([
+            html.Div([html.Label("threshold (%) "),
+                      dcc.Input(id="compare-threshold", type="number", value=DEFAULT_THRESHOLD_PCT, min=0, step=1)],
+                     className="controls"),
+            html.H3(id="compare-verdict"),
+            html.Ul(id="compare-findings"),
+            dcc.Graph(id="compare-steps"),
+            dash_table.DataTable(id="compare-table", columns=compare.COLUMNS, sort_action="native",
+                                 filter_action="native", page_size=30, style_table=TABLE_STYLE, style_cell=CELL_STYLE,
+                                 style_data_conditional=[{"if": {"filter_query": "{verdict} = 'regression'"},
+                                                          "backgroundColor": "#fde2e2"},
+                                                         {"if": {"filter_query": "{verdict} = 'improvement'"},
+                                                          "backgroundColor": "#e2f5e2"}]),
+        ])
+
+    # --- interactions ----------------------------------------------------------------------
+    def open_finding(self, clicked: Any, clicks: list[int | None], run_index: int) -> tuple[str, dict[str, Any]]:
+        """A finding was clicked: the timeline, at its time range and ranks."""
+        if not isinstance(clicked, dict) or not any(clicks or []):
+            raise PreventUpdate
+        run = self.run(run_index)
+        index = int(clicked["index"])
+        if not 0 <= index < len(run.findings):
+            raise PreventUpdate
+        window = timeline.finding_window(run, index)
+        ranks = run.findings[index].get("ranks") or []
+        lanes = [lane.rank for lane in run.lanes]
+        if len(lanes) > MAX_LANES_ON_FOCUS and ranks:
+            window.ranks = sorted(set(ranks) | set([r for r in lanes if r not in ranks][:PEER_LANES]))
+        return "timeline", {"run": run_index, "x0": window.x0, "x1": window.x1, "ranks": window.ranks,
+                            "focus": index}
+
+    def update_timeline(self, trigger: str | None, view: dict | None, relayout: dict | None, lanes: list[int] | None,
+                        run_index: int) -> tuple[dict[str, Any], str]:
+        """The timeline for the stored view, a zoom, a lane choice or a reset."""
+        run = self.run(run_index)
+        window = timeline.full_window(run)
+        if view and view.get("run") == run_index and trigger != "timeline-reset":
+            window = timeline.Window(float(view["x0"]), float(view["x1"]), view.get("ranks"), view.get("focus"))
+        if trigger == "timeline" and relayout:
+            zoom = zoomed_range(relayout)
+            if zoom == "reset":
+                window = timeline.Window(*_span(timeline.full_window(run)), window.ranks, window.focus)
+            elif zoom is not None:
+                window = timeline.Window(zoom[0], zoom[1], window.ranks, window.focus)
+            else:
+                raise PreventUpdate  # a relayout that is not a zoom (autosize, legend clicks)
+        if lanes:
+            window.ranks = [int(r) for r in lanes]
+        figure = timeline.figure(run, window)
+        meta = figure["layout"]["meta"]
+        status = (f"{len(meta['ranks'])} ranks, {window.x1 - window.x0:.3f} s shown: "
+                  f"{'spans' if meta['level'] == 'spans' else 'per-step blocks'}, {meta['segments']:,} segments")
+        return figure, status
+
+    def update_heatmap(self, metric: str, mode: str, run_index: int) -> dict[str, Any]:
+        """The steps heatmap of ``metric``."""
+        return heatmap.figure(self.run(run_index), metric, mode)
+
+    def update_telemetry(self, metric: str, run_index: int) -> dict[str, Any]:
+        """The telemetry figure of ``metric``."""
+        return telemetry.figure(self.run(run_index), metric)
+
+    def update_collectives(self, mode: str, run_index: int) -> tuple[list, list, str]:
+        """The collectives table, summarized or per call."""
+        return communication.table(self.run(run_index), mode)
+
+    def update_compare(self, threshold: float | None) -> tuple[str, list, dict, list]:
+        """Verdict, findings that changed, step-time figure and the metric table."""
+        base, new = self.runs[0], self.runs[1]
+        result = compare.comparison(base, new, float(threshold if threshold is not None else DEFAULT_THRESHOLD_PCT))
+        regressions = result.regressions
+        verdict = (f"Regression: {len(regressions)} metric{'s' if len(regressions) != 1 else ''} got worse "
+                   f"beyond {result.threshold_pct:g}%" if regressions else
+                   f"No regression beyond {result.threshold_pct:g}%")
+        changes = [html.Li(f"new finding: {f['kind']} on rank {', '.join(map(str, f['ranks']))}: {f['explanation']}")
+                   for f in result.findings_new]
+        changes += [html.Li(f"resolved: {f['kind']} on rank {', '.join(map(str, f['ranks']))}")
+                    for f in result.findings_resolved]
+        return f"{verdict} (BASE {base.path.name}, NEW {new.path.name})", changes, compare.step_times(base, new), \
+            compare.rows(result)
+
+
+def zoomed_range(relayout: dict[str, Any]) -> tuple[float, float] | str | None:
+    """The x range a Plotly relayout event zoomed to, ``"reset"`` for a double-click, else None."""
+    if relayout.get("xaxis.autorange"):
+        return "reset"
+    if "xaxis.range[0]" in relayout and "xaxis.range[1]" in relayout:
+        lo, hi = float(relayout["xaxis.range[0]"]), float(relayout["xaxis.range[1]"])
+    elif isinstance(relayout.get("xaxis.range"), list) and len(relayout["xaxis.range"]) == 2:
+        lo, hi = (float(x) for x in relayout["xaxis.range"])
+    else:
+        return None
+    return (lo, hi) if hi > lo else None
+
+
+def _span(window: timeline.Window) -> tuple[float, float]:
+    return window.x0, window.x1
+
+
+def layout(runs: list[RunData]) -> Any:
+    """The page: a header, the run choice (two runs), the tabs and their content."""
+    choices = [{"label": f"{'RUN' if i == 0 else 'RUN2'}: {r.path}", "value": i} for i, r in enumerate(runs)]
+    tabs = [dcc.Tab(label=label, value=value) for value, label in TABS if value != "compare" or len(runs) > 1]
+    return html.Div([
+        html.Div([html.H2("diagtrain"), html.Span(str(runs[0].path), className="run-path")], className="header"),
+        dcc.RadioItems(id="run", options=choices, value=0, inline=True,
+                       style={} if len(runs) > 1 else {"display": "none"}),
+        dcc.Tabs(id="tabs", value="overview", children=tabs),
+        dcc.Store(id="view"),
+        dcc.Loading(html.Div(id="page", className="page"), delay_show=300),
+    ], className="app")
+
+
+def build(runs: list[RunData]) -> Dash:
+    """The Dash app for ``runs`` (one, or BASE and NEW), callbacks wired."""
+    board = Dashboard(runs)
+    app = Dash(__name__, title="diagtrain", assets_folder=str(ASSETS), suppress_callback_exceptions=True,
+               update_title=None, serve_locally=True)
+    app.layout = layout(runs)
+    app.callback(Output("page", "children"), Input("tabs", "value"), Input("run", "value"))(board.render_tab)
+    app.callback(Output("tabs", "value"), Output("view", "data"),
+                 Input({"type": "finding", "index": ALL}, "n_clicks"), State("run", "value"),
+                 prevent_initial_call=True)(
+        lambda clicks, run_index: board.open_finding(dash.ctx.triggered_id, clicks, run_index))
+    app.callback(Output("timeline", "figure"), Output("timeline-status", "children"),
+                 Input("view", "data"), Input("timeline", "relayoutData"), Input("lanes", "value"),
+                 Input("timeline-reset", "n_clicks"), State("run", "value"))(
+        lambda view, relayout, lanes, _reset, run_index: board.update_timeline(
+            _trigger(), view, relayout, lanes, run_index))
+    app.callback(Output("heatmap", "figure"), Input("heatmap-metric", "value"), Input("heatmap-mode", "value"),
+                 State("run", "value"))(board.update_heatmap)
+    app.callback(Output("telemetry", "figure"), Input("telemetry-metric", "value"), State("run", "value"))(
+        board.update_telemetry)
+    app.callback(Output("collectives", "data"), Output("collectives", "columns"), Output("collectives-note", "children"),
+                 Input("collectives-mode", "value"), State("run", "value"))(board.update_collectives)
+    if len(runs) > 1:
+        app.callback(Output("compare-verdict", "children"), Output("compare-findings", "children"),
+                     Output("compare-steps", "figure"), Output("compare-table", "data"),
+                     Input("compare-threshold", "value"))(board.update_compare)
+    return app
+
+
+def _trigger() -> str | None:
+    triggered = dash.ctx.triggered_id
+    return triggered if isinstance(triggered, str) else None

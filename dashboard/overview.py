@@ -1,0 +1,57 @@
+"""Overview: what the run was, and what the analysis found, most severe first."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from diagtrain.dashboard.data import RunData
+from diagtrain.dashboard.style import SEVERITY_ORDER
+from diagtrain.profiler.analyzer.detectors.base import ranges
+
+
+def facts(run: RunData) -> list[tuple[str, str]]:
+    """(label, value) pairs: command, strategy and mesh, ranks, hosts, steps, status."""
+    r = run.report.get("run", {})
+    mesh = r.get("mesh") or {}
+    found = [
+        ("run", str(run.path)),
+        ("status", str(r.get("status") or "unknown")),
+        ("command", " ".join(r.get("command") or []) or "(traces only)"),
+        ("strategy", str(r.get("strategy") or "not a reference trainer")),
+        ("mesh", " × ".join(f"{k} {v}" for k, v in mesh.items()) if mesh else "n/a"),
+        ("ranks", str(r.get("world_size") or len(run.lanes))),
+        ("hosts", ", ".join(h for h in r.get("hosts") or [] if h) or ", ".join(sorted({lane.host for lane in run.lanes})) or "?"),
+        ("steps", str(r.get("steps", 0))),
+        ("traces", "GPU (kernels)" if r.get("on_gpu") else "CPU (host ops)"),
+        ("first step", datetime.fromtimestamp(run.t0, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if run.t0 else "?"),
+    ]
+    injected = r.get("injected") or []
+    if injected:
+        found.append(("injected faults", "; ".join(_fault(f) for f in injected)))
+    return found
+
+
+def ordered_findings(run: RunData) -> list[tuple[int, dict[str, Any]]]:
+    """(index in report.json, finding), most severe first, then by impact."""
+    indexed = list(enumerate(run.findings))
+    return sorted(indexed, key=lambda p: (SEVERITY_ORDER.index(p[1]["severity"]) if p[1]["severity"] in SEVERITY_ORDER
+                                          else len(SEVERITY_ORDER), -(p[1].get("impact_ms") or 0.0), p[0]))
+
+
+def where(finding: dict[str, Any]) -> str:
+    """``ranks 1, 3 · steps 3-6`` for a finding."""
+    parts = []
+    if finding.get("ranks"):
+        parts.append(f"rank{'s' if len(finding['ranks']) > 1 else ''} {ranges(finding['ranks'])}")
+    if finding.get("steps"):
+        parts.append(f"step{'s' if len(finding['steps']) > 1 else ''} {ranges(finding['steps'])}")
+    if finding.get("impact_ms"):
+        parts.append(f"~{finding['impact_ms']:.1f} ms/step")
+    return " · ".join(parts)
+
+
+def _fault(f: dict[str, Any]) -> str:
+    params = ", ".join(f"{k}={v}" for k, v in (f.get("params") or {}).items())
+    rank = f" rank {f['rank']}" if f.get("rank") is not None else ""
+    return f"{f['kind']}{rank}" + (f" ({params})" if params else "")
