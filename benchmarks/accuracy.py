@@ -34,7 +34,7 @@ CASES = [
     ("clean-3d-8", ["--strategy", "3d", "--nproc", "8"], "4-5"),
     ("straggler-ddp-4", ["--strategy", "ddp", "--nproc", "4", "--inject", "straggler:rank=2,ms=60,steps=3-8"], None),
     ("straggler-fsdp-2", ["--strategy", "fsdp", "--nproc", "2", "--inject", "straggler:rank=1,ms=60"], "4-5"),
-    ("straggler-3d-8", ["--strategy", "3d", "--nproc", "8", "--inject", "straggler:rank=3,ms=50"], "4-5"),
+    ("straggler-3d-8", ["--strategy", "3d", "--nproc", "8", "--inject", "straggler:rank=3,ms=200"], "4-5"),
     ("stall-ddp-2", ["--strategy", "ddp", "--nproc", "2", "--inject", "dataloader_stall:rank=1,ms=80,every=2"], None),
     ("stall-tp-2", ["--strategy", "tp", "--nproc", "2", "--inject", "dataloader_stall:rank=0,ms=80,every=3"], None),
     ("slowcomm-ddp-2", ["--strategy", "ddp", "--nproc", "2", "--inject", "slow_comm:rank=1,ms=30"], "4-5"),

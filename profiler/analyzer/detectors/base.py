@@ -64,6 +64,9 @@ LATE_MS = 1.0  # arriving this much after the first rank of the group counts as 
 PERSISTENTLY_LATE = 0.6  # late at this share of its collectives: the delay is on its comm path
 # ... and by this much on average: ranks sharing a busy host arrive a few ms apart by turns.
 MIN_LATENESS_MS = 5.0
+# ... and this many times later than the other ranks usually are: on a busy host every rank is
+# late by turns (a clean 4-rank run here: 9 ms against the others' 3 ms).
+LATENESS_RATIO = 4.0
 
 
 def late_arrivals(collectives: pd.DataFrame) -> pd.DataFrame:
@@ -86,4 +89,6 @@ def persistently_late(collectives: pd.DataFrame) -> set[int]:
 
 def is_persistently_late(late: pd.DataFrame) -> pd.Series:
     """Rows of ``late_arrivals`` whose rank is late at most collectives, and by more than noise."""
-    return (late["late_share"] >= PERSISTENTLY_LATE) & (late["lateness_ms"] >= MIN_LATENESS_MS)
+    others = [late["lateness_ms"].drop(index=i).median() if len(late) > 1 else 0.0 for i in late.index]
+    return ((late["late_share"] >= PERSISTENTLY_LATE) & (late["lateness_ms"] >= MIN_LATENESS_MS)
+            & (late["lateness_ms"] >= LATENESS_RATIO * pd.Series(others, index=late.index)))

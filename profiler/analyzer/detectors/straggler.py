@@ -23,12 +23,14 @@ MIN_EXCESS_SHARE = 0.08  # ... or below this share of the median step time
 NOISE_SIGMAS = 3.0
 MIN_NOISE_STEPS = 3  # a rank's variation needs at least this many steps to be estimated
 MAD_TO_SIGMA = 1.4826  # median absolute deviation of a normal distribution, in standard deviations
-# Where the variation cannot be estimated (fewer than MIN_NOISE_STEPS profiled steps), the excess
+# Where nothing tells the noise (one peer, fewer than MIN_NOISE_STEPS profiled steps), the excess
 # must reach this share of the step: clean 2-rank runs sharing 2 cores differ by up to 15%.
 UNKNOWN_NOISE_SHARE = 0.2
 MIN_STEPS = 2  # one slow step is noise; two is a pattern
 ERROR_SHARE = 0.5  # a straggler costing half the step or more is an error, not a warning
-EXCLUDED_PHASES = ("data",)  # waiting for data is the dataloader_stall detector's finding
+# Waiting for data is the dataloader_stall detector's finding: a rank standing out there is not a
+# straggler, and in that step its peers' later phases are waiting for it.
+EXCLUDED_PHASES = ("data",)
 
 
 def detect(tables: Tables) -> list[Finding]:
@@ -67,7 +69,7 @@ def _stragglers(steps: pd.DataFrame, phases: list[str]) -> list[Finding]:
         others = sorted(int(r) for r in steps["rank"].unique() if r != rank)
         findings.append(Finding(
             kind="straggler",
-            severity="error" if per_step >= ERROR_SHARE * step_ms else "warning",
+            severity=_severity(per_step, impact, threshold, step_ms),
             ranks=[int(rank)], steps=sorted(int(s) for s in rows["step"]),
             time_range=time_range(steps[steps["rank"].eq(rank) & steps["step"].isin(rows["step"])]),
             explanation=(
@@ -89,6 +91,14 @@ def _stragglers(steps: pd.DataFrame, phases: list[str]) -> list[Finding]:
     return findings
 
 
+def _severity(per_step: float, impact: float, threshold: float, step_ms: float) -> str:
+    """error: half the step or more; warning: worth the threshold averaged over every step; else
+    info (a few slow steps on a busy host, whose right tail the robust deviation underrates)."""
+    if per_step >= ERROR_SHARE * step_ms:
+        return "error"
+    return "warning" if impact >= threshold else "info"
+
+
 def _quantities(steps: pd.DataFrame, phases: list[str]) -> pd.DataFrame:
     """Per rank and step, each part of a rank's own time the detector compares (ms)."""
     parts = {}
@@ -97,7 +107,7 @@ def _quantities(steps: pd.DataFrame, phases: list[str]) -> pd.DataFrame:
         # adds noise to compute on every rank alike.
         parts = {"time outside any operator": steps["idle_ms"], "compute time": steps["compute_ms"],
                  "time outside collectives": steps["wall_ms"] - steps["comm_ms"]}
-    for phase in (p for p in phases if p not in EXCLUDED_PHASES):
+    for phase in phases:
         if f"{phase}_ms" in steps:
             parts[f"{phase} phase"] = steps[f"{phase}_ms"]
     return pd.DataFrame({"rank": steps["rank"], "step": steps["step"], **parts})
@@ -120,18 +130,21 @@ def _excess(steps: pd.DataFrame, phases: list[str], threshold: float, step_ms: f
     """Each rank's excess over its peers per step, from traces where profiled, else from phases."""
     quantities = _quantities(steps, phases)
     usual, noise = _usual(quantities)
-    traced = [c for c in quantities.columns if not c.endswith(" phase") and c not in ("rank", "step")]
+    excluded = [f"{p} phase" for p in EXCLUDED_PHASES if f"{p} phase" in quantities]
+    # A data stall comes first in a step, also in profiled ones, and explains what follows it.
+    traced = excluded + [c for c in quantities.columns if not c.endswith(" phase") and c not in ("rank", "step")]
     phased = [c for c in quantities.columns if c.endswith(" phase")]
     rows = []
     for step, group in quantities.groupby("step"):
         profiled = steps.loc[group.index, "profiled"].all() if "profiled" in steps else False
         # From traces, the first part in which a rank stands out; from phases, the earliest phase
         # with a slow rank is the cause, and later ones are waiting.
-        for label in (traced if profiled and traced else phased):
+        for label in (traced if profiled and len(traced) > len(excluded) else phased):
             found = _over_peers(step, group["rank"], group[label], label, usual[label], noise[label],
-                                "trace" if profiled and traced else "phases", threshold, step_ms)
+                                "phases" if label.endswith(" phase") else "trace", threshold, step_ms)
             if found:
-                rows += found
+                if label.removesuffix(" phase") not in EXCLUDED_PHASES:
+                    rows += found
                 break
     return pd.DataFrame(rows, columns=["rank", "step", "phase", "excess_ms", "value_ms", "peer_ms", "source",
                                        "threshold_ms"])
@@ -155,8 +168,10 @@ def _over_peers(step: int, ranks: pd.Series, values: pd.Series, label: str, usua
     peer_noise = noise.reindex(others).dropna()
     if len(peer_noise):
         limit = max(threshold, NOISE_SIGMAS * float(peer_noise.median()))
-    else:
+    elif len(peers) < 2:  # one peer and too few steps: nothing tells the noise
         limit = max(threshold, UNKNOWN_NOISE_SHARE * step_ms)
+    else:  # the peers' spread in this step (below) stands for the noise
+        limit = threshold
     if excess < limit or excess <= 2 * spread_rest:
         return []
     return [{"rank": int(ranks.iloc[top]), "step": int(step), "phase": label, "excess_ms": excess,
