@@ -1,4 +1,4 @@
-"""Statistics for telling a real change from noise: Mann-Whitney U and a bootstrap of medians."""
+"""Statistics for telling a real change from noise: Mann-Whitney U, a bootstrap of medians, a binomial tail."""
 
 from __future__ import annotations
 
@@ -51,3 +51,8 @@ def _ranks(values: np.ndarray) -> np.ndarray:
     _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
     sums = np.bincount(inverse, weights=ranks)
     return sums[inverse] / counts[inverse]
+
+
+def binomial_tail(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p): how often chance alone does at least this well."""
+    return float(sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(max(k, 0), n + 1)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from diagtrain.profiler.analyzer.tables import Tables
+from diagtrain.profiler.stats import binomial_tail
 
 # Warm-up rule: step 1 carries start-up (process-group init, allocator growth, first-call
 # compilation) and is left out of every statistic, as long as three or more steps remain.
@@ -67,18 +68,23 @@ MIN_LATENESS_MS = 5.0
 # ... and this many times later than the other ranks usually are: on a busy host every rank is
 # late by turns (a clean 4-rank run here: 9 ms against the others' 3 ms).
 LATENESS_RATIO = 4.0
+# ... and last more often than chance would make it (1 in group-size), at this significance: with
+# 4 ranks and 4 collectives, chance alone makes some rank last 3 times of 4 in one run of five.
+LATE_ALPHA = 0.05
 
 
 def late_arrivals(collectives: pd.DataFrame) -> pd.DataFrame:
     """Per rank: collectives seen, share at which it arrived last and late, mean lateness (ms)."""
     if collectives.empty or "group" not in collectives:
-        return pd.DataFrame(columns=["rank", "collectives", "late_share", "lateness_ms"])
+        return pd.DataFrame(columns=["rank", "collectives", "late", "late_share", "lateness_ms", "chance", "p_value"])
     table = collectives[collectives["ranks_seen"] > 1].copy()
     table["lateness_ms"] = (table["ts"] - table.groupby(["group", "op", "seq"])["ts"].transform("min")) / 1e3
     table["late"] = (table["last_rank"] == table["rank"]) & (table["lateness_ms"] >= LATE_MS)
-    out = table.groupby("rank").agg(collectives=("late", "size"), late_share=("late", "mean"),
-                                    lateness_ms=("lateness_ms", "mean"))
-    return out.reset_index()
+    table["chance"] = 1.0 / table["ranks_seen"]
+    out = table.groupby("rank").agg(collectives=("late", "size"), late=("late", "sum"), late_share=("late", "mean"),
+                                    lateness_ms=("lateness_ms", "mean"), chance=("chance", "mean")).reset_index()
+    out["p_value"] = [binomial_tail(int(k), int(n), p) for k, n, p in zip(out["late"], out["collectives"], out["chance"])]
+    return out
 
 
 def persistently_late(collectives: pd.DataFrame) -> set[int]:
@@ -91,4 +97,5 @@ def is_persistently_late(late: pd.DataFrame) -> pd.Series:
     """Rows of ``late_arrivals`` whose rank is late at most collectives, and by more than noise."""
     others = [late["lateness_ms"].drop(index=i).median() if len(late) > 1 else 0.0 for i in late.index]
     return ((late["late_share"] >= PERSISTENTLY_LATE) & (late["lateness_ms"] >= MIN_LATENESS_MS)
-            & (late["lateness_ms"] >= LATENESS_RATIO * pd.Series(others, index=late.index)))
+            & (late["lateness_ms"] >= LATENESS_RATIO * pd.Series(others, index=late.index))
+            & (late["p_value"] < LATE_ALPHA))
