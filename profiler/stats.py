@@ -55,4 +55,14 @@ def _ranks(values: np.ndarray) -> np.ndarray:
 
 def binomial_tail(k: int, n: int, p: float) -> float:
     """P(X >= k) for X ~ Binomial(n, p): how often chance alone does at least this well."""
-    return float(sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(max(k, 0), n + 1)))
+    if k <= 0:
+        return 1.0
+    if k > n or p <= 0.0:
+        return 0.0
+    if p >= 1.0:
+        return 1.0
+    # In logs: a rank's thousands of collectives overflow math.comb's float conversion.
+    i = np.arange(k, n + 1)
+    log_pmf = (math.lgamma(n + 1) - np.array([math.lgamma(x + 1) + math.lgamma(n - x + 1) for x in i])
+               + i * math.log(p) + (n - i) * math.log1p(-p))
+    return float(min(1.0, np.exp(log_pmf).sum()))
