@@ -7,6 +7,7 @@ list the command line gave: no request can name a path.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -189,9 +190,9 @@ class Dashboard:
         if trigger == "timeline" and relayout:
             zoom = zoomed_range(relayout)
             if zoom == "reset":
-                window = timeline.Window(*_span(timeline.full_window(run)), window.ranks, window.focus)
+                window = replace(timeline.full_window(run), ranks=window.ranks, focus=window.focus)
             elif zoom is not None:
-                window = timeline.Window(zoom[0], zoom[1], window.ranks, window.focus)
+                window = replace(window, x0=zoom[0], x1=zoom[1])
             else:
                 raise PreventUpdate  # a relayout that is not a zoom (autosize, legend clicks)
         if lanes:
@@ -241,10 +242,6 @@ def zoomed_range(relayout: dict[str, Any]) -> tuple[float, float] | str | None:
     else:
         return None
     return (lo, hi) if hi > lo else None
-
-
-def _span(window: timeline.Window) -> tuple[float, float]:
-    return window.x0, window.x1
 
 
 def layout(runs: list[RunData]) -> Any:

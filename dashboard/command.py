@@ -11,6 +11,7 @@ from pathlib import Path
 from rich.console import Console
 
 from diagtrain.profiler.analyzer import default_workers
+from diagtrain.profiler.analyzer.command import analyze_and_print
 from diagtrain.profiler.run_dir import check_writable
 
 EXIT_USAGE = 2
@@ -57,7 +58,7 @@ def run_dashboard(args: argparse.Namespace, argv: list[str]) -> int:
             except OSError as e:
                 return _usage(err, f"{path}: no analysis, and it cannot be written there ({e.strerror or e}); "
                               f"run `diagtrain analyze {path} --out DIR` and copy DIR's analysis into it")
-            _analyze(path, args.workers, err)
+            analyze_and_print(path, path, ["md", "json", "html"], args.workers, err, quiet=True)
         try:
             runs.append(data.load(path))
         except data.RunError as e:
@@ -75,15 +76,6 @@ def run_dashboard(args: argparse.Namespace, argv: list[str]) -> int:
     except KeyboardInterrupt:
         pass
     return 0
-
-
-def _analyze(path: Path, workers: int, err: Console) -> None:
-    from diagtrain.profiler.analyzer.analyze import analyze
-
-    with err.status(f"analyzing {path}", spinner="dots") as status:
-        analyze(path, path, ["md", "json", "html"], workers,
-                progress=lambda m: status.update(f"analyzing {path}: {m}"))
-    err.print(f"diagtrain dashboard: analyzed {path} (report {path / 'report.md'})", markup=False)
 
 
 def _port_free(host: str, port: int) -> bool:

@@ -78,9 +78,8 @@ class RunData:
 
     @property
     def end(self) -> float:
-        """Seconds from t0 to the end of the last step (or span)."""
-        ends = [float(self.steps["end"].max())] if "end" in self.steps and len(self.steps) else [0.0]
-        return max(ends)
+        """Seconds from t0 to the end of the last step."""
+        return float(self.steps["end"].max()) if "end" in self.steps and len(self.steps) else 0.0
 
     def summary(self) -> dict[str, Any]:
         """What `diagtrain compare` compares of this run (per-step samples and facts), computed once."""

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from diagtrain.dashboard.data import RunData
+from diagtrain.profiler.manifest import STOPPED
 
 MAX_RANK_COLUMNS = 32  # beyond this many ranks, the table lists the missing ranks instead of a column each
 ENTERED, MISSING = "✓", "—"
-STOPPED = ("hung", "failed", "interrupted")
 
 
 def stopped(run: RunData) -> bool:

@@ -9,6 +9,7 @@ import numpy as np
 from diagtrain.dashboard.data import RunData
 from diagtrain.dashboard.figures import empty
 from diagtrain.dashboard.style import FINDING_COLORS
+from diagtrain.profiler.analyzer.tables import BYTES_PER_PARAM
 
 MIB = 2**20
 BAR_COLOR = "#4C78A8"
@@ -16,10 +17,10 @@ BAR_COLOR = "#4C78A8"
 
 def peaks(run: RunData) -> dict[str, Any]:
     """Peak memory per rank (bars), the model state its shard needs (markers), ranks a finding names in colour."""
-    steps = run.steps
-    if "peak_mem_bytes" not in steps or steps["peak_mem_bytes"].isna().all():
+    ranks = run.ranks
+    if "peak_mem_bytes" not in ranks or ranks["peak_mem_bytes"].isna().all():
         return empty("No per-step peak memory was recorded.")
-    peak = steps.groupby("rank")["peak_mem_bytes"].max() / MIB
+    peak = ranks.dropna(subset=["peak_mem_bytes"]).set_index("rank")["peak_mem_bytes"].astype(float) / MIB
     flagged = {r for f in run.findings if f["kind"] == "memory_imbalance" for r in f.get("ranks") or []}
     colors = [FINDING_COLORS["warning"] if r in flagged else BAR_COLOR for r in peak.index]
     data = [{"type": "bar", "name": "peak (per step, max)", "x": [int(r) for r in peak.index],
@@ -27,7 +28,7 @@ def peaks(run: RunData) -> dict[str, Any]:
              "hovertemplate": "rank %{x}: peak %{y:.0f} MiB<extra></extra>"}]
     if "model_state_bytes" in run.ranks and run.ranks["model_state_bytes"].notna().any():
         state = run.ranks.dropna(subset=["model_state_bytes"])
-        data.append({"type": "scatter", "mode": "markers", "name": "model state of its shard (16 B/parameter)",
+        data.append({"type": "scatter", "mode": "markers", "name": f"model state of its shard ({BYTES_PER_PARAM} B/parameter)",
                      "x": state["rank"].astype(int).tolist(), "y": (state["model_state_bytes"] / MIB).round(1).tolist(),
                      "marker": {"symbol": "diamond", "size": 12, "color": "#222"},
                      "hovertemplate": "rank %{x}: model state %{y:.1f} MiB<extra></extra>"})

@@ -6,8 +6,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from diagtrain.dashboard.data import RunData
-from diagtrain.dashboard.style import SEVERITY_ORDER
 from diagtrain.profiler.analyzer.detectors.base import ranges
+from diagtrain.profiler.analyzer.findings import SEVERITIES
 
 
 def facts(run: RunData) -> list[tuple[str, str]]:
@@ -35,8 +35,9 @@ def facts(run: RunData) -> list[tuple[str, str]]:
 def ordered_findings(run: RunData) -> list[tuple[int, dict[str, Any]]]:
     """(index in report.json, finding), most severe first, then by impact."""
     indexed = list(enumerate(run.findings))
-    return sorted(indexed, key=lambda p: (SEVERITY_ORDER.index(p[1]["severity"]) if p[1]["severity"] in SEVERITY_ORDER
-                                          else len(SEVERITY_ORDER), -(p[1].get("impact_ms") or 0.0), p[0]))
+    # SEVERITIES runs from info up; a severity it does not know sorts last.
+    return sorted(indexed, key=lambda p: (-SEVERITIES.index(p[1]["severity"]) if p[1]["severity"] in SEVERITIES else 1,
+                                          -(p[1].get("impact_ms") or 0.0), p[0]))
 
 
 def where(finding: dict[str, Any]) -> str:

@@ -20,6 +20,7 @@ import numpy as np
 
 from diagtrain.dashboard.data import Lane, RunData
 from diagtrain.dashboard.style import FINDING_COLORS, KIND_COLORS, PHASE_COLORS, STEP_COLOR
+from diagtrain.profiler.analyzer import intervals as iv
 
 MAX_SEGMENTS = 50_000  # the most segments the browser gets at once (the issue's budget)
 PIXELS = 2_000  # horizontal resolution drawn for: spans closer than one of these merge
@@ -76,18 +77,18 @@ def figure(run: RunData, window: Window) -> dict[str, Any]:
     """The timeline figure for ``window``; ``layout.meta`` says the level and the segment count."""
     lanes = [lane for lane in run.lanes if window.ranks is None or lane.rank in window.ranks]
     y_of = {lane.rank: i for i, lane in enumerate(lanes)}
-    steps = _steps_in(run, window, set(y_of))
-    detailed = bool(len(steps)) and int(steps.groupby("rank").size().max()) <= DETAIL_MAX_STEPS
-    traces, segments = [], 0
+    in_view = _steps_in(run, window, set(y_of))
+    detailed = bool(len(in_view)) and int(in_view.groupby("rank").size().max()) <= DETAIL_MAX_STEPS
+    traces, segments, blocks = [], 0, in_view
     if detailed:
         span_traces, segments = _span_traces(run, window, y_of)
         traces += span_traces
-        steps = steps[~steps["profiled"]] if "profiled" in steps else steps
-    if not detailed or len(steps):
-        block_traces, blocks = _step_traces(run, steps, y_of)
+        blocks = in_view[~in_view["profiled"]] if "profiled" in in_view else in_view
+    if not detailed or len(blocks):
+        block_traces, count = _step_traces(run, blocks, y_of)
         traces += block_traces
-        segments += blocks
-    traces.append(_step_starts(_steps_in(run, window, set(y_of)), y_of))
+        segments += count
+    traces.append(_step_starts(in_view, y_of))
     return {
         "data": traces,
         "layout": _layout(run, window, lanes, "spans" if detailed else "steps", segments),
@@ -131,18 +132,12 @@ def _span_traces(run: RunData, window: Window, y_of: dict[int, int]) -> tuple[li
 
 def _coalesce(starts: np.ndarray, ends: np.ndarray, names: np.ndarray, resolution: float):
     """Merge spans less than ``resolution`` apart; each is at least ``resolution`` wide (one pixel)."""
-    if len(starts) == 0:
-        return starts, ends, names
-    running_end = np.maximum.accumulate(ends)
-    opens = np.empty(len(starts), dtype=bool)
-    opens[0] = True
-    opens[1:] = starts[1:] > running_end[:-1] + resolution
-    firsts = np.flatnonzero(opens)
-    merged = np.diff(np.append(firsts, len(starts)))  # spans in each merged one
-    labels = names[firsts].astype(object)
-    labels[merged > 1] = [f"{n} and {c - 1} more" for n, c in zip(labels[merged > 1], merged[merged > 1])]
-    starts = starts[firsts]
-    return starts, np.maximum(np.maximum.reduceat(ends, firsts), starts + resolution), labels
+    (merged_starts, merged_ends), first = iv.merge_with_first(starts, ends, gap=resolution)
+    count = np.diff(np.append(np.searchsorted(np.sort(starts), merged_starts), len(starts)))  # spans in each
+    labels = names[first].astype(object)
+    many = count > 1
+    labels[many] = [f"{n} and {c - 1} more" for n, c in zip(labels[many], count[many])]
+    return merged_starts, np.maximum(merged_ends, merged_starts + resolution), labels
 
 
 def _step_traces(run: RunData, steps, y_of: dict[int, int]) -> tuple[list[dict], int]:

@@ -21,6 +21,8 @@ from diagtrain.profiler.run_dir import SCHEMA_VERSION, write_json_atomic
 ENV_PREFIXES = ("NCCL_", "TORCH_", "TORCHELASTIC_", "CUDA_", "OMP_", "MASTER_", "PYTORCH_", "GLOO_")
 # A run's status, most telling first: one interrupted host makes the run interrupted.
 STATUS_ORDER = ("running", "interrupted", "hung", "failed", "ok")
+# Statuses of a run that did not finish its work: the hang verdict and view apply to these.
+STOPPED = ("hung", "failed", "interrupted")
 
 
 def claim_host_dir(run_dir: Path, hostname: str) -> Path:

@@ -96,6 +96,16 @@ def test_level_of_detail_keeps_the_browser_under_its_budget():
     assert only_two["layout"]["meta"]["ranks"] == [1, 3]
 
 
+def test_spans_closer_than_a_pixel_merge_and_say_how_many():
+    starts, ends = np.array([0.0, 1.5, 10.0, 10.2]), np.array([1.0, 2.0, 10.1, 10.25])
+    names = np.array(["aten::mm", "aten::add", "allreduce", "aten::mul"])
+    s, e, labels = timeline._coalesce(starts, ends, names, resolution=1.0)
+    assert s.tolist() == [0.0, 10.0] and e.tolist() == [2.0, 11.0]  # the second is widened to one pixel
+    assert labels.tolist() == ["aten::mm and 1 more", "allreduce and 1 more"]
+    s, e, labels = timeline._coalesce(starts, ends, names, resolution=0.01)
+    assert len(s) == 4 and labels.tolist() == names.tolist()
+
+
 def synthetic_run(ranks: int, spans_per_rank: int) -> RunData:
     """Back-to-back 5 µs compute spans, 5 µs apart, over two 1-second steps per rank."""
     starts = np.arange(spans_per_rank) * 1e-5

@@ -90,6 +90,20 @@ def entries(rank: int, dump: dict[str, Any]) -> list[Entry]:
     return found
 
 
+def keyed_by_members(dumps: dict[int, dict[str, Any]], groups_by_rank: dict[int, dict]) -> list[Entry]:
+    """Every rank's collectives, each group keyed by its name and member ranks (``name:0,1``).
+
+    Subgroups of one DeviceMesh dimension share a name; their member lists tell them apart.
+    """
+    found = [e for rank, dump in dumps.items() for e in entries(rank, dump)]
+    for e in found:
+        group = (groups_by_rank.get(e.rank, {}).get(e.pg) or {})
+        if group.get("ranks"):
+            e.pg_desc = e.pg_desc or group.get("desc")
+            e.pg = f"{e.pg}:{','.join(map(str, group['ranks']))}"
+    return found
+
+
 def members(groups: dict[str, dict], all_entries: list[Entry]) -> dict[str, list[int]]:
     """Ranks of each group: from the process-group map where known, else who recorded it."""
     out = {pg: sorted(info.get("ranks") or []) for pg, info in groups.items()}

@@ -13,11 +13,11 @@ def merge(starts: np.ndarray, ends: np.ndarray) -> Intervals:
     return merged
 
 
-def merge_with_first(starts: np.ndarray, ends: np.ndarray) -> tuple[Intervals, np.ndarray]:
+def merge_with_first(starts: np.ndarray, ends: np.ndarray, gap: float = 0.0) -> tuple[Intervals, np.ndarray]:
     """The union, and for each merged interval the index of the input interval that opens it.
 
     Ties in start keep the input order, so inputs sorted by (start, longest first) name each
-    merged interval after its outermost interval.
+    merged interval after its outermost interval. Intervals less than ``gap`` apart merge too.
     """
     if len(starts) == 0:
         return (np.empty(0), np.empty(0)), np.empty(0, dtype=np.int64)
@@ -26,7 +26,7 @@ def merge_with_first(starts: np.ndarray, ends: np.ndarray) -> tuple[Intervals, n
     running_end = np.maximum.accumulate(e)
     new_group = np.empty(len(s), dtype=bool)
     new_group[0] = True
-    new_group[1:] = s[1:] > running_end[:-1]
+    new_group[1:] = s[1:] > running_end[:-1] + gap
     firsts = np.flatnonzero(new_group)
     return (s[new_group], np.maximum.reduceat(e, firsts)), order[firsts]
 

@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from diagtrain.profiler.analyzer import flight_records
-from diagtrain.profiler.analyzer.detectors.hang import blocked_in_order, keyed_entries
+from diagtrain.profiler.analyzer.detectors.hang import blocked_in_order
 from diagtrain.profiler.analyzer.load import RankResult, spans_path
 from diagtrain.profiler.analyzer.tables import Tables
 from diagtrain.profiler.run_dir import SCHEMA_VERSION, write_bytes_atomic, write_json_atomic
@@ -58,7 +58,7 @@ def hang_document(tables: Tables) -> dict[str, Any]:
         threads = (dump or {}).get("threads") or []
         stacks[str(rank)] = [{"name": t.get("name"), "main": bool(t.get("main")), "frames": t.get("frames") or []}
                              for t in threads]
-    entries = keyed_entries(tables)
+    entries = tables.flight_records
     return {"schema_version": SCHEMA_VERSION,
             "flight_recorder": flight_records.cross_rank(entries, FLIGHT_RECORDER_TAIL),
             # What the hang verdict found blocked, the collective everything waits on first.

@@ -16,7 +16,7 @@ import pandas as pd
 
 from diagtrain.profiler.analyzer import clocks
 from diagtrain.profiler.analyzer.collectives import match
-from diagtrain.profiler.analyzer.flight_records import rank_of_dump, read_dump
+from diagtrain.profiler.analyzer.flight_records import Entry, keyed_by_members, rank_of_dump, read_dump
 from diagtrain.profiler.analyzer.load import RankResult
 from diagtrain.profiler.analyzer.logs import LogEvent, NcclLog, parse_errors, read_nccl_log
 from diagtrain.profiler.rank_files import RankIndex, read_json
@@ -44,6 +44,7 @@ class Tables:
     rank_hosts: dict[int, str] = field(default_factory=dict)  # rank -> host (rank.json)
     clock_shifts_us: dict[int, float] = field(default_factory=dict)  # rank -> µs added to line up clocks
     dumps: dict[int, dict] = field(default_factory=dict)  # rank -> flight-recorder dump
+    flight_records: list[Entry] = field(default_factory=list)  # every dump's collectives, groups keyed by members
     process_groups: dict[int, dict] = field(default_factory=dict)  # rank -> {pg name: {desc, ranks}}
     stacks: dict[int, dict] = field(default_factory=dict)  # rank -> stacks.json (dumped on a hang)
     exits: dict[int, dict] = field(default_factory=dict)  # rank -> exit.json
@@ -69,6 +70,7 @@ def build(run_dir: Path, results: list[RankResult], flight_recorder_dir: Path | 
                     exits=_per_rank(run_dir, "exit.json", read_json))
     if flight_recorder_dir is not None:
         tables.dumps = read_dump_dir(flight_recorder_dir)
+    tables.flight_records = keyed_by_members(tables.dumps, tables.process_groups)
     # Ranks on other hosts: line up their clocks on collective end times (see clocks.py).
     hosts = tables.rank_hosts or {r.rank: r.host_name for r in results}
     tables.clock_shifts_us = clocks.offsets(collectives, hosts)

@@ -15,17 +15,17 @@ from datetime import datetime, timezone
 from diagtrain.profiler.analyzer import flight_records as fr
 from diagtrain.profiler.analyzer.findings import Finding
 from diagtrain.profiler.analyzer.tables import Tables
+from diagtrain.profiler.manifest import STOPPED
 
 # Frames inside these paths are torch waiting on other ranks (collectives, p2p, DDP's backward).
 TORCH_COMM_PATHS = ("torch/distributed/", "torch/autograd/", "torch/nn/parallel/")
 LIBRARY_MARKERS = ("site-packages/", "dist-packages/", "/lib/python3", "<frozen")
-STOPPED = ("hung", "failed", "interrupted")
 
 
 def detect(tables: Tables) -> list[Finding]:
     if not tables.dumps and tables.manifest.get("status") not in STOPPED:
         return []
-    entries = keyed_entries(tables)
+    entries = tables.flight_records
     findings = [_mismatch(m) for m in fr.mismatches(entries)]
     status = tables.manifest.get("status")
     if status not in STOPPED:
@@ -45,21 +45,6 @@ def detect(tables: Tables) -> list[Finding]:
         if finding:
             findings.append(finding)
     return findings
-
-
-def keyed_entries(tables: Tables) -> list[fr.Entry]:
-    """Every rank's flight-recorder collectives, each group keyed by its name and member ranks.
-
-    Subgroups of one DeviceMesh dimension share a name; their member lists tell them apart.
-    """
-    entries = [e for rank, dump in tables.dumps.items() for e in fr.entries(rank, dump)]
-    groups_by_rank = tables.process_groups
-    for e in entries:
-        ranks = (groups_by_rank.get(e.rank, {}).get(e.pg) or {}).get("ranks")
-        if ranks:
-            e.pg = f"{e.pg}:{','.join(map(str, ranks))}"
-            e.pg_desc = e.pg_desc or groups_by_rank[e.rank][e.pg.split(':')[0]].get("desc")
-    return entries
 
 
 def blocked_in_order(tables: Tables, entries: list[fr.Entry]) -> list[fr.Blocked]:
