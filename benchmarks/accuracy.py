@@ -1,11 +1,17 @@
-"""Accuracy of the analyzer: reference-trainer runs with injected faults (ground truth) and clean
-runs, each analyzed; a fault counts as found when a finding of the right kind names its rank(s)
-and, where the fault has a step range, steps inside it. Clean runs must give no finding of
-warning severity or higher.
+"""Accuracy of the analyzer, in two tables; clean runs must give no finding of warning severity or
+higher, and a fault counts as found when a finding of the right kind (warning or worse) names its
+rank(s) and, where the fault has a step range, steps inside it.
 
-    python benchmarks/accuracy.py [--only NAME]
+1. Reference trainers: `diagtrain train` runs with injected faults (ground truth in injected.json).
+2. Plain user scripts (benchmarks/user_scripts/, no diagtrain import) under
+   `diagtrain run -- torchrun ...`, each once with --profile-steps and once with no flags at all;
+   faults people really have (a slow rank, an uneven batch, a slow dataset item, a delaying comm
+   hook, an unbalanced pipeline split, extra memory, a hang, a crash) and a clean twin of every
+   script, the clean ones run 3 times and once more beside a CPU hog.
 
-Target: every injected fault found and located, zero false alarms.
+    python benchmarks/accuracy.py [--table reference|user|both] [--only NAME]
+
+Target: every fault found and located, zero false alarms.
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import machine, run, save
+from common import RESULTS, machine, run, save
+from user_cases import USER_CASES, run_user_cases, user_markdown
 
 # Which finding kind diagnoses each fault kind.
 EXPECTED_KIND = {"straggler": "straggler", "dataloader_stall": "dataloader_stall", "slow_comm": "slow_collective",
@@ -93,7 +100,22 @@ def main() -> None:
     parser.add_argument("--only", help="run only the case with this name")
     parser.add_argument("--clean-repeats", type=int, default=CLEAN_REPEATS,
                         help=f"runs of each clean case (default {CLEAN_REPEATS}): false alarms are a rate")
+    parser.add_argument("--table", choices=["reference", "user", "both"], default="both",
+                        help="which table to run (default both); the other one's recorded rows are kept")
     args = parser.parse_args()
+    previous = json.loads((RESULTS / "accuracy.json").read_text()) if (RESULTS / "accuracy.json").exists() else {}
+    reference = reference_table(args) if args.table in ("reference", "both") else previous.get("reference", previous)
+    user = run_user_cases(args.only, args.clean_repeats) if args.table in ("user", "both") else previous.get("user")
+    if args.only:
+        return
+    m = machine()
+    markdown = reference_markdown(m, reference, args.clean_repeats) + ("\n" + user_markdown(user) if user else "")
+    save("accuracy", {"machine": m, "reference": reference, "user": user}, markdown)
+    print(markdown)
+
+
+def reference_table(args: argparse.Namespace) -> dict:
+    """Run the reference-trainer cases; their rows and summary."""
     cases = [c for c in CASES if args.only in (None, c[0])]
     cases = [c for c in cases for _ in range(args.clean_repeats if c[0].startswith("clean") else 1)]
     rows = []
@@ -115,16 +137,22 @@ def main() -> None:
     clean = [r for r in rows if "false_alarms" in r]
     summary = {"faults": len(faults), "located": sum(f["located"] for f in faults), "found": sum(f["found"] for f in faults),
                "clean_runs": len(clean), "false_alarm_runs": sum(bool(r["false_alarms"]) for r in clean)}
-    if args.only:
-        return
-    m = machine()
+    return {"summary": summary, "cases": rows, "clean_repeats": args.clean_repeats}
+
+
+def reference_markdown(m: dict, reference: dict, clean_repeats: int) -> str:
+    """The first table: reference trainers."""
+    rows, summary = reference["cases"], reference["summary"]
     table = "\n".join(f"| {r['case']} | {'pass' if r['ok'] else '**fail**'} | "
                       f"{'; '.join(f['fault'] + (' located' if f['located'] else ' found only' if f['found'] else ' missed') for f in r.get('faults', [])) or '; '.join(r.get('details', [])) or 'no alarm'} |"
                       for r in rows)
-    markdown = f"""# Analyzer accuracy
+    return f"""# Analyzer accuracy
 
 {m['date']}, {m['cpu_count']} cores, Python {m['python']}, torch {m['torch']}. Command: `{m['command']}`.
-Each case: `diagtrain run -- diagtrain train ... --steps {STEPS}`, then `diagtrain analyze`; each clean case {args.clean_repeats} times.
+
+## Reference trainers
+
+Each case: `diagtrain run -- diagtrain train ... --steps {STEPS}`, then `diagtrain analyze`; each clean case {reference.get('clean_repeats', clean_repeats)} times.
 
 **{summary['located']}/{summary['faults']} injected faults found and located** ({summary['found']} found with the right kind);
 **{summary['false_alarm_runs']}/{summary['clean_runs']} clean runs with a false alarm** (warning or worse).
@@ -133,8 +161,6 @@ Each case: `diagtrain run -- diagtrain train ... --steps {STEPS}`, then `diagtra
 | --- | --- | --- |
 {table}
 """
-    save("accuracy", {"machine": m, "summary": summary, "cases": rows}, markdown)
-    print(markdown)
 
 
 if __name__ == "__main__":

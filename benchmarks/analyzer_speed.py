@@ -1,47 +1,63 @@
-"""Analyzer speed and memory against Holistic Trace Analysis and against the floor (gzip + orjson
-of the same files, nothing else), on the same trace sets, interleaved, medians of repetitions.
+"""Analyzer speed and memory: diagtrain against Holistic Trace Analysis and against the parsing floor,
+on the same trace sets, interleaved, every set at least 3 times.
 
-    python benchmarks/analyzer_speed.py [--reps 3]
+    pip install -e ".[bench]" && pip install --no-deps HolisticTraceAnalysis==0.5.0
+    python benchmarks/analyzer_speed.py [--reps 3] [--sets 1M,8,32,2M,64]
 
-Each measurement is a fresh process (imports included, as a user runs it); memory is the peak RSS
-of the process and its workers. Targets: no slower than the floor, at least 8x faster than HTA,
-peak memory at most half of HTA's.
+What each side does, in a fresh process per measurement (imports included, as a user runs it):
+- diagtrain: `diagtrain analyze DIR --format json --out SCRATCH --quiet`, a new SCRATCH every time
+  (no cache). This is the whole analysis: per-rank loading, step, collective and time-breakdown
+  tables, timeline spans, detectors, report.json; more than HTA is asked to do.
+- HTA 0.5.0: `TraceAnalysis(trace_dir=DIR)`, `get_temporal_breakdown()`, `get_comm_comp_overlap()`
+  (the two analyses report.json's ranks match it on).
+- floor: gunzip + `orjson.loads` of every file, nothing else, in as many processes as diagtrain
+  uses (`--workers`, one per core), the least any analysis of these files must spend.
+
+The three run one after the other within a repetition, in an order that rotates between
+repetitions, so a slow moment of a shared machine falls on every tool alike; ratios are taken
+within a repetition, then their median. Memory is the peak RSS of each measured process tree.
+The machine's load average is recorded around every measurement.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from common import machine, run, save
-from measure import run_measured
-from synthetic import copy_run_traces, relabeled_copies, trace_set, write_trace
+from common import machine, save
+from measure import run_measured_detail
+from synthetic import relabeled_copies, write_trace
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces" / "hta"
-WORKERS = 2  # this machine's cores; HTA uses its own multiprocessing parser for several ranks
+REAL = SHARED / "nccl_2rank_rank0.json.gz"  # a real 2-rank NCCL training trace, ~40k events
+WORKERS = os.cpu_count() or 1  # diagtrain's default --workers, and the floor's pool
+TOOLS = ("floor", "diagtrain", "hta")
+# Each set: name -> how to make it. Synthetic sets give events per rank; real sets relabel one trace.
+SETS = {
+    "1M": ("synthetic 1M events, 1 rank", lambda d: _synthetic(d, 1, 1_000_000)),
+    "2M": ("synthetic 2M events, 1 rank", lambda d: _synthetic(d, 1, 2_000_000)),
+    "8": ("8 ranks of a real NCCL trace", lambda d: relabeled_copies(REAL, d, 8)),
+    "32": ("32 ranks of the same", lambda d: relabeled_copies(REAL, d, 32)),
+    "64": ("64 ranks of the same", lambda d: relabeled_copies(REAL, d, 64)),
+}
 
 DIAGTRAIN = """
-from pathlib import Path
-from diagtrain.profiler.analyzer import load
-import tempfile
-inputs, _ = load.discover(Path({folder!r}))
-with tempfile.TemporaryDirectory() as cache:  # no cache: every run parses
-    results, skipped = load.load(inputs, Path(cache), {workers})
-assert results and not skipped, skipped
+import sys
+from diagtrain.profiler.cli import main
+sys.exit(main(["analyze", {folder!r}, "--format", "json", "--out", {out!r}, "--quiet"]))
 """
 HTA = """
-import logging; logging.disable(logging.WARNING)
-import warnings; warnings.simplefilter("ignore")
+import logging, warnings
+logging.disable(logging.WARNING); warnings.simplefilter("ignore")
 from hta.trace_analysis import TraceAnalysis
 a = TraceAnalysis(trace_dir={folder!r})
-for analysis in (a.get_temporal_breakdown, a.get_comm_comp_overlap, a.get_idle_time_breakdown):
-    try:
-        analysis(visualize=False)
-    except Exception:
-        pass  # HTA's GPU analyses fail on traces without kernels (CPU runs): parsing is still timed
+a.get_temporal_breakdown(visualize=False)
+a.get_comm_comp_overlap(visualize=False)
 """
 FLOOR = """
 import gzip, orjson
@@ -50,75 +66,125 @@ from pathlib import Path
 def parse(p):
     return len(orjson.loads(gzip.decompress(Path(p).read_bytes()))["traceEvents"])
 files = sorted(str(p) for p in Path({folder!r}).glob("*.json.gz"))
-with ProcessPoolExecutor({workers}) as pool:
-    assert sum(pool.map(parse, files)) > 0
+if len(files) == 1:
+    assert parse(files[0]) > 0
+else:
+    with ProcessPoolExecutor({workers}) as pool:
+        assert sum(pool.map(parse, files)) > 0
 """
 
 
-def trace_sets(tmp: Path) -> dict[str, Path]:
-    sets = {}
-    for name, files in (("nccl 1 rank (real)", ["nccl_2rank_rank0"]), ("sampled 2 ranks (real)", ["sampled_128rank_rank0", "sampled_128rank_rank1"])):
-        folder = tmp / name.split()[0] / str(len(files))
-        folder.mkdir(parents=True)
-        for f in files:
-            (folder / f"{f}.json.gz").write_bytes((SHARED / f"{f}.json.gz").read_bytes())
-        sets[name] = folder
-    for n in (8, 32):
-        sets[f"nccl x{n} ranks (relabeled copies)"] = relabeled_copies(SHARED / "nccl_2rank_rank0.json.gz", tmp / f"x{n}", n)
-    run_dir = tmp / "cpu-run"
-    run([sys.executable, "-m", "diagtrain.profiler.cli", "run", "--out", str(run_dir), "--profile-steps", "3-4", "--no-analyze",
-         "--", sys.executable, "-m", "diagtrain.profiler.cli", "train", "--strategy", "3d", "--nproc", "8", "--steps", "5"])
-    sets["CPU 3d run, 8 ranks (gloo)"] = copy_run_traces(run_dir, tmp / "cpu")
-    synthetic = tmp / "synthetic"
-    synthetic.mkdir()
-    write_trace(synthetic / "rank0.json.gz", 0, 1, 1_000_000)
-    sets["synthetic 1M events, 1 rank"] = synthetic
-    return sets
+def _synthetic(folder: Path, ranks: int, events: int) -> Path:
+    folder.mkdir(parents=True)
+    for rank in range(ranks):
+        write_trace(folder / f"rank{rank}.json.gz", rank, ranks, events)
+    return folder
+
+
+def measure(tool: str, folder: Path, scratch: Path) -> dict:
+    """One run of ``tool`` on ``folder``: seconds, peak MiB, and the load average around it."""
+    out = tempfile.mkdtemp(dir=scratch)
+    code = {"diagtrain": DIAGTRAIN, "hta": HTA, "floor": FLOOR}[tool].format(folder=str(folder), out=out,
+                                                                          workers=WORKERS)
+    load_before = os.getloadavg()[0]
+    wall, tree_mib, _ = run_measured_detail(code)
+    return {"s": wall, "mib": tree_mib, "load": (load_before + os.getloadavg()[0]) / 2}
+
+
+def summarize(name: str, folder: Path, reps: list[dict[str, dict]]) -> dict:
+    """Medians with min-max per tool, and per-repetition ratios (their medians)."""
+    row: dict = {"set": name, "files": len(list(folder.glob("*.json.gz"))), "reps": len(reps),
+                 "mib_gz": round(sum(f.stat().st_size for f in folder.glob("*.json.gz")) / 2**20, 1)}
+    for tool in TOOLS:
+        if tool not in reps[0]:
+            continue
+        for key in ("s", "mib"):
+            values = [r[tool][key] for r in reps]
+            row[f"{tool}_{key}"] = round(statistics.median(values), 2 if key == "s" else 0)
+            row[f"{tool}_{key}_range"] = [round(min(values), 2 if key == "s" else 0), round(max(values), 2 if key == "s" else 0)]
+    ratios = {"hta_over_diagtrain": ("hta", "diagtrain", "s"), "diagtrain_over_floor": ("diagtrain", "floor", "s"),
+              "memory_diagtrain_over_hta": ("diagtrain", "hta", "mib")}
+    for key, (a, b, unit) in ratios.items():
+        if a in reps[0] and b in reps[0]:
+            values = [r[a][unit] / r[b][unit] for r in reps]
+            row[key] = round(statistics.median(values), 2)
+            row[f"{key}_range"] = [round(min(values), 2), round(max(values), 2)]
+    row["load"] = [round(min(r[t]["load"] for r in reps for t in r), 1), round(max(r[t]["load"] for r in reps for t in r), 1)]
+    return row
+
+
+def _commit() -> str:
+    """The commit of the code measured (DIAGTRAIN_COMMIT when it runs from a copy)."""
+    if os.environ.get("DIAGTRAIN_COMMIT"):
+        return os.environ["DIAGTRAIN_COMMIT"][:10]
+    proc = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], capture_output=True, text=True,
+                          cwd=Path(__file__).parent)
+    return proc.stdout.strip() or "unknown"
+
+
+def _cell(row: dict, key: str, unit: str = "") -> str:
+    if key not in row:
+        return "not run"
+    low, high = row[f"{key}_range"]
+    return f"{row[key]}{unit} ({low}-{high})"
+
+
+def markdown(rows: list[dict], m: dict) -> str:
+    lines = [
+        "# Analyzer speed and memory: diagtrain, Holistic Trace Analysis 0.5.0, and the parsing floor", "",
+        f"{m['date']}, {m['cpu_count']} cores, {m['memory_gib']} GiB, Python {m['python']}, diagtrain {m['diagtrain']} "
+        f"(commit {_commit()}). Command: `{m['command']}`. {WORKERS} workers.", "",
+        "Medians of the repetitions, min-max in brackets; ratios are taken within each repetition (the three "
+        "tools run back to back, in rotating order), then their median. Seconds are wall time of a fresh "
+        "process (imports included); MiB the peak RSS of its process tree. See the script's docstring for "
+        "exactly what each side runs: diagtrain's side is the whole `diagtrain analyze`, HTA's its load plus "
+        "`get_temporal_breakdown` and `get_comm_comp_overlap`.", "",
+        "| set | files | MiB gz | reps | floor s | diagtrain s | HTA s | HTA / diagtrain | diagtrain / floor | "
+        "diagtrain MiB | HTA MiB | memory diagtrain / HTA | load avg |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        lines.append(f"| {r['set']} | {r['files']} | {r['mib_gz']} | {r['reps']} | {_cell(r, 'floor_s')} | "
+                     f"{_cell(r, 'diagtrain_s')} | {_cell(r, 'hta_s')} | {_cell(r, 'hta_over_diagtrain', 'x')} | "
+                     f"{_cell(r, 'diagtrain_over_floor')} | {_cell(r, 'diagtrain_mib')} | {_cell(r, 'hta_mib')} | "
+                     f"{_cell(r, 'memory_diagtrain_over_hta')} | {r['load'][0]}-{r['load'][1]} |")
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=3, help="repetitions per tool and set (default 3)")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions per set and tool (at least 3)")
+    parser.add_argument("--sets", default=",".join(SETS), help=f"which sets, comma-separated: {','.join(SETS)}")
+    parser.add_argument("--no-hta", default="", help="sets to run without HTA (e.g. the linearity sets 2M,64)")
+    parser.add_argument("--name", default="analyzer_speed", help="results/<name>.md and .json")
     args = parser.parse_args()
+    if args.reps < 3:
+        parser.error("--reps: at least 3, or the medians say nothing")
+    try:
+        import hta.trace_analysis  # noqa: F401 - a benchmark against HTA without HTA is no benchmark
+    except ImportError as e:
+        sys.exit(f"HolisticTraceAnalysis cannot be imported ({e}): pip install --no-deps HolisticTraceAnalysis==0.5.0 "
+                 "and its imports (pip install -e '.[dev]')")
+    keys = [k.strip() for k in args.sets.split(",") if k.strip()]
+    without_hta = {k.strip() for k in args.no_hta.split(",") if k.strip()}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, folder in trace_sets(Path(tmp)).items():
-            reps = 1 if "1M" in name or "x32" in name else args.reps
-            times: dict[str, list[tuple[float, float]]] = {"diagtrain": [], "hta": [], "floor": []}
-            for _ in range(reps):  # interleaved: a slow moment of the machine hits every tool alike
-                for tool, code in (("floor", FLOOR), ("diagtrain", DIAGTRAIN), ("hta", HTA)):
-                    times[tool].append(run_measured(code.format(folder=str(folder), workers=WORKERS)))
-            row = {"set": name, "files": len(list(folder.glob("*.json.gz"))),
-                   "mib_gz": round(sum(f.stat().st_size for f in folder.glob("*.json.gz")) / 2**20, 1), "reps": reps}
-            for tool, samples in times.items():
-                row[f"{tool}_s"] = round(statistics.median(s for s, _ in samples), 2)
-                row[f"{tool}_mib"] = round(statistics.median(m for _, m in samples))
-            row["speedup_vs_hta"] = round(row["hta_s"] / row["diagtrain_s"], 1)
-            row["vs_floor"] = round(row["diagtrain_s"] / row["floor_s"], 2)
-            row["memory_vs_hta"] = round(row["diagtrain_mib"] / row["hta_mib"], 2)
-            rows.append(row)
-            print(row, flush=True)
+        for key in keys:
+            name, make = SETS[key]
+            folder = make(Path(tmp) / f"set-{key}")
+            scratch = Path(tmp) / f"out-{key}"
+            scratch.mkdir()
+            tools = [t for t in TOOLS if not (t == "hta" and key in without_hta)]
+            reps = []
+            for rep in range(args.reps):
+                order = tools[rep % len(tools):] + tools[:rep % len(tools)]
+                reps.append({tool: measure(tool, folder, scratch) for tool in order})
+                print(name, rep, {t: (round(v["s"], 2), round(v["mib"])) for t, v in reps[-1].items()}, flush=True)
+            rows.append(summarize(name, folder, reps))
     m = machine()
-    table = "\n".join(f"| {r['set']} | {r['files']} | {r['mib_gz']} | {r['floor_s']} | {r['diagtrain_s']} | {r['hta_s']} | "
-                      f"**{r['speedup_vs_hta']}x** | {r['vs_floor']} | {r['floor_mib']} | {r['diagtrain_mib']} | {r['hta_mib']} | "
-                      f"{r['memory_vs_hta']} |" for r in rows)
-    markdown = f"""# Analyzer speed: diagtrain vs Holistic Trace Analysis vs the parsing floor
-
-{m['date']}, {m['cpu_count']} cores, {m['memory_gib']} GiB, Python {m['python']}, torch {m['torch']}; HTA 0.5.0.
-Command: `{m['command']}`. Fresh process per measurement (imports included), {WORKERS} workers, medians;
-memory is the peak RSS of the process tree. diagtrain: loading, step/collective tables and the time
-breakdown, overlap and idle of every rank. HTA: `TraceAnalysis` + `get_temporal_breakdown`,
-`get_comm_comp_overlap`, `get_idle_time_breakdown`. Floor: gzip + orjson of every file in a pool.
-
-| trace set | files | MiB (gz) | floor s | diagtrain s | HTA s | speed-up vs HTA | diagtrain / floor | floor MiB | diagtrain MiB | HTA MiB | memory vs HTA |
-| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |
-{table}
-
-Targets: diagtrain / floor <= 1, speed-up >= 8x, memory vs HTA <= 0.5. On the CPU (gloo) set HTA's
-breakdowns fail (they need GPU kernels): its time there is parsing only.
-"""
-    save("analyzer_speed", {"machine": m, "rows": rows}, markdown)
-    print(markdown)
+    text = markdown(rows, m)
+    save(args.name, {"machine": m, "workers": WORKERS, "rows": rows}, text)
+    print(text)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ def machine() -> dict:
         "torch": metadata.version("torch"),
         "diagtrain": metadata.version("diagtrain"),
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        # The host is shared (CI runners, other jobs): a result is read against the load it ran under.
+        "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
     }
 
 

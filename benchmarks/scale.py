@@ -1,14 +1,22 @@
 """How analysis time and memory grow with ranks and with events per rank (synthetic GPU-shaped
-traces), through the whole `diagtrain analyze` pipeline (JSON report).
+traces), through the whole `diagtrain analyze` pipeline (JSON report), each point two ways: the
+local pool (no --scheduler, the default) and a Dask LocalCluster of worker processes
+(`--scheduler`, the cluster path, started in the measured process as an embedded default would be).
 
-    python benchmarks/scale.py
+    python benchmarks/scale.py [--max-ranks 1024]
 
 Expected: time linear in ranks x events; memory per worker bounded by one rank (one rank in
-memory per worker, only summaries merged), so total memory grows with workers, not ranks.
+memory per worker, only summaries merged), so total memory grows with workers, not ranks; the
+client's memory independent of the events per rank.
 """
 
 from __future__ import annotations
 
+import argparse
+import gzip
+import json
+import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -17,57 +25,121 @@ from common import machine, save
 from measure import run_measured_detail
 from synthetic import trace_set
 
-WORKERS = 2
-ANALYZE = """
+WORKERS = 2  # this machine's cores: one rank per worker process either way
+LOCAL = """
 import sys
 from diagtrain.profiler.cli import main
-sys.exit(main(["analyze", {folder!r}, "--format", "json", "--quiet", "--workers", "{workers}"]))
+sys.exit(main(["analyze", {folder!r}, "--out", {out!r}, "--format", "json", "--quiet", "--workers", "{workers}"]))
 """
-RANKS = (2, 8, 32, 64)
+# The client (this process, with the LocalCluster's scheduler in it) and each worker report their own
+# peak RSS (getrusage: the true peak, not a sample); the workers are fresh processes for each point.
+ON_DASK = """
+import json, resource, sys
+from distributed import Client, LocalCluster
+from diagtrain.profiler.cli import main
+
+def peak_mib():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+with LocalCluster(n_workers={workers}, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \\
+        Client(cluster) as client:
+    code = main(["analyze", {folder!r}, "--out", {out!r}, "--format", "json", "--quiet",
+                 "--scheduler", cluster.scheduler_address])
+    workers = sorted(client.run(peak_mib).values())
+with open({result!r}, "w") as f:
+    json.dump({{"worker_peak_mib": workers, "client_peak_mib": peak_mib()}}, f)
+sys.exit(code)
+"""
+RANKS = (8, 64, 256, 1024)
 EVENTS_FOR_RANKS = 20_000
 EVENTS = (10_000, 50_000, 200_000)
 RANKS_FOR_EVENTS = 8
 
 
-def measure(tmp: Path, ranks: int, events: int) -> dict:
+def measure(tmp: Path, ranks: int, events: int) -> list[dict]:
+    """One point, the local pool and the Dask LocalCluster on the same traces (each into its own --out)."""
     folder = trace_set(tmp / f"r{ranks}-e{events}", ranks, events)
-    wall, tree, worker = run_measured_detail(ANALYZE.format(folder=str(folder), workers=WORKERS))
-    row = {"ranks": ranks, "events_per_rank": events, "seconds": round(wall, 2), "peak_mib": round(tree),
-           "largest_process_mib": round(worker), "us_per_event": round(wall / (ranks * events) * 1e6, 2)}
-    print(row, flush=True)
-    return row
+    trace_mib = _unpacked_mib(folder / "rank0.json.gz")
+    rows = []
+    for way in ("local pool", "dask LocalCluster"):
+        out, result = tmp / "out", tmp / "dask.json"
+        shutil.rmtree(out, ignore_errors=True)
+        load_before = os.getloadavg()[0]
+        code = LOCAL if way == "local pool" else ON_DASK
+        wall, tree, largest = run_measured_detail(code.format(folder=str(folder), out=str(out), workers=WORKERS,
+                                                              result=str(result)), timeout=1800)
+        row = {"way": way, "ranks": ranks, "events_per_rank": events, "trace_mib": round(trace_mib, 1),
+               "seconds": round(wall, 2), "us_per_event": round(wall / (ranks * events) * 1e6, 2),
+               "peak_mib": round(tree), "largest_process_mib": round(largest),
+               "load_before": round(load_before, 1), "load_after": round(os.getloadavg()[0], 1)}
+        if way != "local pool":
+            peaks = json.loads(result.read_text())
+            row |= {"client_peak_mib": round(peaks["client_peak_mib"]),
+                    "worker_peak_mib": round(max(peaks["worker_peak_mib"]))}
+        print(row, flush=True)
+        rows.append(row)
+    shutil.rmtree(folder)
+    return rows
 
 
-def main() -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        by_ranks = [measure(Path(tmp), n, EVENTS_FOR_RANKS) for n in RANKS]
-        by_events = [measure(Path(tmp), RANKS_FOR_EVENTS, e) for e in EVENTS]
-    m = machine()
+def _unpacked_mib(trace: Path) -> float:
+    """Size of one trace's JSON once unpacked (what a parser holds at least once)."""
+    size = 0
+    with gzip.open(trace, "rb") as f:
+        while chunk := f.read(8 << 20):
+            size += len(chunk)
+    return size / 2**20
 
-    def table(rows: list[dict]) -> str:
-        return "\n".join(f"| {r['ranks']} | {r['events_per_rank']:,} | {r['seconds']} | {r['us_per_event']} | "
-                         f"{r['peak_mib']} | {r['largest_process_mib']} |" for r in rows)
 
-    header = "| ranks | events per rank | seconds | µs per event | peak MiB (all processes) | largest process MiB |\n" \
-             "| ---: | ---: | ---: | ---: | ---: | ---: |"
-    markdown = f"""# Analyzer scale
+def table(rows: list[dict]) -> str:
+    lines = ["| ranks | events per rank | way | seconds | µs per event | peak MiB (all processes) | "
+             "largest process MiB | client peak MiB | worker peak MiB | load avg before / after |",
+             "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        lines.append(f"| {r['ranks']} | {r['events_per_rank']:,} | {r['way']} | {r['seconds']} | {r['us_per_event']} | "
+                     f"{r['peak_mib']} | {r['largest_process_mib']} | {r.get('client_peak_mib', '-')} | "
+                     f"{r.get('worker_peak_mib', '-')} | {r['load_before']} / {r['load_after']} |")
+    return "\n".join(lines)
+
+
+def markdown(m: dict, by_events: list[dict], by_ranks: list[dict]) -> str:
+    """The recorded result: how it was measured, then one table per series."""
+    return f"""# Analyzer scale
 
 {m['date']}, {m['cpu_count']} cores, {m['memory_gib']} GiB, Python {m['python']}. Command: `{m['command']}`.
-Whole `diagtrain analyze` pipeline (load, tables, detectors, JSON report), {WORKERS} workers, synthetic
-GPU-shaped traces (benchmarks/synthetic.py), fresh process per point.
-
-## Ranks ({EVENTS_FOR_RANKS:,} events each)
-
-{header}
-{table(by_ranks)}
+Whole `diagtrain analyze` pipeline (load, tables, detectors, JSON report) on synthetic GPU-shaped
+traces (benchmarks/synthetic.py), fresh processes for each point, two ways on the same traces:
+the local pool ({WORKERS} worker processes, the default) and a Dask `LocalCluster` of {WORKERS}
+worker processes of one thread each, started inside the measured process (`--scheduler`; the
+scheduler runs in the client process, so "client peak" includes it). Peak MiB (all processes) and
+largest process are sampled with psutil every 20 ms; client and worker peaks are each process's own
+peak RSS (getrusage). The load average (1 min) is recorded because the machine was shared with
+other jobs during the measurement: compare the two ways of one point, not seconds across recordings.
+"trace MiB" is one rank's trace unpacked (JSON). "local pool" is the default without --scheduler: the
+ranks load in this process one after the other while their traces total under 4 MiB compressed
+(load.POOL_MIN_BYTES), in the pool above.
 
 ## Events per rank ({RANKS_FOR_EVENTS} ranks)
 
-{header}
 {table(by_events)}
+
+## Ranks ({EVENTS_FOR_RANKS:,} events each)
+
+{table(by_ranks)}
 """
-    save("scale", {"machine": m, "by_ranks": by_ranks, "by_events": by_events}, markdown)
-    print(markdown)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--max-ranks", type=int, default=max(RANKS), help="leave out larger points")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        by_events = [row for e in EVENTS for row in measure(Path(tmp), RANKS_FOR_EVENTS, e)]
+        by_ranks = [row for n in RANKS if n <= args.max_ranks for row in measure(Path(tmp), n, EVENTS_FOR_RANKS)]
+    m = machine()
+    text = markdown(m, by_events, by_ranks)
+    save("scale", {"machine": m, "by_ranks": by_ranks, "by_events": by_events}, text)
+    print(text)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ list the command line gave: no request can name a path.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -14,17 +15,39 @@ from typing import Any
 import dash
 from dash import ALL, Dash, Input, Output, State, dash_table, dcc, html
 from dash.exceptions import PreventUpdate
+from flask import Flask, Response, request
 
-from diagtrain.dashboard import communication, compare, hang, heatmap, memory, overview, telemetry, timeline
+from diagtrain.dashboard import (
+    communication,
+    compare,
+    expected,
+    figures,
+    hang,
+    heatmap,
+    memory,
+    overview,
+    rows,
+    telemetry,
+    timeline,
+)
 from diagtrain.dashboard.data import RunData
 from diagtrain.dashboard.style import FINDING_COLORS
 
 ASSETS = Path(__file__).parent / "assets"
 TABS = [("overview", "Overview"), ("timeline", "Timeline"), ("steps", "Steps"), ("communication", "Communication"),
-        ("memory", "Memory"), ("telemetry", "Telemetry"), ("hang", "Hang"), ("compare", "Compare")]
+        ("memory", "Memory"), ("expected", "Expected"), ("telemetry", "Telemetry"), ("hang", "Hang"),
+        ("compare", "Compare")]
 MAX_LANES_ON_FOCUS = 16  # a finding in a bigger job opens with its ranks and a few peers only
 PEER_LANES = 4  # ... that many other ranks, for comparison
 DEFAULT_THRESHOLD_PCT = 5.0
+MAX_THRESHOLD_PCT = 1000.0  # a regression threshold above 10x means nothing; larger input is a mistake
+# Callback requests are a few KiB (ids, a zoom range, lane choices); anything far larger is not
+# this page talking, and must not be read into memory.
+MAX_REQUEST_BYTES = 1 << 20
+# Names a browser on this machine may use for a dashboard bound to a loopback address. Any other
+# Host header (a DNS-rebinding page's own name) is refused.
+LOCAL_NAMES = ("127.0.0.1", "localhost", "::1")
+WILDCARDS = ("0.0.0.0", "::", "")  # bound to every address: the names it is reached by are not known
 TABLE_STYLE = {"overflowX": "auto"}
 CELL_STYLE = {"fontFamily": "monospace", "fontSize": "12px", "padding": "2px 6px", "textAlign": "left"}
 
@@ -44,7 +67,8 @@ class Dashboard:
         """The content of one tab."""
         run = self.run(run_index)
         pages = {"overview": self._overview, "timeline": self._timeline, "steps": self._steps,
-                 "communication": self._communication, "memory": self._memory, "telemetry": self._telemetry,
+                 "communication": self._communication, "memory": self._memory, "expected": self._expected,
+                 "telemetry": self._telemetry,
                  "hang": self._hang, "compare": self._compare}
         return pages.get(tab, self._overview)(run)
 
@@ -70,16 +94,28 @@ class Dashboard:
 
     def _timeline(self, run: RunData) -> Any:
         options = [{"label": lane.label, "value": lane.rank} for lane in run.lanes]
+        groups = [] if len(run.lanes) <= rows.MAX_RANK_LANES else rows.groups(run, run.lanes)
+        expand = [{"label": g.label, "value": g.key} for g in groups]
         return html.Div([
             html.Div([
                 dcc.Dropdown(id="lanes", options=options, multi=True, placeholder="all ranks", value=[],
                              style={"minWidth": "320px"}),
+                dcc.Dropdown(id="timeline-expand", options=expand, multi=True, value=[],
+                             placeholder="expand a group into its ranks",
+                             style={"minWidth": "320px"} if groups else {"display": "none"}),
                 html.Button("Whole run", id="timeline-reset", n_clicks=0),
                 html.Span(id="timeline-status", className="status"),
             ], className="controls"),
-            dcc.Graph(id="timeline", config={"scrollZoom": True, "displaylogo": False}),
+            dcc.Store(id="timeline-zoom"),
+            # Never Plotly's empty default axes while the first figure is on its way.
+            dcc.Loading(dcc.Graph(id="timeline", figure=figures.empty("Drawing the timeline…", loading=True),
+                                  config={"scrollZoom": True, "displaylogo": False}), delay_show=150,
+                        overlay_style={"visibility": "visible", "opacity": 0.6}),  # a zoom keeps the old view
             html.P("Drag to zoom in time, double-click for the whole run. Zoomed out, each step is drawn as its "
-                   "phases; zoomed in to a few profiled steps, the compute, communication and idle spans.",
+                   "phases; zoomed in to a few profiled steps, the operators: compute, communication, memory and idle."
+                   + (" Ranks are grouped: each group row shows what most of its ranks do (top strip) and its "
+                      "slowest rank (bottom strip); ranks that findings name have lanes of their own. Click a group "
+                      "row to open it into its ranks." if groups else ""),
                    className="hint"),
         ])
 
@@ -113,6 +149,24 @@ class Dashboard:
     def _memory(self, run: RunData) -> Any:
         return html.Div([dcc.Graph(id="memory-peaks", figure=memory.peaks(run)),
                          dcc.Graph(id="memory-time", figure=memory.over_time(run))])
+
+    def _expected(self, run: RunData) -> Any:
+        state, state_cols = expected.state_table(run)
+        calls, call_cols = expected.collectives_table(run)
+        mismatch = [{"if": {"filter_query": "{match} = 'NO'"}, "backgroundColor": "#fde2e2"}]
+        return html.Div([
+            html.Div([html.P(line) for line in expected.summary(run)], id="expected-summary"),
+            dcc.Graph(id="expected-memory", figure=expected.memory_figure(run)),
+            html.H3("Model state per rank"),
+            dash_table.DataTable(id="expected-state", data=state, columns=state_cols, page_size=32, sort_action="native",
+                                 style_table=TABLE_STYLE, style_cell=CELL_STYLE, style_data_conditional=mismatch)
+            if state else html.P("No per-rank model state to compare."),
+            html.H3("Collectives per step"),
+            dash_table.DataTable(id="expected-collectives", data=calls, columns=call_cols, page_size=25,
+                                 sort_action="native", filter_action="native", style_table=TABLE_STYLE,
+                                 style_cell=CELL_STYLE, style_data_conditional=mismatch)
+            if calls else html.P("No profiled collectives to compare (run with --profile-steps)."),
+        ])
 
     def _telemetry(self, run: RunData) -> Any:
         options = telemetry.metrics(run)
@@ -159,6 +213,8 @@ class Dashboard:
                                  filter_action="native", page_size=30, style_table=TABLE_STYLE, style_cell=CELL_STYLE,
                                  style_data_conditional=[{"if": {"filter_query": "{verdict} = 'regression'"},
                                                           "backgroundColor": "#fde2e2"},
+                                                         {"if": {"filter_query": "{verdict} = 'inconclusive'"},
+                                                          "backgroundColor": "#fdf3d8"},
                                                          {"if": {"filter_query": "{verdict} = 'improvement'"},
                                                           "backgroundColor": "#e2f5e2"}]),
         ])
@@ -181,13 +237,13 @@ class Dashboard:
                             "focus": index}
 
     def update_timeline(self, trigger: str | None, view: dict | None, relayout: dict | None, lanes: list[int] | None,
-                        run_index: int) -> tuple[dict[str, Any], str]:
-        """The timeline for the stored view, a zoom, a lane choice or a reset."""
+                        run_index: int, expand: list[str] | None = None) -> tuple[dict[str, Any], str]:
+        """The timeline for the stored view, a zoom, a lane choice, an expanded group or a reset."""
         run = self.run(run_index)
         window = timeline.full_window(run)
         if view and view.get("run") == run_index and trigger != "timeline-reset":
             window = timeline.Window(float(view["x0"]), float(view["x1"]), view.get("ranks"), view.get("focus"))
-        if trigger == "timeline" and relayout:
+        if trigger in ("timeline", "timeline-zoom") and relayout:
             zoom = zoomed_range(relayout)
             if zoom == "reset":
                 window = replace(timeline.full_window(run), ranks=window.ranks, focus=window.focus)
@@ -197,11 +253,30 @@ class Dashboard:
                 raise PreventUpdate  # a relayout that is not a zoom (autosize, legend clicks)
         if lanes:
             window.ranks = [int(r) for r in lanes]
+        window.expand = [str(key) for key in expand or []]
         figure = timeline.figure(run, window)
         meta = figure["layout"]["meta"]
-        status = (f"{len(meta['ranks'])} ranks, {window.x1 - window.x0:.3f} s shown: "
-                  f"{'spans' if meta['level'] == 'spans' else 'per-step blocks'}, {meta['segments']:,} segments")
+        groups = len(meta["groups"])
+        status = (f"{meta['rank_count']} ranks" + (f" ({len(meta['ranks'])} lanes, {groups} group rows)" if groups else "")
+                  + f", {window.x1 - window.x0:.3f} s shown: {meta['level_words']}; {meta['segments']:,} segments"
+                  f" from {window.x0:.3f} to {window.x1:.3f} s")
         return figure, status
+
+    def expand_group(self, click: dict | None, view: dict | None, lanes: list[int] | None, expand: list[str] | None,
+                     run_index: int) -> list[str]:
+        """A click on a group row opens it into its ranks (a click on an opened group's row closes it)."""
+        points = (click or {}).get("points") or []
+        if not points or "z" not in points[0] or lanes:  # a lane's point, or ranks chosen by hand: no groups
+            raise PreventUpdate
+        run = self.run(run_index)
+        ranks = view.get("ranks") if view and view.get("run") == run_index else None
+        table = rows.rows(run, ranks, expand)
+        at = round(float(points[0]["y"]))
+        if not 0 <= at < len(table) or not table[at].is_group:
+            raise PreventUpdate
+        key = table[at].key
+        opened = list(expand or [])
+        return [k for k in opened if k != key] if key in opened else opened + [key]
 
     def update_heatmap(self, metric: str, mode: str, run_index: int) -> dict[str, Any]:
         """The steps heatmap of ``metric``."""
@@ -215,20 +290,22 @@ class Dashboard:
         """The collectives table, summarized or per call."""
         return communication.table(self.run(run_index), mode)
 
-    def update_compare(self, threshold: float | None) -> tuple[str, list, dict, list]:
-        """Verdict, findings that changed, step-time figure and the metric table."""
+    def update_compare(self, threshold: Any) -> tuple[str, list, dict, list]:
+        """Verdict, what changed (causes, regressions, undecided metrics), step-time figure and the metric table."""
         base, new = self.runs[0], self.runs[1]
-        result = compare.comparison(base, new, float(threshold if threshold is not None else DEFAULT_THRESHOLD_PCT))
-        regressions = result.regressions
-        verdict = (f"Regression: {len(regressions)} metric{'s' if len(regressions) != 1 else ''} got worse "
-                   f"beyond {result.threshold_pct:g}%" if regressions else
-                   f"No regression beyond {result.threshold_pct:g}%")
-        changes = [html.Li(f"new finding: {f['kind']} on rank {', '.join(map(str, f['ranks']))}: {f['explanation']}")
-                   for f in result.findings_new]
-        changes += [html.Li(f"resolved: {f['kind']} on rank {', '.join(map(str, f['ranks']))}")
-                    for f in result.findings_resolved]
-        return f"{verdict} (BASE {base.path.name}, NEW {new.path.name})", changes, compare.step_times(base, new), \
-            compare.rows(result)
+        threshold = DEFAULT_THRESHOLD_PCT if threshold is None else threshold
+        if not valid_threshold(threshold):
+            return (f"The threshold must be a number from 0 to {MAX_THRESHOLD_PCT:g} (percent); got {str(threshold)[:40]!r}",
+                    [], figures.empty("no comparison"), [])
+        result = compare.comparison(base, new, float(threshold))
+        return f"{compare.verdict(result)} (BASE {base.path.name}, NEW {new.path.name})", \
+            [html.Li(line) for line in compare.changes(result)], compare.step_times(base, new), compare.rows(result)
+
+
+def valid_threshold(value: Any) -> bool:
+    """A threshold in percent: a finite number from 0 to MAX_THRESHOLD_PCT (the input box sends any JSON)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and 0 <= value <= MAX_THRESHOLD_PCT)
 
 
 def zoomed_range(relayout: dict[str, Any]) -> tuple[float, float] | str | None:
@@ -242,6 +319,13 @@ def zoomed_range(relayout: dict[str, Any]) -> tuple[float, float] | str | None:
     else:
         return None
     return (lo, hi) if hi > lo else None
+
+
+ZOOM_FILTER = """function(relayout) {
+    var r = relayout || {};
+    var zoom = r["xaxis.autorange"] || ("xaxis.range[0]" in r && "xaxis.range[1]" in r) || Array.isArray(r["xaxis.range"]);
+    return zoom ? r : window.dash_clientside.no_update;
+}"""
 
 
 def layout(runs: list[RunData]) -> Any:
@@ -258,22 +342,31 @@ def layout(runs: list[RunData]) -> Any:
     ], className="app")
 
 
-def build(runs: list[RunData]) -> Dash:
-    """The Dash app for ``runs`` (one, or BASE and NEW), callbacks wired."""
+def build(runs: list[RunData], host: str = "127.0.0.1") -> Dash:
+    """The Dash app for ``runs`` (one, or BASE and NEW) served on ``host``, callbacks wired."""
     board = Dashboard(runs)
+    # compress: the timeline's figures are JSON that gzip shrinks ten to twenty times.
     app = Dash(__name__, title="diagtrain", assets_folder=str(ASSETS), suppress_callback_exceptions=True,
-               update_title=None, serve_locally=True)
+               update_title=None, serve_locally=True, compress=True)
+    guard(app.server, host)
     app.layout = layout(runs)
     app.callback(Output("page", "children"), Input("tabs", "value"), Input("run", "value"))(board.render_tab)
     app.callback(Output("tabs", "value"), Output("view", "data"),
                  Input({"type": "finding", "index": ALL}, "n_clicks"), State("run", "value"),
                  prevent_initial_call=True)(
         lambda clicks, run_index: board.open_finding(dash.ctx.triggered_id, clicks, run_index))
+    # Only zooms reach the server: a resize's relayout event, sent while a zoom's figure is on its
+    # way, would otherwise supersede that request (Dash applies the latest) and the zoom be lost.
+    app.clientside_callback(ZOOM_FILTER, Output("timeline-zoom", "data"), Input("timeline", "relayoutData"),
+                            prevent_initial_call=True)
     app.callback(Output("timeline", "figure"), Output("timeline-status", "children"),
-                 Input("view", "data"), Input("timeline", "relayoutData"), Input("lanes", "value"),
-                 Input("timeline-reset", "n_clicks"), State("run", "value"))(
-        lambda view, relayout, lanes, _reset, run_index: board.update_timeline(
-            _trigger(), view, relayout, lanes, run_index))
+                 Input("view", "data"), Input("timeline-zoom", "data"), Input("lanes", "value"),
+                 Input("timeline-reset", "n_clicks"), Input("timeline-expand", "value"), State("run", "value"))(
+        lambda view, relayout, lanes, _reset, expand, run_index: board.update_timeline(
+            _trigger(), view, relayout, lanes, run_index, expand))
+    app.callback(Output("timeline-expand", "value"), Input("timeline", "clickData"), State("view", "data"),
+                 State("lanes", "value"), State("timeline-expand", "value"), State("run", "value"),
+                 prevent_initial_call=True)(board.expand_group)
     app.callback(Output("heatmap", "figure"), Input("heatmap-metric", "value"), Input("heatmap-mode", "value"),
                  State("run", "value"))(board.update_heatmap)
     app.callback(Output("telemetry", "figure"), Input("telemetry-metric", "value"), State("run", "value"))(
@@ -285,6 +378,30 @@ def build(runs: list[RunData]) -> Dash:
                      Output("compare-steps", "figure"), Output("compare-table", "data"),
                      Input("compare-threshold", "value"))(board.update_compare)
     return app
+
+
+def guard(server: Flask, host: str) -> None:
+    """Refuse requests larger than MAX_REQUEST_BYTES, and any Host header but this dashboard's own names."""
+    server.config["MAX_CONTENT_LENGTH"] = MAX_REQUEST_BYTES  # 413 before the body is read
+    if host in WILDCARDS:
+        return
+    allowed = {host.strip("[]").lower(), *LOCAL_NAMES}
+
+    @server.before_request
+    def check_host() -> Response | None:
+        name = request_host_name(request.host)
+        if name not in allowed:
+            return Response(f"diagtrain dashboard: this server answers to {', '.join(sorted(allowed))}, not to "
+                            f"{name[:80]!r}\n", status=403, mimetype="text/plain")
+        return None
+
+
+def request_host_name(header: str) -> str:
+    """The name in a Host header, without its port: ``[::1]:8050`` → ``::1``, ``Example:80`` → ``example``."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:].split("]", 1)[0]
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
 def _trigger() -> str | None:

@@ -8,8 +8,13 @@ import numpy as np
 import pandas as pd
 
 from diagtrain.dashboard.data import RunData
+from diagtrain.profiler.analyzer.collectives import P2P_GROUP_DESC, UNKNOWN_GROUP
 
 PER_COLLECTIVE, SUMMARY = "each", "summary"
+UNNAMED = (P2P_GROUP_DESC, "undefined", "")  # descriptions that name no group (NCCL writes "undefined")
+UNKNOWN_P2P = "point-to-point, group unknown: the traces name only the peer's place in it, and no group fits both sides"
+UNKNOWN_CPU = "unknown: gloo's trace names no group and no flight-recorder entry matched this call"
+UNKNOWN_GPU = "unknown: the kernel's arguments name no process group"
 MAX_ROWS = 20_000  # the browser sorts and filters this many rows without strain
 COLUMNS = {  # column -> header, for both tables
     "op": "op", "group": "group", "rank": "rank", "seq": "seq", "count": "count", "mib": "MiB",
@@ -23,7 +28,7 @@ def table(run: RunData, mode: str = SUMMARY) -> tuple[list[dict[str, Any]], list
     c = run.collectives
     if c.empty:
         return [], [], "No collectives in the traces (run with --profile-steps to record them)."
-    c = c.assign(group=c["pg_desc"].fillna(c["pg"]).astype(str), mib=c["bytes"] / 2**20, duration_ms=c["dur"] / 1e3,
+    c = c.assign(group=group_labels(run), mib=c["bytes"] / 2**20, duration_ms=c["dur"] / 1e3,
                  transfer_ms=c["transfer_us"] / 1e3, wait_ms=c["wait_us"] / 1e3)
     if mode == SUMMARY:
         rows = c.groupby(["op", "group", "mib"], dropna=False).agg(
@@ -42,6 +47,28 @@ def table(run: RunData, mode: str = SUMMARY) -> tuple[list[dict[str, Any]], list
             rows = rows.nlargest(MAX_ROWS, "wait_ms")
             note += f" The {MAX_ROWS:,} with the longest wait are shown."
     return _records(rows), [{"name": COLUMNS[k], "id": k} for k in rows.columns], note
+
+
+def group_labels(run: RunData) -> pd.Series:
+    """Each collective's group as a person reads it: its description, or, where the traces name no
+    group, the one the analysis inferred, or why it is unknown (never a bare "?")."""
+    c = run.collectives
+    structure = run.report.get("structure") or {}
+    via = {int(r): g.get("desc") or g.get("name") for r, g in (structure.get("p2p_groups") or {}).items()}
+    on_gpu = bool(run.report.get("run", {}).get("on_gpu"))
+    labels = []
+    for rank, pg, desc, p2p in zip(c["rank"], c["pg"], c["pg_desc"], c["is_p2p"]):
+        named = desc if isinstance(desc, str) and desc not in UNNAMED else None
+        named = named or (None if pg is None or str(pg) == UNKNOWN_GROUP else f"group {pg}")
+        if named:
+            labels.append(named)
+        elif p2p and via.get(int(rank)):
+            labels.append(f"{via[int(rank)]} (point-to-point; group inferred from the peers)")
+        elif p2p:
+            labels.append(UNKNOWN_P2P)
+        else:
+            labels.append(UNKNOWN_GPU if on_gpu else UNKNOWN_CPU)
+    return pd.Series(labels, index=c.index, dtype=object)
 
 
 def topology(run: RunData) -> list[dict[str, Any]]:

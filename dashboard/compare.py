@@ -1,4 +1,4 @@
-"""Compare: two runs side by side, with the statistics of `diagtrain compare`."""
+"""Compare: two runs side by side, with the verdicts and statistics of `diagtrain compare BASE NEW`."""
 
 from __future__ import annotations
 
@@ -7,22 +7,36 @@ from dataclasses import asdict
 from typing import Any
 
 from diagtrain.dashboard.data import RunData
-from diagtrain.profiler import regression
+from diagtrain.profiler.compare import regression, report
 
-VERDICT_ORDER = ("regression", "improvement", "unchanged", "too few samples")
+BY_CAUSE = "Findings, by cause:"  # the heading of the list `diagtrain compare` ends with
 
 
 def comparison(base: RunData, new: RunData, threshold_pct: float) -> regression.Comparison:
-    """The same comparison `diagtrain compare BASE NEW --threshold` makes."""
-    return regression.compare(base.summary(), new.summary(), threshold_pct)
+    """The same comparison `diagtrain compare BASE NEW --threshold --allow-mismatch` makes (BASE: one run)."""
+    return regression.compare_anyway([base.summary()], new.summary(), threshold_pct)
+
+
+def verdict(result: regression.Comparison) -> str:
+    """The headline `diagtrain compare` prints, capitalised."""
+    line = report.headline(result)
+    return line[0].upper() + line[1:]
+
+
+def changes(result: regression.Comparison) -> list[str]:
+    """What `diagtrain compare` lists above its table (causes, regressions, undecided metrics, notes),
+    then its findings by cause: the same lines, from the same functions."""
+    return [line.replace("**", "") for line in report.lines(result)] + result.notes + \
+        [BY_CAUSE] + report.by_cause(result)
 
 
 def rows(result: regression.Comparison) -> list[dict[str, Any]]:
-    """One row per metric and scope, regressions first."""
+    """One row per metric and scope, in the order of `diagtrain compare`'s table."""
     out = []
-    for r in sorted(result.results, key=lambda r: (VERDICT_ORDER.index(r.verdict), -abs(_finite(r.change_pct)))):
+    for r in report.shown(result):
         d = asdict(r)
         out.append({"metric": d["metric"], "scope": d["scope"], "unit": d["unit"], "verdict": d["verdict"],
+                    "band": r.noise_band, "reason": d["reason"],
                     "base": _round(d["base_median"]), "new": _round(d["new_median"]),
                     "p90": f"{_round(d['base_p90'])} → {_round(d['new_p90'])}",
                     "change": "" if math.isnan(d["change_pct"]) else f"{d['change_pct']:+.1f}%",
@@ -34,8 +48,8 @@ def rows(result: regression.Comparison) -> list[dict[str, Any]]:
 
 COLUMNS = [{"name": n, "id": i} for n, i in (
     ("metric", "metric"), ("scope", "scope"), ("verdict", "verdict"), ("BASE median", "base"), ("NEW median", "new"),
-    ("unit", "unit"), ("p90 BASE → NEW", "p90"), ("change", "change"), ("95% interval of NEW/BASE", "interval"), ("Mann-Whitney p", "p"),
-    ("steps BASE/NEW", "n"))]
+    ("unit", "unit"), ("change", "change"), ("noise band", "band"), ("why", "reason"), ("p90 BASE → NEW", "p90"),
+    ("95% interval of NEW/BASE (steps)", "interval"), ("Mann-Whitney p (steps)", "p"), ("steps BASE/NEW", "n"))]
 
 
 def step_times(base: RunData, new: RunData) -> dict[str, Any]:
@@ -47,10 +61,6 @@ def step_times(base: RunData, new: RunData) -> dict[str, Any]:
                      "jitter": 0.4, "pointpos": 0})
     return {"data": data, "layout": {"title": {"text": "Step time per step (ms), warm-up excluded"}, "height": 380,
                                      "yaxis": {"title": {"text": "ms"}}, "showlegend": False}}
-
-
-def _finite(x: float) -> float:
-    return 0.0 if math.isnan(x) else x
 
 
 def _round(x: float) -> float | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from diagtrain.dashboard.data import RunData
-from diagtrain.profiler.manifest import STOPPED
+from diagtrain.profiler.run_dir import STOPPED
 
 MAX_RANK_COLUMNS = 32  # beyond this many ranks, the table lists the missing ranks instead of a column each
 ENTERED, MISSING = "✓", "—"

@@ -7,7 +7,7 @@ from typing import Any
 
 from diagtrain.dashboard.data import RunData
 from diagtrain.profiler.analyzer.detectors.base import ranges
-from diagtrain.profiler.analyzer.findings import SEVERITIES
+from diagtrain.profiler.analyzer.findings import SEVERITIES, saving_text
 
 
 def facts(run: RunData) -> list[tuple[str, str]]:
@@ -47,8 +47,8 @@ def where(finding: dict[str, Any]) -> str:
         parts.append(f"rank{'s' if len(finding['ranks']) > 1 else ''} {ranges(finding['ranks'])}")
     if finding.get("steps"):
         parts.append(f"step{'s' if len(finding['steps']) > 1 else ''} {ranges(finding['steps'])}")
-    if finding.get("impact_ms"):
-        parts.append(f"~{finding['impact_ms']:.1f} ms/step")
+    if saving_text(finding):
+        parts.append(saving_text(finding))
     return " · ".join(parts)
 
 

@@ -50,11 +50,13 @@ def figure(run: RunData, metric: str | None) -> dict[str, Any]:
 
 
 def _source(t: pd.DataFrame) -> list[str]:
-    """A label per sample: ``gpu 0 @ host``, ``rank 3``, ``host vm``."""
-    cols = t.reindex(columns=["kind", "host", "rank", "device"])
+    """A label per sample: ``gpu 0 @ host``, ``rank 3``, ``host vm``, ``python (pid 42) @ vm`` (another
+    process on the host)."""
+    cols = t.reindex(columns=["kind", "host", "rank", "device", "name", "pid"])
     return [f"rank {int(r)}" if k == "process" and r == r and r is not None else
-            f"gpu {int(d)} @ {h}" if k == "gpu" else f"host {h}"
-            for k, h, r, d in cols.itertuples(index=False)]
+            f"gpu {int(d)} @ {h}" if k == "gpu" else
+            f"{n} (pid {int(p)}) @ {h}" if k == "other" else f"host {h}"
+            for k, h, r, d, n, p in cols.itertuples(index=False)]
 
 
 def _label(column: str) -> str:

@@ -1,24 +1,102 @@
-"""The run directory: where each stage writes, and how it writes without leaving torn files.
+"""The run directory: the contract between the stages (collect, rank, analyze, compare, present).
 
-Every file here is either replaced atomically (temp file in the same folder, then rename) or
-appended one line at a time, so a killed run leaves only readable data behind.
+Every stage imports this module and no other stage's code to find its way around a run: the names
+of the folders and files, the environment variables the wrapper hands to the ranks, the statuses a
+run can end in, how a file is written without leaving it torn, and how the ranks' own records are
+read from outside. It imports only the standard library: the in-rank code loads it inside the
+user's job.
+
+Every file is either replaced atomically (temp file in the same folder, then rename) or appended
+one line at a time, so a killed run leaves only readable data behind.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import signal
+import stat
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-RUN_DIR_ENV = "DIAGTRAIN_RUN_DIR"
+from diagtrain.profiler.util import processes
+
 SCHEMA_VERSION = 1
+
+# What `diagtrain run` tells every process of the job through its environment.
+RUN_DIR_ENV = "DIAGTRAIN_RUN_DIR"  # the run directory; a process without it is not under diagtrain
+WRAPPER_PID_ENV = "DIAGTRAIN_WRAPPER_PID"  # the wrapper's pid: its direct child is rank 0 without a launcher
+HOST_ENV = "DIAGTRAIN_HOST"  # the wrapper's host folder name; two agents on one machine differ
+PROFILE_STEPS_ENV = "DIAGTRAIN_PROFILE_STEPS"  # the step ranges every rank profiles, e.g. "5-8", or "auto"
+# $DIAGTRAIN_PROFILE_STEPS=auto: the wrapper decides the windows while the job runs and writes them to
+# this file in the run directory; every rank reads it at its step boundaries (see rank/profile_requests.py).
+PROFILE_AUTO = "auto"
+PROFILE_NONE = "none"
+PROFILE_WINDOWS_FILE = "profile_windows.json"  # {"windows": [{"first", "last", "reason", ...}]}
+
+# diagtrain's own trouble inside a rank (a profiled window dropped on a full disk, ...), one JSON
+# line each; the wrapper puts them in the manifest's ``warnings``.
+WARNINGS_FILE = "warnings.jsonl"
+WARNING_PREFIX = "diagtrain: warning: "  # how a rank says them on stderr: "<prefix>rank 3: <message>"
+RANK_WARNING = re.compile(r"diagtrain: warning: rank (\d+): (.+)$")
+
+# The signal the wrapper's watchdog sends a rank for its stacks and flight recorder (see rank/state_dump.py).
+DUMP_SIGNAL = signal.SIGUSR2
+
+# A run's status, most telling first: one interrupted host makes the run interrupted. A host whose
+# wrapper vanished without ending its record (SIGKILL, a lost machine) is "abandoned".
+STATUS_ORDER = ("running", "abandoned", "interrupted", "hung", "failed", "ok")
+# Statuses of a run that did not finish its work: the hang verdict and view apply to these.
+STOPPED = ("hung", "failed", "interrupted", "abandoned")
+
+# Each wrapper's own folder, hosts/<name>/: its record, its heartbeat, its clock measurements.
+HOSTS_DIR = "hosts"
+HOST_RECORD = "host.json"
+HOST_HEARTBEAT = "heartbeat"
+CLOCK_RECORD = "clock.json"
+HOST_BEAT_S = 1.0  # a running wrapper rewrites its heartbeat this often
+# A heartbeat this old, by the reader's clock, means its wrapper is gone: far above a stalled
+# filesystem or a busy host's delays, and above any clock skew NTP leaves between hosts.
+HOST_LOST_AFTER_S = 60.0
+
+
+# What a run puts in its directory: what `diagtrain run --replace` removes first, and nothing else
+# (an --out that is also a project folder keeps the project's own files).
+RUN_ENTRIES = ("manifest.json", "hosts", "ranks", "analysis", "telemetry.parquet", "report.md", "report.json",
+               "report.html", "injected.json", "trainer.json", "checkpoints")
+
+
+def holds_run(run_dir: str | os.PathLike) -> bool:
+    """Whether ``run_dir`` already holds (part of) a run: its records or its ranks' files."""
+    run_dir = Path(run_dir)
+    return any(os.path.lexists(run_dir / name) for name in ("manifest.json", "ranks")) or any(
+        run_dir.glob("hosts/*/host.json"))
+
+
+def clear_run(run_dir: str | os.PathLike) -> None:
+    """Remove what a run wrote in ``run_dir`` (RUN_ENTRIES); anything else there stays."""
+    import shutil
+
+    for name in RUN_ENTRIES:
+        path = Path(run_dir) / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            path.unlink()
 
 
 def rank_dir(run_dir: str | os.PathLike, rank: int) -> Path:
     """The folder that holds one rank's files: ``<run>/ranks/<rank>``."""
     return Path(run_dir) / "ranks" / str(rank)
+
+
+def is_run_dir(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a diagtrain run directory (it has the per-rank folders or a manifest)."""
+    path = Path(path)
+    return (path / "ranks").is_dir() or (path / "manifest.json").is_file()
 
 
 def default_run_dir(label: str, root: str | os.PathLike = "runs") -> Path:
@@ -36,9 +114,21 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
     """Replace ``path`` with ``data`` through a temp file and a rename in the same folder."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        remove_quietly(tmp)  # a full disk must not leave half-written temp files behind
+        raise
+
+
+def remove_quietly(path: str | os.PathLike) -> None:
+    """Remove ``path`` if it is there; never raise (used while already handling a failure)."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def check_writable(path: str | os.PathLike) -> Path:
@@ -91,3 +181,123 @@ class Heartbeat:
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+# -- reading what ranks wrote about themselves (rank.json, heartbeat, exit.json), from outside --
+
+
+MAX_RECORD_BYTES = 64 << 20  # a record (host.json, rank.json, a heartbeat) is kilobytes: more is not one
+
+
+def read_json(path: str | os.PathLike) -> Any | None:
+    """The JSON in ``path``, or None when it is missing, not a regular file (a FIFO would block the
+    reader for ever), over MAX_RECORD_BYTES, or not (yet) valid."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        with open(fd, "rb", closefd=True) as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None
+            data = f.read(MAX_RECORD_BYTES + 1)
+        return json.loads(data) if len(data) <= MAX_RECORD_BYTES else None
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
+class RankIndex:
+    """The ranks of a run directory, re-scanned cheaply: each rank.json is parsed once."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.ranks_dir = Path(run_dir) / "ranks"
+        self.info: dict[int, dict[str, Any]] = {}
+
+    def refresh(self) -> dict[int, dict[str, Any]]:
+        """Every rank that has written rank.json so far, by rank."""
+        if self.ranks_dir.is_dir():
+            for folder in self.ranks_dir.iterdir():
+                if folder.name.isdigit() and int(folder.name) not in self.info:
+                    info = read_json(folder / "rank.json")
+                    if isinstance(info, dict):  # anything else is not a rank record (a damaged file)
+                        self.info[int(folder.name)] = info
+        return self.info
+
+    def on_host(self, host: str) -> dict[int, dict[str, Any]]:
+        """The ranks started by the wrapper whose host folder is ``host``."""
+        return {r: i for r, i in self.refresh().items() if i.get("host") == host}
+
+    def heartbeat(self, rank: int) -> dict[str, Any] | None:
+        """The rank's last heartbeat record, or None before its first step."""
+        return read_json(self.ranks_dir / str(rank) / "heartbeat")
+
+    def exit_record(self, rank: int) -> dict[str, Any] | None:
+        """The rank's exit.json, or None while it runs (or if it died without one)."""
+        record = read_json(self.ranks_dir / str(rank) / "exit.json")
+        return record if isinstance(record, dict) else None
+
+    def warnings(self, rank: int) -> list[dict[str, Any]]:
+        """What went wrong with diagtrain inside the rank (warnings.jsonl, and its exit record's copy)."""
+        found = []
+        try:
+            lines = (self.ranks_dir / str(rank) / WARNINGS_FILE).read_text(errors="replace").splitlines()
+        except OSError:
+            lines = []
+        for line in lines:
+            try:
+                found.append(json.loads(line))
+            except ValueError:
+                continue  # a line cut by a kill or a full disk
+        found += (self.exit_record(rank) or {}).get("warnings") or []
+        found = [w for w in found if isinstance(w, dict)]
+        unique = {str(w.get("message")): w for w in found}
+        return list(unique.values())
+
+
+# -- hosts: one record per wrapper, the run's status merged from them --
+
+
+def host_dir(run_dir: str | os.PathLike, name: str) -> Path:
+    """The folder of one wrapper of the run: ``<run>/hosts/<name>``."""
+    return Path(run_dir) / HOSTS_DIR / name
+
+
+def read_hosts(run_dir: str | os.PathLike, now: float | None = None) -> list[dict[str, Any]]:
+    """Every host record, oldest folder name first, with ``heartbeat`` (the wrapper's last one).
+
+    A record still ``running`` whose wrapper is gone (see :func:`wrapper_gone`) reads as
+    ``abandoned``, with ``last_seen`` the time of its last heartbeat (the host's own clock).
+    """
+    hosts = []
+    for path in sorted(Path(run_dir).glob(f"{HOSTS_DIR}/*/{HOST_RECORD}")):
+        record = read_json(path)
+        if not isinstance(record, dict):
+            continue
+        beat = read_json(path.parent / HOST_HEARTBEAT)
+        record["heartbeat"] = beat if isinstance(beat, dict) else None
+        if record.get("status") == "running" and wrapper_gone(record, record["heartbeat"], now):
+            record["status"] = "abandoned"
+            record["last_seen"] = (record["heartbeat"] or {}).get("time") or record.get("started_at")
+        hosts.append(record)
+    return hosts
+
+
+def wrapper_gone(record: dict[str, Any], heartbeat: dict[str, Any] | None, now: float | None = None) -> bool:
+    """Whether the wrapper that wrote a ``running`` host record no longer runs.
+
+    On the machine (and pid namespace) that ran it, its process answers for certain; elsewhere a
+    heartbeat older than HOST_LOST_AFTER_S does, by this machine's clock.
+    """
+    alive = processes.alive(record.get("process") or {})
+    if alive is not None:
+        return not alive
+    last = (heartbeat or {}).get("time") or record.get("started_at")
+    return last is not None and (now if now is not None else time.time()) - last > HOST_LOST_AFTER_S
+
+
+def run_status(host_statuses: list[str], rank_codes: list[int | None]) -> str:
+    """The run's status from its hosts' (the most telling one), and the ranks' exit codes."""
+    statuses = list(host_statuses)
+    if any(code not in (0, None) for code in rank_codes) and "ok" in statuses:
+        statuses.append("failed")  # a rank failed though its launcher exited 0
+    return min(statuses, key=STATUS_ORDER.index) if statuses else "running"

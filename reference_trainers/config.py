@@ -228,7 +228,7 @@ def config_from_args(args: argparse.Namespace, nproc: int) -> TrainConfig:
 
 def validate(c: TrainConfig) -> None:
     """Refuse a configuration that cannot run, naming the argument and the problem."""
-    from diagtrain.profiler.step_ranges import parse_step_ranges
+    from diagtrain.profiler.util.step_ranges import parse_step_ranges
 
     if c.nproc < 1:
         raise ConfigError(f"--nproc must be at least 1, got {c.nproc}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from diagtrain.profiler.step_ranges import StepRange, parse_step_range
+from diagtrain.profiler.util.step_ranges import StepRange, parse_step_range
 
 # kind -> (required keys, optional keys); "ms|factor" means exactly one of the two.
 FAULT_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {

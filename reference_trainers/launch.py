@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from diagtrain.profiler.run_dir import RUN_DIR_ENV, check_writable, default_run_dir
+from diagtrain.profiler.run_dir import RUN_DIR_ENV, WRAPPER_PID_ENV, check_writable, default_run_dir
 from diagtrain.reference_trainers.config import ConfigError, add_train_arguments, config_from_args
 
 EXIT_USAGE = 2
@@ -45,7 +45,8 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
     except OSError as e:
         print(f"diagtrain train: error: --out {out}: cannot write there ({e.strerror or e})", file=sys.stderr)
         return EXIT_USAGE
-    print(f"diagtrain: run directory {out}", file=sys.stderr, flush=True)
+    if WRAPPER_PID_ENV not in os.environ:  # under `diagtrain run`, the wrapper has said it already
+        print(f"diagtrain: run directory {out}", file=sys.stderr, flush=True)
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={config.nproc}",
         "-m", "diagtrain.reference_trainers", *_without_nproc(argv), f"--out={out}",

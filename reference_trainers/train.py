@@ -13,9 +13,9 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-from diagtrain.profiler.instrument import StepRecorder
-from diagtrain.profiler.run_dir import RUN_DIR_ENV, default_run_dir, rank_dir, write_json_atomic
-from diagtrain.profiler.step_ranges import parse_step_ranges
+from diagtrain.profiler.rank.instrument import StepRecorder
+from diagtrain.profiler.run_dir import RUN_DIR_ENV, WRAPPER_PID_ENV, default_run_dir, rank_dir, write_json_atomic
+from diagtrain.profiler.util.step_ranges import parse_step_ranges
 from diagtrain.reference_trainers import checkpoint
 from diagtrain.reference_trainers.config import ConfigError, TrainConfig, add_train_arguments, config_from_args
 from diagtrain.reference_trainers.data import local_batch
@@ -90,10 +90,10 @@ def _train(config: TrainConfig, device: torch.device, mesh) -> None:
             samples = config.global_batch * config.grad_accum
             rec.step(samples=samples, tokens=samples * config.seq_len, loss=loss)
             if rank == 0:
-                progress.update(step, loss)
-    if rank == 0:
-        print(f"[diagtrain] done: {config.steps} steps of {config.strategy} on {config.nproc} ranks; run directory {out}",
-              flush=True)
+                progress.update(step, loss, rec.last_step_ms)
+    if rank == 0:  # under `diagtrain run` the wrapper names the run directory
+        where = "" if WRAPPER_PID_ENV in os.environ else f"; run directory {out}"
+        print(f"[diagtrain] done: {config.steps} steps of {config.strategy} on {config.nproc} ranks{where}", flush=True)
 
 
 def _train_step(config: TrainConfig, model: Parallelized, device: torch.device, rec: StepRecorder,
@@ -162,23 +162,43 @@ def _global_mean(total: float, count: int, device: torch.device, group, *, skip:
 
 
 class _Progress:
-    """Rank 0's log line about every tenth of the run: step, loss, time per step."""
+    """Rank 0's log line about every tenth of the run: step, loss, and the mean step time since the
+    last line, as steps.jsonl records it; time spent between steps (writing a profiled window's
+    trace) is named apart, never counted into the steps."""
 
     LINES_PER_RUN = 10  # enough to see the loss fall, few enough to read
+    SHOWN_GAP_MS = 100.0  # time outside steps worth naming: a trace export takes seconds, the loop's bookkeeping < 1 ms
 
     def __init__(self, steps: int) -> None:
         self.steps = steps
         self.every = max(1, steps // self.LINES_PER_RUN)
         self.last_time, self.last_step = time.perf_counter(), 0
+        self.step_ms: list[float] = []  # the recorded durations of the steps since the last line
 
-    def update(self, step: int, loss: float | None) -> None:
+    def update(self, step: int, loss: float | None, step_ms: float | None) -> None:
+        """After step ``step``; ``step_ms`` is its duration_ms in steps.jsonl (None when not recorded)."""
+        if step_ms is not None:
+            self.step_ms.append(step_ms)
         if step % self.every and step != self.steps:
             return
-        now = time.perf_counter()
-        per_step_ms = (now - self.last_time) / (step - self.last_step) * 1e3
-        self.last_time, self.last_step = now, step
-        loss_text = f"{loss:.4f}" if loss is not None else "n/a"
-        print(f"[diagtrain] step {step}/{self.steps}  loss {loss_text}  {per_step_ms:.0f} ms/step", flush=True)
+        print(f"[diagtrain] step {step}/{self.steps}  loss {_loss_text(loss)}  {self._timing(step)}", flush=True)
+        self.last_time, self.last_step, self.step_ms = time.perf_counter(), step, []
+
+    def _timing(self, step: int) -> str:
+        count = step - self.last_step
+        steps = f"step {step}" if count == 1 else f"steps {self.last_step + 1}-{step}"
+        wall_ms = (time.perf_counter() - self.last_time) * 1e3
+        if len(self.step_ms) != count:  # steps not recorded (no run directory): the wall clock is all there is
+            return f"{wall_ms / count:.0f} ms/step (wall time, {steps})"
+        text = f"{sum(self.step_ms) / count:.0f} ms/step ({steps}, as in steps.jsonl)"
+        outside_ms = wall_ms - sum(self.step_ms)
+        if outside_ms >= self.SHOWN_GAP_MS:
+            text += f"; +{outside_ms / 1e3:.1f} s outside steps (profiler trace export), not counted"
+        return text
+
+
+def _loss_text(loss: float | None) -> str:
+    return f"{loss:.4f}" if loss is not None else "n/a"
 
 
 def _agree_on_run_dir(config: TrainConfig) -> Path:

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,6 +103,33 @@ def diagtrain_run(out: Path, *args: str, env: dict | None = None, check: bool = 
     return Run(out, proc.returncode, proc.stderr, proc.stdout)
 
 
+def wait_until(condition, what: str, timeout: float = JOB_TIMEOUT_S) -> None:
+    """Poll ``condition()`` until it is true; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def heartbeat_step(out: Path, rank: int) -> int:
+    """The last step the rank's heartbeat reports (0 before its first)."""
+    try:
+        return json.loads((out / "ranks" / str(rank) / "heartbeat").read_text())["step"]
+    except (OSError, ValueError):
+        return 0
+@pytest.fixture(scope="session")
+def user_run(tmp_path_factory) -> Run:
+    """A 2-rank torchrun job of a script that knows nothing of diagtrain, steps 2-3 profiled, not analyzed.
+
+    The one small real run directory the run tests check and the bad-input corpus is made from.
+    """
+    out = tmp_path_factory.mktemp("user") / "run"
+    return diagtrain_run(out, "--profile-steps", "2-3", "--telemetry-interval", "0.2", "--no-analyze", "--",
+                         *torchrun(2), str(USER_SCRIPT), env={"STEPS": "6", "STEP_SLEEP": "0.1"})
+
+
 def processes_with(marker: str) -> list[int]:
     """Live processes whose environment has TEST_MARKER=marker (what a test's job left behind)."""
     import psutil
@@ -131,3 +159,19 @@ def dashboard_runs(tmp_path_factory) -> dict[str, Path]:
         diagtrain_run(runs[name], "--profile-steps", "4-5", "--no-analyze", "--", sys.executable, "-m",
                       "diagtrain.profiler.cli", "train", *DASHBOARD_TRAINER, *inject)
     return runs
+
+
+# GPipe with one microbatch: the two stages work strictly by turns, so each idles half of the pass
+# whatever else the host runs (the formula gives (p-1)/(m+p-1) = 1/2). Step 1 (shape inference,
+# start-up) is left out: steps 2-3 are profiled.
+PIPELINE = ["--strategy", "pp", "--nproc", "2", "--steps", "3", "--dim", "128", "--schedule", "gpipe",
+            "--microbatches", "1"]
+
+
+@pytest.fixture(scope="session")
+def pipeline_job(tmp_path_factory) -> Run:
+    """The README's main command, small: ``diagtrain run --profile-steps 2-3 -- diagtrain train`` of a
+    2-stage pipeline, analyzed at the end; its console output is kept (the plan and console tests read it)."""
+    out = tmp_path_factory.mktemp("plan") / "pp"
+    return diagtrain_run(out, "--profile-steps", "2-3", "--", sys.executable, "-m", "diagtrain.profiler.cli", "train",
+                         *PIPELINE)

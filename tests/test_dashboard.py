@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import gzip
 import json
 import socket
 import subprocess
@@ -11,9 +13,23 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from cluster_runs import cluster_run
 
-from diagtrain.dashboard import app, communication, data, heatmap, memory, telemetry, timeline
+from diagtrain.dashboard import (
+    app,
+    communication,
+    compare,
+    data,
+    distribution,
+    heatmap,
+    memory,
+    rows,
+    style,
+    telemetry,
+    timeline,
+)
 from diagtrain.dashboard.data import Lane, RunData, Spans
+from diagtrain.profiler.compare import regression, report
 
 USAGE = 2
 
@@ -60,6 +76,15 @@ def test_mesh_coordinates_label_3d_lanes():
     assert data.mesh_coordinate(3, {"pp": 1, "dp": 4, "tp": 1}) == ""  # one dimension: the rank says it all
 
 
+def test_a_users_device_mesh_labels_lanes():
+    # What the analysis infers from a plain 2D script's process groups (report.json's structure).
+    structure = {"mesh": {"dp": 2, "tp": 2}, "mesh_source": "process groups",
+                 "coords": {"2": {"dp": 1, "tp": 0}, "3": {"dp": 1, "tp": 1}}}
+    assert data.structure_coordinate(2, structure) == "dp1 tp0"
+    steps = pd.DataFrame({"rank": [2, 3], "step": [1, 1]})
+    assert [lane.label for lane in data.lanes({"structure": structure}, steps, {})] == ["r2 dp1 tp0", "r3 dp1 tp1"]
+
+
 def test_timeline_zoomed_out_is_step_blocks_on_every_rank(straggler):
     fig = timeline.figure(straggler, timeline.full_window(straggler))
     meta = fig["layout"]["meta"]
@@ -82,6 +107,9 @@ def test_timeline_zoomed_in_shows_the_spans_of_profiled_steps(straggler):
     assert fig["layout"]["xaxis"]["range"] == [window.x0, window.x1]
     compute = next(t for t in fig["data"] if t["name"] == "compute")
     assert any(label.startswith("aten::") for label in compute["text"])  # hover names the op
+    # The critical path of a zoomed-in step runs along the straggler's lane through its forward.
+    path = next(t for t in fig["data"] if t["name"].startswith("critical path"))
+    assert 2 in path["y"] and any(text.startswith("rank 2 forward") for text in path["hovertext"])
 
 
 def test_level_of_detail_keeps_the_browser_under_its_budget():
@@ -175,13 +203,48 @@ def test_communication_tables(straggler):
     assert communication.topology(straggler) == []  # gloo: no NCCL logs
 
 
-def test_memory_against_the_model_state_share(straggler):
+def test_memory_shows_the_model_state_as_part_of_each_peak(straggler):
     fig = memory.peaks(straggler)
-    bars, state = fig["data"][0], fig["data"][1]
-    assert bars["x"] == [0, 1, 2, 3] and all(v > 0 for v in bars["y"])
-    expected = straggler.ranks.set_index("rank")["parameters"] * 16 / 2**20
-    assert state["y"] == pytest.approx(expected.loc[state["x"]].round(1).tolist())
-    assert {t["name"] for t in memory.over_time(straggler)["data"]} >= {"rank 0 step peak", "rank 3 RSS"}
+    state, rest, median = fig["data"]
+    assert fig["layout"]["barmode"] == "stack" and state["x"] == rest["x"] == [0, 1, 2, 3]
+    ranks = straggler.ranks.set_index("rank")
+    expected = ranks["parameters"] * 16 / 2**20
+    assert state["y"] == pytest.approx(expected.loc[state["x"]].round(2).tolist(), abs=0.01)
+    peaks = (ranks["peak_mem_bytes"] / 2**20).loc[rest["x"]]
+    assert [s + r for s, r in zip(state["y"], rest["y"])] == pytest.approx(peaks.tolist(), abs=0.02)  # the whole peak
+    assert median["y"] == pytest.approx([peaks.median()] * 2) and median["name"] == f"median peak {peaks.median():.0f} MiB"
+    # A state far too thin to see in the bar is written above it, with its share of the peak.
+    assert all(t.startswith(f"state {s:.1f} MiB (") for t, s in zip(rest["text"], state["y"]))
+
+
+def test_memory_over_time_has_one_legend_entry_per_kind(straggler):
+    lines = memory.over_time(straggler)["data"]
+    assert len(lines) == 8  # 4 ranks' step peaks and 4 ranks' RSS
+    shown = [t["name"] for t in lines if t["showlegend"]]
+    assert shown == ["step peak, all 4 ranks (hover for each)", "process RSS (telemetry), all 4 ranks (hover for each)"]
+    assert {t["legendgroup"] for t in lines} == {"peak", "rss"}
+    by_rank = {}
+    for t in lines:  # a rank's two lines share its colour; the hover names the rank
+        rank = int(t["hovertemplate"].split()[1])
+        by_rank.setdefault(rank, set()).add(t["line"]["color"])
+    assert sorted(by_rank) == [0, 1, 2, 3] and all(len(c) == 1 for c in by_rank.values())
+    assert len({c for cs in by_rank.values() for c in cs}) == 4
+
+
+def test_every_collective_group_is_named_or_its_absence_explained(pipeline_job):
+    run = data.load(pipeline_job.out)
+    rows, _, _ = communication.table(run, communication.SUMMARY)
+    groups = {r["op"]: r["group"] for r in rows}
+    # gloo's send/recv name only the peer; the analysis finds the group where both sides name each other.
+    assert groups["send"] == groups["recv"] == "default_pg (point-to-point; group inferred from the peers)"
+    assert groups["all_reduce"] == "metrics"
+    assert run.report["structure"]["p2p_groups"]["1"]["ranks"] == [0, 1]
+    assert not any(r["group"] in ("?", "nan", "None") for r in rows)
+    # Where nothing names the group, the table says why.
+    unknown = run.collectives.assign(pg="?", pg_desc=None)
+    labels = communication.group_labels(dataclasses.replace(run, collectives=unknown, report={**run.report, "structure": {}}))
+    p2p = unknown["is_p2p"].to_numpy()
+    assert set(labels[p2p]) == {communication.UNKNOWN_P2P} and set(labels[~p2p]) == {communication.UNKNOWN_CPU}
 
 
 def test_telemetry_view(straggler):
@@ -192,14 +255,41 @@ def test_telemetry_view(straggler):
     assert telemetry.figure(straggler, "no_such_metric")["layout"]["meta"]["empty"]
 
 
-def test_compare_view_finds_the_regression(clean, straggler):
+def test_telemetry_names_the_other_processes_on_a_host():
+    run = synthetic_run(1, 1)
+    run.telemetry = pd.DataFrame([
+        {"t": 0.0, "kind": "host", "host": "vm", "cpu_percent": 100.0, "others_cpu_percent": 90.0},
+        {"t": 0.0, "kind": "process", "host": "vm", "rank": 0, "cpu_percent": 60.0},
+        {"t": 0.0, "kind": "other", "host": "vm", "pid": 4242, "name": "hog", "cpu_percent": 90.0}])
+    assert {t["name"] for t in telemetry.figure(run, "cpu_percent")["data"]} == {"host vm", "rank 0", "hog (pid 4242) @ vm"}
+    assert [t["name"] for t in telemetry.figure(run, "others_cpu_percent")["data"]] == ["host vm"]
+
+
+def test_compare_view_shows_the_verdicts_of_diagtrain_compare(clean, straggler):
     board = app.Dashboard([clean, straggler])
     verdict, changes, fig, rows = board.update_compare(10)
-    assert verdict.startswith("Regression")
-    assert rows[0]["verdict"] == "regression"
-    assert any(r["metric"] == "forward" and r["scope"] == "rank 2" and r["verdict"] == "regression" for r in rows)
+    result = regression.compare([clean.summary()], straggler.summary(), 10)  # what `diagtrain compare` judges
+    assert verdict.startswith(compare.verdict(result)) and verdict.lower().startswith(result.verdict)
+    assert [(r["metric"], r["scope"], r["verdict"]) for r in rows] == \
+        [(r.metric, r.scope, r.verdict) for r in report.shown(result)]
+    # An 80 ms straggler: rank 2's forward leads (beyond x2.5 of one run: a regression; else inconclusive).
+    assert (rows[0]["metric"], rows[0]["scope"]) == ("forward", "rank 2")
+    assert rows[0]["verdict"] in ("regression", "inconclusive") and rows[0]["reason"]
+    assert rows[0]["band"] == "-60%..+150% (1 run: assumed)"
     assert any("straggler on rank 2" in str(c.children) for c in changes)
     assert [t["name"].split(":")[0] for t in fig["data"]] == ["BASE", "NEW"]
+
+
+def test_the_compare_tab_lists_what_the_cli_lists(clean, straggler):
+    """Causes, notes and the findings by cause: the same lines as `diagtrain compare --format md`."""
+    proc = subprocess.run([sys.executable, "-m", "diagtrain.profiler.cli", "compare", str(clean.path), str(straggler.path),
+                           "--threshold", "10", "--format", "md"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode in (0, 1, 3), proc.stderr
+    listed = [line[2:].replace("**", "") for line in proc.stdout.splitlines() if line.startswith(("- ", "> "))]
+    assert any(line.startswith("new: ") or line.startswith("worse") for line in listed)  # a findings diff to compare
+    _, shown, _, _ = app.Dashboard([clean, straggler]).update_compare(10)
+    shown = [str(item.children) for item in shown]
+    assert [line for line in shown if line != compare.BY_CAUSE] == listed
 
 
 def test_every_tab_renders(straggler, clean):
@@ -248,3 +338,143 @@ def test_command_line_errors(tmp_path, straggler):
     nothing = dashboard(str(empty))  # analyzed first: nothing to read, so nothing to show
     assert nothing.returncode == USAGE and "empty" in nothing.stderr
     assert "127.0.0.1" in dashboard("--help").stdout
+
+
+def test_requests_larger_than_the_limit_are_refused_unread(straggler):
+    client = app.build([straggler]).server.test_client()
+    body = b"{" + b" " * (app.MAX_REQUEST_BYTES + 1) + b"}"
+    response = client.post("/_dash-update-component", data=body, content_type="application/json")
+    assert response.status_code == 413
+    assert client.get("/_dash-layout").status_code == 200  # the server still answers
+
+
+@pytest.mark.parametrize("bound,header,allowed", [
+    ("127.0.0.1", "127.0.0.1:8050", True), ("127.0.0.1", "localhost:8050", True), ("127.0.0.1", "LOCALHOST", True),
+    ("127.0.0.1", "[::1]:8050", True), ("127.0.0.1", "attacker.example:8050", False),
+    ("127.0.0.1", "127.0.0.1.attacker.example", False), ("10.1.2.3", "10.1.2.3:8050", True),
+    ("10.1.2.3", "attacker.example", False), ("0.0.0.0", "any-name.internal:8050", True),
+])
+def test_a_page_served_under_another_name_is_refused(straggler, bound, header, allowed):
+    """DNS rebinding: a page of attacker.example, re-pointed at 127.0.0.1, sends its own name as Host."""
+    client = app.build([straggler], host=bound).server.test_client()
+    for path in ("/", "/_dash-layout"):
+        response = client.get(path, headers={"Host": header})
+        assert (response.status_code == 200) == allowed, (path, response.status_code)
+        if not allowed:
+            assert response.status_code == 403 and b"schema_version" not in response.data
+
+
+@pytest.mark.parametrize("threshold", ["5", -1, float("nan"), float("inf"), 1e9, True, [5], {"a": 1}])
+def test_a_threshold_that_is_not_a_percentage_is_refused(clean, straggler, threshold):
+    board = app.Dashboard([clean, straggler])
+    verdict, changes, _fig, rows = board.update_compare(threshold)
+    assert verdict.startswith("The threshold must be a number from 0 to 1000") and changes == [] and rows == []
+
+
+def test_the_threshold_through_the_server(clean, straggler):
+    client = app.build([clean, straggler]).server.test_client()
+    payload = {"output": "..compare-verdict.children...compare-findings.children...compare-steps.figure..."
+                         "compare-table.data..",
+               "outputs": [{"id": i, "property": p} for i, p in (("compare-verdict", "children"),
+                           ("compare-findings", "children"), ("compare-steps", "figure"), ("compare-table", "data"))],
+               "inputs": [{"id": "compare-threshold", "property": "value", "value": "1e400"}],
+               "changedPropIds": ["compare-threshold.value"]}
+    response = client.post("/_dash-update-component", json=payload)
+    assert response.status_code == 200
+    assert "must be a number" in json.loads(response.data)["response"]["compare-verdict"]["children"]
+
+
+def test_a_damaged_analysis_is_a_clear_error(straggler, tmp_path):
+    run = tmp_path / "run"
+    (run / "analysis").mkdir(parents=True)
+    for name in data.REQUIRED:
+        src = straggler.path / name
+        (run / name).write_bytes(src.read_bytes())
+    (run / "report.json").write_text("[]")
+    with pytest.raises(data.RunError, match="report.json holds list"):
+        data.load(run)
+    (run / "report.json").write_bytes((straggler.path / "report.json").read_bytes())
+    timeline_doc = json.loads((run / "analysis/timeline.json").read_text())
+    for info in timeline_doc["ranks"].values():
+        info["spans"] = "../../../../../../etc/passwd"
+    (run / "analysis/timeline.json").write_text(json.dumps(timeline_doc))
+    loaded = data.load(run)
+    assert all(loaded.spans(lane.rank) is None for lane in loaded.lanes)  # never read outside analysis/
+
+
+def test_a_big_job_is_grouped_with_the_ranks_findings_name_on_lanes_of_their_own():
+    run = cluster_run(64, straggler=61)
+    table = rows.rows(run)
+    assert [r.label for r in table[:1]] == ["r61"] and not table[0].is_group
+    groups = [r for r in table if r.is_group]
+    assert len(groups) == 8 and sorted(r for g in groups for r in g.ranks) == [r for r in range(64) if r != 61]
+    opened = rows.rows(run, expand=[groups[0].key])
+    at = [r.label for r in opened].index(groups[0].label)
+    assert [r.label for r in opened[at + 1:at + 9]] == [f"r{i}" for i in range(8)]  # its ranks, right below it
+    assert [r.label for r in rows.rows(run, ranks=[3, 40])] == ["r3", "r40"]  # chosen ranks: lanes only
+    assert all(not r.is_group for r in rows.rows(cluster_run(rows.MAX_RANK_LANES, straggler=0)))
+    # Hosts first, then pipeline stages, then blocks of ranks.
+    on_hosts = [Lane(r, f"node{r // 8}", f"node{r // 8} · r{r}") for r in range(32)]
+    assert [g.label for g in rows.groups(run, on_hosts)] == [f"node{h} (8 ranks)" for h in range(4)]
+    staged = [Lane(r, "vm", f"vm · r{r} {data.mesh_coordinate(r, {'pp': 4, 'dp': 2, 'tp': 4})}") for r in range(32)]
+    assert [g.ranks for g in rows.groups(run, staged)] == [list(range(s * 8, s * 8 + 8)) for s in range(4)]
+    assert rows.groups(run, staged)[0].label == "stage pp0 (8 ranks)"
+
+
+def test_group_rows_show_what_most_ranks_do_and_the_slowest_rank():
+    run = cluster_run(64, straggler=10, named=False)  # nothing pulls rank 10 out: its group must show it
+    fig = timeline.figure(run, timeline.full_window(run))
+    meta = fig["layout"]["meta"]
+    assert meta["ranks"] == [] and meta["level"] == "steps"
+    (heat,) = [t for t in fig["data"] if t["type"] == "heatmap"]  # one image for all group rows
+    row = meta["rows"].index("ranks 8–15 (8 ranks)")
+    top, bottom = heat["y"].index(row - 0.25), heat["y"].index(row + 0.25)
+    at = int(np.argmin(np.abs(np.array(heat["x"]) - 0.15)))  # the others are in backward, rank 10 still forward
+    assert heat["text"][top][at] == "backward on 7/8" and heat["text"][bottom][at] == "slowest: r10 forward"
+    other = meta["rows"].index("ranks 0–7 (8 ranks)")
+    assert heat["text"][heat["y"].index(other + 0.25)][at].endswith("backward")  # no straggler there
+    legend = {t["name"] for t in fig["data"] if t.get("showlegend")}
+    assert {"forward", "backward", "optimizer", "profiler export"} <= legend
+    # Zoomed in to the profiled step 4 of the others: their spans; rank 10 is still in its step 3's forward.
+    fig = timeline.figure(run, timeline.Window(0.9, 1.3))
+    (heat,) = [t for t in fig["data"] if t["type"] == "heatmap"]
+    x = np.array(heat["x"])
+    compute, comm = int(np.argmin(np.abs(x - 1.0))), int(np.argmin(np.abs(x - 1.2)))
+    assert fig["layout"]["meta"]["level"] == "spans"
+    assert heat["text"][top][compute] == "compute on 7/8" and heat["text"][top][comm] == "comm on 7/8"
+    assert heat["text"][bottom][comm] == "slowest: r10 forward"
+
+
+def test_one_meaning_per_colour_and_the_profiler_export_drawn():
+    assert not set(style.KIND_COLORS.values()) & set(style.PHASE_COLORS.values())
+    assert style.EXPORT_COLOR not in {*style.KIND_COLORS.values(), *style.PHASE_COLORS.values(), style.STEP_COLOR}
+    run = cluster_run(4, straggler=1)
+    gaps = distribution.export_gaps(run.steps)
+    assert gaps["rank"].tolist() == [0, 1, 2, 3] and gaps["step"].tolist() == [5] * 4
+    assert np.allclose(gaps["end"] - gaps["start"], 0.4)
+    fig = timeline.figure(run, timeline.full_window(run))
+    export = next(t for t in fig["data"] if t["name"] == "profiler export")
+    assert len(export["text"]) == 4 * 3 and "after step 5" in export["text"][0]
+    assert fig["layout"]["legend"]["title"]["text"].find("phases per step") >= 0
+
+
+def test_responses_are_compressed(straggler):
+    client = app.build([straggler]).server.test_client()
+    response = client.get("/_dash-layout", headers={"Accept-Encoding": "gzip"})
+    assert response.headers.get("Content-Encoding") == "gzip"
+    assert json.loads(gzip.decompress(response.data))["props"]
+
+
+def test_clicking_a_group_row_opens_it_into_its_ranks():
+    run = cluster_run(64, straggler=61)
+    board = app.Dashboard([run])
+    fig, _ = board.update_timeline(None, None, None, None, 0)
+    row = fig["layout"]["meta"]["rows"].index("ranks 8–15 (8 ranks)")
+    click = {"points": [{"x": 1.0, "y": row + 0.25, "z": 3}]}  # the group's bottom strip
+    expand = board.expand_group(click, None, None, [], 0)
+    assert expand == ["block:8"]
+    opened, status = board.update_timeline("timeline-expand", None, None, None, 0, expand)
+    assert opened["layout"]["meta"]["ranks"] == [61, *range(8, 16)] and "64 ranks" in status
+    assert board.expand_group(click, None, None, expand, 0) == []  # clicked again: closed
+    with pytest.raises(app.PreventUpdate):
+        board.expand_group({"points": [{"x": 1.0, "y": 0}]}, None, None, [], 0)  # the straggler's own lane

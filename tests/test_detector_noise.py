@@ -16,7 +16,7 @@ import pytest
 from diagtrain.profiler.analyzer.detectors import straggler
 from diagtrain.profiler.analyzer.detectors.base import persistently_late
 from diagtrain.profiler.analyzer.tables import Tables
-from diagtrain.profiler.stats import binomial_tail
+from diagtrain.profiler.util.stats import binomial_tail
 
 PHASES = ["data", "forward", "backward", "optimizer"]
 STEPS = 12

@@ -4,9 +4,9 @@ import json
 import time
 
 import torch
-
 from conftest import load_trace
-from diagtrain.profiler.instrument import StepRecorder
+
+from diagtrain.profiler.rank.instrument import StepRecorder
 
 MB = 2**20
 

@@ -22,6 +22,7 @@ def test_wheel_contains_every_subpackage(tmp_path):
             inside = source.relative_to(folder).as_posix()
             assert f"diagtrain/{sub}/{inside}" in names, f"{sub}/{inside} missing from the wheel"
     assert "diagtrain/dashboard/assets/diagtrain.css" in names  # Dash serves it from the installed package
+    assert "diagtrain/profiler/plan/gpus.json" in names  # the planner's GPU table
     assert not any(n.startswith(("tests/", "benchmarks/", "diagtrain/tests")) for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "diagtrain = diagtrain.profiler.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -8,9 +8,8 @@ import time
 
 from rich.console import Console
 
-from diagtrain.profiler.progress import Progress
-from diagtrain.profiler.rank_files import RankIndex
-from diagtrain.profiler.run_dir import write_json_atomic
+from diagtrain.profiler.collect.progress import Progress
+from diagtrain.profiler.run_dir import RankIndex, write_json_atomic
 
 
 def _rank(run_dir, rank: int, step: int, pid: int, exit_code: int | None = None) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -12,18 +13,14 @@ import time
 import uuid
 
 import pandas as pd
+import psutil
 import pytest
 
-from conftest import JOB_TIMEOUT_S, USER_SCRIPT, Run, diagtrain_run, load_trace, processes_with, torchrun
+from conftest import (USER_SCRIPT, diagtrain_run, heartbeat_step, load_trace, processes_with,
+                      torchrun, wait_until)
+from diagtrain.profiler.run_dir import read_hosts
 
 USAGE = 2
-
-
-@pytest.fixture(scope="module")
-def user_run(tmp_path_factory) -> Run:
-    out = tmp_path_factory.mktemp("user") / "run"
-    return diagtrain_run(out, "--profile-steps", "2-3", "--telemetry-interval", "0.2", "--",
-                         *torchrun(2), str(USER_SCRIPT), env={"STEPS": "6", "STEP_SLEEP": "0.1"})
 
 
 def test_manifest_of_a_foreign_command(user_run):
@@ -92,7 +89,12 @@ def test_plain_python_script_is_rank_zero_and_its_exit_code_is_kept(tmp_path):
     assert run.returncode == 3
     m = run.manifest
     assert m["status"] == "failed" and m["exit_code"] == 3 and m["exit_codes"] == {"0": 3}
-    assert len(run.text(0, "steps.jsonl").splitlines()) == 3
+    records = run.steps(0)
+    assert len(records) == 3
+    for record in records:
+        # The counters of a job without a process group: nothing communicated, and that was measured.
+        assert record["comm_ms"] == 0 and record["comm_calls"] == 0 and record["cpu_ms"] > 0
+        assert {"forward", "backward", "optimizer"} <= set(record["phases_ms"])
 
 
 def test_a_failing_rank_is_named_with_its_error(tmp_path):
@@ -131,25 +133,111 @@ def test_a_signal_stops_everything_and_keeps_what_was_collected(tmp_path, signum
         assert reason == ("interrupted" if signum == signal.SIGINT else "terminated")
     assert (out / "telemetry.parquet").exists()
     assert processes_with(marker) == []
+    [host] = manifest["hosts"]
+    assert host["interrupted"]["signal"] == signal.Signals(signum).name
+    findings = json.loads((out / "report.json").read_text())["findings"]
+    assert not [f for f in findings if f["kind"] in ("hang", "crash")], findings
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_while_ranks_wait_in_a_collective_is_not_a_hang(tmp_path, signum):
+    """Stopped mid-step, a rank waits in an all-reduce its peer has not reached: what used to read as a hang."""
+    marker, out = uuid.uuid4().hex, tmp_path / "run"
+    cmd = [sys.executable, "-m", "diagtrain.profiler.cli", "run", "--out", str(out), "--",
+           *torchrun(2), str(USER_SCRIPT)]
+    env = {**os.environ, "STEPS": "100", "STEP_SLEEP": "0.05", "PAUSE_RANK": "1", "PAUSE_STEP": "3",
+           "PAUSE_S": "120", "TEST_MARKER": marker}
+    wrapper = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_step(out, rank=0, step=2)
+        _wait_for_step(out, rank=1, step=2)
+        time.sleep(1.0)  # rank 0 is in step 3's all-reduce; rank 1 sleeps before it
+        wrapper.send_signal(signum)
+        wrapper.communicate(timeout=60)
+    finally:
+        wrapper.kill()
+    assert processes_with(marker) == []
+    # The state that made the verdict "CRITICAL hang" on interrupted runs: a collective one rank
+    # entered and the other never did.
+    assert json.loads((out / "analysis/hang.json").read_text())["blocked"]
+    report = json.loads((out / "report.json").read_text())
+    assert report["run"]["status"] == "interrupted"
+    assert not [f for f in report["findings"] if f["kind"] in ("hang", "crash")], report["findings"]
+    first = report["findings"][0]
+    assert first["kind"] == "interrupted" and first["severity"] == "info"
+    assert f"was stopped by {signal.Signals(signum).name}" in first["explanation"]
+    assert "not a hang" in first["explanation"]
+
+
+def test_the_job_does_not_outlive_a_killed_wrapper(tmp_path):
+    """SIGKILL of the wrapper: its command dies with it, and so do processes orphaned below it."""
+    marker, out = uuid.uuid4().hex, tmp_path / "run"
+    cmd = [sys.executable, "-m", "diagtrain.profiler.cli", "run", "--out", str(out), "--",
+           "sh", "-c", "sleep 300 & sleep 300"]
+    wrapper = subprocess.Popen(cmd, env={**os.environ, "TEST_MARKER": marker}, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: len([p for p in processes_with(marker) if _name(p) == "sleep"]) == 2, "both sleeps")
+        wrapper.kill()
+        wrapper.wait(timeout=10)
+        wait_until(lambda: processes_with(marker) == [], "the job's processes to end", timeout=15)
+    finally:
+        wrapper.kill()
+    assert json.loads((out / "hosts" / socket.gethostname() / "host.json").read_text())["status"] == "running"
+    [host] = read_hosts(out)  # what the analyzer and the next wrapper see: the wrapper is gone
+    assert host["status"] == "abandoned" and host["last_seen"] is not None
+
+
+WRAPPER_FAULT = """
+import sys
+from pathlib import Path
+from rich.console import Console
+from diagtrain.profiler.collect.launcher import Collection
+from diagtrain.profiler.rank import BOOTSTRAP_DIR
+
+
+class BrokenWatchdog:  # a fault inside the wrapper itself, in its main loop
+    def check(self):
+        raise RuntimeError("wrapper fault injected by the test")
+
+
+collection = Collection(Path(sys.argv[1]), ["sleep", "300"], [], [], 0.2, Console(stderr=True, soft_wrap=True),
+                        BOOTSTRAP_DIR)
+collection.watchdog = BrokenWatchdog()
+sys.exit(collection.run())
+"""
+
+
+def test_a_failing_wrapper_still_ends_its_record_and_stops_the_job(tmp_path):
+    marker, out = uuid.uuid4().hex, tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-c", WRAPPER_FAULT, str(out)], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "TEST_MARKER": marker})
+    assert proc.returncode == 1
+    assert "internal error: RuntimeError: wrapper fault injected by the test; stopping the job" in proc.stderr
+    [host] = json.loads((out / "manifest.json").read_text())["hosts"]
+    assert host["status"] == "failed" and host["ended_at"] is not None
+    assert host["wrapper_error"] == "RuntimeError: wrapper fault injected by the test"
+    assert processes_with(marker) == []
+
+
+def _name(pid: int) -> str | None:
+    try:
+        return psutil.Process(pid).name()
+    except psutil.Error:
+        return None
 
 
 def _wait_for_step(out, rank: int, step: int) -> None:
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    beat = out / f"ranks/{rank}/heartbeat"
-    while time.monotonic() < deadline:
-        try:
-            if json.loads(beat.read_text())["step"] >= step:
-                return
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"rank {rank} never reached step {step}")
+    wait_until(lambda: heartbeat_step(out, rank) >= step, f"rank {rank} to reach step {step}")
 
 
 @pytest.mark.parametrize("args,message", [
     ([], "no command given"),
     (["--"], "no command given"),
     (["--profile-steps", "3-1", "--", "true"], "--profile-steps '3-1': the range ends before it starts"),
+    (["--profile-steps", "auto", "--profile-steps", "3-4", "--", "true"],
+     "--profile-steps 'auto' cannot be combined with other windows"),
+    (["--profile-steps", "sometimes", "--", "true"], "--profile-steps 'sometimes' is not a step range"),
     (["--out", "/proc/diagtrain-nope", "--", "true"], "--out /proc/diagtrain-nope: cannot write there"),
     (["--telemetry-interval", "0", "--", "true"], "--telemetry-interval must be positive"),
 ])
@@ -180,30 +268,44 @@ def test_the_users_own_sitecustomize_still_runs(tmp_path):
     assert len(run.text(0, "steps.jsonl").splitlines()) == 2
 
 
-def test_two_torchrun_agents_are_two_hosts(tmp_path):
+def test_a_second_run_into_a_finished_runs_folder_is_refused(user_run, tmp_path):
     out = tmp_path / "run"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    agents = []
-    for node in (0, 1):
-        cmd = [sys.executable, "-m", "diagtrain.profiler.cli", "run", "--out", str(out), "--",
-               sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}",
-               "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}", str(USER_SCRIPT)]
-        agents.append(subprocess.Popen(cmd, env={**os.environ, "STEPS": "3"},
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-    for agent in agents:
-        _, err = agent.communicate(timeout=JOB_TIMEOUT_S)
-        assert agent.returncode == 0, err[-3000:]
-    manifest = json.loads((out / "manifest.json").read_text())
-    hostname = socket.gethostname()
-    hosts = {h["name"]: h for h in manifest["hosts"]}
-    assert set(hosts) == {hostname, f"{hostname}-2"}
-    assert sorted(r for h in hosts.values() for r in h["ranks"]) == [0, 1]
-    assert all(len(h["ranks"]) == 1 for h in hosts.values())
-    assert manifest["status"] == "ok" and manifest["world_size"] == 2
-    for name in hosts:
-        assert (out / "hosts" / name / "console.log").exists()
-        assert (out / "hosts" / name / "telemetry.jsonl").exists()
-    table = pd.read_parquet(out / "telemetry.parquet")
-    assert set(table["host"]) == set(hosts)
+    shutil.copytree(user_run.out, out)
+    (out / "notes.txt").write_text("mine")
+    steps_before = (out / "ranks/0/steps.jsonl").read_text()
+    proc = subprocess.run([sys.executable, "-m", "diagtrain.profiler.cli", "run", "--out", str(out), "--", "true"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == USAGE
+    assert "already holds a finished run (status ok)" in proc.stderr and "--replace" in proc.stderr
+    assert (out / "ranks/0/steps.jsonl").read_text() == steps_before  # nothing mixed in
+    replaced = diagtrain_run(out, "--replace", "--no-analyze", "--", "true")
+    assert replaced.manifest["command"] == ["true"] and not (out / "ranks").exists()
+    assert (out / "notes.txt").read_text() == "mine"  # only the run's own files were removed
+
+
+def test_who_may_join_a_run_folder(tmp_path):
+    from diagtrain.profiler.collect import manifest
+    from diagtrain.profiler.util import processes
+
+    job = ["torchrun", "--nnodes=2", "--node-rank=0", "train.py"]
+    assert manifest.occupied_by(tmp_path, job) is None  # empty
+    host = tmp_path / "hosts" / "node-a"
+    host.mkdir(parents=True)
+    record = {"name": "node-a", "hostname": socket.gethostname(), "process": processes.identity(), "status": "running",
+              "command": ["torchrun", "--nnodes=2", "--node-rank=1", "train.py"]}
+    (host / "host.json").write_text(json.dumps(record))
+    assert manifest.occupied_by(tmp_path, job) is None  # another host of this job, still running: join
+    # Hosts' commands may differ (per-node arguments, a wrapper script): a running run is joined.
+    assert manifest.occupied_by(tmp_path, ["sh", "-c", "torchrun train.py"]) is None
+    dead = subprocess.Popen(["sleep", "60"])
+    gone = processes.identity(dead.pid)
+    dead.kill()
+    dead.wait()
+    (host / "host.json").write_text(json.dumps({**record, "process": gone}))
+    assert "wrapper is gone" in manifest.occupied_by(tmp_path, job)
+    elsewhere = {**gone, "boot_id": "another-machine"}
+    (host / "host.json").write_text(json.dumps({**record, "hostname": "elsewhere", "process": elsewhere,
+                                                "started_at": time.time()}))
+    assert manifest.occupied_by(tmp_path, job) is None  # a wrapper on another machine cannot be asked
+    (host / "host.json").write_text(json.dumps({**record, "status": "ok"}))
+    assert "already holds a finished run" in manifest.occupied_by(tmp_path, job)

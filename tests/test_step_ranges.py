@@ -1,6 +1,6 @@
 import pytest
 
-from diagtrain.profiler.step_ranges import StepRange, parse_step_range, parse_step_ranges
+from diagtrain.profiler.util.step_ranges import StepRange, parse_step_range, parse_step_ranges
 
 
 def test_parses_ranges_and_single_steps():

@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from conftest import JOB_TIMEOUT_S, Run, diagtrain_run, load_trace, train
+from model_checks import assert_matches_the_model
 
 STEPS = 6
 # Every strategy here computes the same math as one process (same init, same global batch, mean
@@ -113,6 +114,7 @@ def test_zero2_keeps_parameters_gathered_after_forward(fsdp_run, tmp_path):
     gathers_zero2 = trace_op_counts(zero2.traces(0)[0])["gloo:all_gather"]
     # ZeRO-3 gathers each block again for backward; ZeRO-2-like gathers once per step.
     assert gathers_zero2 > 0 and gathers_zero3 >= 2 * gathers_zero2 - 1
+    assert_matches_the_model(zero2.out)
 
 
 # -- Tensor parallel ----------------------------------------------------------------------------
@@ -202,12 +204,14 @@ def test_grad_accumulation_and_activation_checkpointing(fsdp_run, tmp_path):
     assert len(_linear_inputs(fsdp_run)) == LINEARS_PER_FORWARD
     assert len(_linear_inputs(run)) == 2 * (LINEARS_PER_FORWARD + LINEARS_RECOMPUTED)
     assert [r["samples"] for r in run.steps(0)] == [16, 16]
+    assert_matches_the_model(run.out)
 
 
 def test_bf16_autocast_runs_linears_in_bfloat16(fsdp_run, tmp_path):
     run = train(tmp_path, "--strategy", "ddp", "--steps", "2", "--profile-steps", "2", "--bf16")
     assert any("c10::BFloat16" in types for types in _linear_inputs(run))
     assert not any("c10::BFloat16" in types for types in _linear_inputs(fsdp_run))
+    assert_matches_the_model(run.out)
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "tp", "pp", "3d"])
@@ -231,3 +235,4 @@ def test_every_strategy_on_4_ranks_under_diagtrain_run(tmp_path, reference_run, 
     processes = pd.read_parquet(out / "telemetry.parquet").query("kind == 'process'")
     assert set(processes["rank"]) == {0, 1, 2, 3}
     assert_follows(run, reference_run, rank=3)
+    assert_matches_the_model(out)  # analyzed by `diagtrain run` at the end

@@ -10,9 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from diagtrain.profiler import nvml
+from diagtrain.profiler.collect import nvml
+from diagtrain.profiler.collect.telemetry import TelemetrySampler, write_parquet
 from diagtrain.profiler.run_dir import write_json_atomic
-from diagtrain.profiler.telemetry import TelemetrySampler, write_parquet
 
 SAMPLES = json.loads((Path(__file__).parent / "fixtures" / "nvml_samples.json").read_text())["samples"]
 

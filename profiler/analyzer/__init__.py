@@ -2,6 +2,9 @@
 
 import os
 
+# The Dask scheduler's address, for `diagtrain analyze` where --scheduler cannot be passed (cluster.py).
+SCHEDULER_ENV = "DIAGTRAIN_DASK_SCHEDULER"
+
 
 def default_workers() -> int:
     """Worker processes that load ranks: one per core, at least one."""

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.analyzer import intervals as iv
-from diagtrain.profiler.analyzer.trace_file import COMM, COMPUTE, CPU, STEP_ANNOTATION, name_matches
+from diagtrain.profiler.analyzer.dialects import COMM, COMPUTE, CPU, STEP_ANNOTATION, name_matches
 
 
 @dataclass
@@ -41,47 +41,71 @@ class Breakdown:
 
 def gpu_kernels(events: pd.DataFrame) -> pd.DataFrame:
     """GPU events whose launch happened before the last ProfilerStep began (HTA's filter)."""
-    gpu = events[events["stream"] >= 0]
-    steps = events[name_matches(events["name"], STEP_ANNOTATION) & (events["stream"] < 0).to_numpy()]
-    if len(steps) < 2:
-        return gpu
-    launches = events[(events["stream"] < 0) & (events["correlation"] >= 0) & (events["ts"] < steps["ts"].max())]
-    return gpu[gpu["correlation"].isin(launches["correlation"])]
+    stream, ts = events["stream"].to_numpy(), events["ts"].to_numpy()
+    device, host = stream >= 0, stream < 0
+    steps = host & name_matches(events["name"], STEP_ANNOTATION)
+    if steps.sum() < 2:
+        return events[device]
+    correlation = events["correlation"].to_numpy()
+    launched = correlation[host & (correlation >= 0) & (ts < ts[steps].max())]
+    return events[device & np.isin(correlation, launched)]
+
+
+def _kernel_columns(events: pd.DataFrame) -> pd.DataFrame:
+    """What the breakdown reads of each event (a narrow copy costs less than every column)."""
+    return events[["name", "ts", "end", "stream", "correlation", "kind"]]
 
 
 def gpu_breakdown(events: pd.DataFrame) -> Breakdown:
     """HTA's temporal breakdown and comm/compute overlap for one rank's GPU events."""
-    kernels = gpu_kernels(events)
+    kernels = gpu_kernels(_kernel_columns(events))
     # HTA rounds fractional timestamps inward (start up, end down) before merging.
     starts = np.ceil(kernels["ts"].to_numpy()) if kernels["ts"].dtype.kind == "f" else kernels["ts"].to_numpy()
     ends = np.floor(kernels["end"].to_numpy()) if kernels["end"].dtype.kind == "f" else kernels["end"].to_numpy()
-    kinds = kernels["kind"].to_numpy()
+    is_compute, is_comm = (kernels["kind"] == COMPUTE).to_numpy(), (kernels["kind"] == COMM).to_numpy()
     busy = iv.merge(starts, ends)
-    compute = iv.merge(starts[kinds == COMPUTE], ends[kinds == COMPUTE])
-    comm = iv.merge(starts[kinds == COMM], ends[kinds == COMM])
+    compute = iv.merge(starts[is_compute], ends[is_compute])
+    comm = iv.merge(starts[is_comm], ends[is_comm])
     return _breakdown(busy, compute, comm, window=(busy[0][0], busy[1][-1]) if len(busy[0]) else (0.0, 0.0))
 
 
 def gpu_breakdown_in(events: pd.DataFrame, window: tuple[float, float]) -> Breakdown:
     """The GPU categories within ``window`` (one step): kernels clipped to it."""
-    kernels = events[events["stream"] >= 0]
-    kinds = kernels["kind"].to_numpy()
-    starts, ends = kernels["ts"].to_numpy(), kernels["end"].to_numpy()
-    busy = iv.clip(iv.merge(starts, ends), *window)
-    compute = iv.clip(iv.merge(starts[kinds == COMPUTE], ends[kinds == COMPUTE]), *window)
-    comm = iv.clip(iv.merge(starts[kinds == COMM], ends[kinds == COMM]), *window)
-    return _breakdown(busy, compute, comm, window)
+    return Windows(events, on_gpu=True).breakdown(window)
 
 
 def cpu_breakdown(events: pd.DataFrame, window: tuple[float, float]) -> Breakdown:
     """The same categories from host ops within ``window`` (start, end µs), for gloo/CPU runs."""
-    host = events[events["stream"] < 0]
-    is_compute, is_comm = host_categories(host)
-    starts, ends = host["ts"].to_numpy(), host["end"].to_numpy()
-    compute = iv.clip(iv.merge(starts[is_compute], ends[is_compute]), *window)
-    comm = iv.clip(iv.merge(starts[is_comm], ends[is_comm]), *window)
-    busy = iv.merge(np.concatenate([compute[0], comm[0]]), np.concatenate([compute[1], comm[1]]))
-    return _breakdown(busy, compute, comm, window)
+    return Windows(events, on_gpu=False).breakdown(window)
+
+
+class Windows:
+    """A rank's kernels (GPU) or host ops (CPU), taken once, broken down for any window (a step)."""
+
+    def __init__(self, events: pd.DataFrame, on_gpu: bool) -> None:
+        self.on_gpu = on_gpu
+        if on_gpu:
+            rows = (events["stream"] >= 0).to_numpy()
+            kind = events["kind"][rows]
+            self.is_compute, self.is_comm = (kind == COMPUTE).to_numpy(), (kind == COMM).to_numpy()
+        else:
+            rows = (events["stream"] < 0).to_numpy()
+            self.is_compute, self.is_comm = host_categories(events.loc[rows, ["kind", "cat"]])
+        self.starts, self.ends = events["ts"].to_numpy()[rows], events["end"].to_numpy()[rows]
+
+    def breakdown(self, window: tuple[float, float], overlapping_only: bool = False) -> Breakdown:
+        """Compute, communication and idle within ``window``, of all events or of those overlapping it."""
+        starts, ends, is_compute, is_comm = self.starts, self.ends, self.is_compute, self.is_comm
+        if overlapping_only:
+            inside = (starts < window[1]) & (ends > window[0])
+            starts, ends, is_compute, is_comm = starts[inside], ends[inside], is_compute[inside], is_comm[inside]
+        compute = iv.clip(iv.merge(starts[is_compute], ends[is_compute]), *window)
+        comm = iv.clip(iv.merge(starts[is_comm], ends[is_comm]), *window)
+        if self.on_gpu:  # every device event is busy time: copies and waits too
+            busy = iv.clip(iv.merge(starts, ends), *window)
+        else:
+            busy = iv.merge(np.concatenate([compute[0], comm[0]]), np.concatenate([compute[1], comm[1]]))
+        return _breakdown(busy, compute, comm, window)
 
 
 def host_categories(host: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

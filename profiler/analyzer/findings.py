@@ -6,6 +6,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 SEVERITIES = ("info", "warning", "error", "critical")
+# metrics key of a finding whose impact_ms is what removing the cause could save at most (all exposed
+# communication overlapped), not a what-if's measured saving: shown as "up to".
+UPPER_BOUND = "impact_is_upper_bound"
 
 
 @dataclass
@@ -14,7 +17,8 @@ class Finding:
 
     ``metrics`` holds ``observed``, ``expected`` and ``threshold`` (and anything else useful);
     ``evidence`` holds references: trace events, log lines, flight-recorder entries, files.
-    ``impact_ms`` is the step time saved per step if the cause were removed (what-if replay).
+    ``impact_ms`` is the step time saved per step if the cause were removed (what-if replay), or its
+    upper bound (``metrics[UPPER_BOUND]``); None where nothing in the job could realize a saving.
     """
 
     kind: str
@@ -37,3 +41,11 @@ class Finding:
         d = asdict(self)
         d["time_range"] = list(self.time_range) if self.time_range else None
         return d
+
+
+def saving_text(finding: dict[str, Any]) -> str:
+    """``~12.3 ms/step`` or ``up to 12.3 ms/step`` for a finding's JSON record; '' when it claims no saving."""
+    if not finding.get("impact_ms"):
+        return ""
+    bound = "up to " if (finding.get("metrics") or {}).get(UPPER_BOUND) else "~"
+    return f"{bound}{finding['impact_ms']:.1f} ms/step"

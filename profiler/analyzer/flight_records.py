@@ -3,18 +3,34 @@
 Works on what gloo gives with torch 2.13 (every collective recorded, state always "scheduled",
 empty pg_config) as well as on NCCL dumps (states and timings), from diagtrain's JSON dumps or
 NCCL's own pickled ``TORCH_FR_DUMP_TEMP_FILE`` files.
+
+A pickle is never loaded with :mod:`pickle`'s default unpickler, which runs whatever code the file
+names: a run directory is data from elsewhere. NCCL's dumps are plain data (dicts, lists, tuples,
+strings, numbers), so they are read by an unpickler that builds only that and refuses every
+reference to a class or function.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import math
 import pickle
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from diagtrain.profiler.analyzer.inputs import MAX_DUMP_BYTES, expect, rank_number
+from diagtrain.profiler.util.bounded_read import InputError, read_input
+
 _RANK_SUFFIX = re.compile(r"(\d+)(?:\.json)?$")
+PLAIN_TYPES = (dict, list, tuple, str, bytes, int, float, bool, type(None))
+MAX_PICKLE_DEPTH = 32  # a real dump nests 7 deep (dump, entries, entry, input_sizes, a shape, ...)
+# Shared references let a small pickle stand for an enormous tree (the same long string a million
+# times); a real dump unfolds to a few values and characters per byte of file.
+PICKLE_EXPANSION = 64
+PICKLE_EXPANSION_FLOOR = 1 << 20
 
 
 @dataclass
@@ -58,21 +74,112 @@ class Mismatch:
 
 
 def read_dump(path: Path) -> dict[str, Any]:
-    """A dump as a dict: diagtrain's / torch's JSON, or NCCL's pickle."""
-    raw = path.read_bytes()
+    """A dump as a dict (diagtrain's / torch's JSON, or NCCL's pickle), its entries checked.
+
+    Raises :class:`InputError` naming the file for anything that is not a dump, and for a pickle
+    that refers to any class or function.
+    """
+    raw = read_input(path, MAX_DUMP_BYTES)
     try:
-        return json.loads(raw)
-    except ValueError:
-        # NCCL's on-timeout dumps are pickles; only load files the user pointed us at.
-        return pickle.loads(raw)  # noqa: S301
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):
+        doc = unpickle_plain(bytes(raw), path)
+    expect(doc, dict, path)
+    return with_clean_entries(doc, path)
+
+
+class _PlainData(pickle.Unpickler):
+    """Builds only what the pickle opcodes themselves build; every global is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"it refers to {module}.{name}, and a flight-recorder dump holds only plain "
+                                     "data (dicts, lists, strings, numbers); not loaded")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise pickle.UnpicklingError("it refers to an object outside the file; not loaded")
+
+
+def unpickle_plain(raw: bytes, path: str | Path = "<pickle>") -> Any:
+    """The plain data in pickle ``raw``; :class:`InputError` for anything else (no code ever runs)."""
+    try:
+        value = _PlainData(io.BytesIO(raw)).load()
+    except pickle.UnpicklingError as e:
+        if str(e).startswith("it refers"):
+            raise InputError(path, f"unsafe pickle: {e}") from None
+        raise InputError(path, f"neither JSON nor a pickle ({e})") from None
+    except Exception as e:  # noqa: BLE001 - garbage makes the unpickler raise almost anything
+        raise InputError(path, f"neither JSON nor a pickle ({type(e).__name__}: {e})"[:300]) from None
+    _check_plain(value, max(PICKLE_EXPANSION * len(raw), PICKLE_EXPANSION_FLOOR), path)
+    return value
+
+
+def _check_plain(value: Any, budget: int, path: str | Path) -> None:
+    """Plain data only, nested at most MAX_PICKLE_DEPTH, unfolding to at most ``budget`` values and characters."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if type(item) not in PLAIN_TYPES:
+            raise InputError(path, f"the pickle holds a {type(item).__name__}, not plain data")
+        if depth > MAX_PICKLE_DEPTH:
+            raise InputError(path, f"the pickle nests deeper than {MAX_PICKLE_DEPTH} levels")
+        budget -= 1 + (len(item) if isinstance(item, (str, bytes)) else 0)
+        if budget < 0:
+            raise InputError(path, "the pickle unfolds to far more data than it holds (shared or cyclic references)")
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for kv in item.items() for v in kv)
+        elif isinstance(item, (list, tuple)):
+            stack.extend((v, depth + 1) for v in item)
+
+
+def with_clean_entries(dump: dict[str, Any], path: str | Path = "<dump>") -> dict[str, Any]:
+    """``dump`` with each entry checked: malformed ones left out and counted in ``malformed_entries``."""
+    raw = dump.get("entries")
+    raw = expect(raw, list, path, "its 'entries'") if raw is not None else []
+    clean = [e for e in map(_clean_entry, raw) if e is not None]
+    return {**dump, "entries": clean, "malformed_entries": len(raw) - len(clean)}
+
+
+def _clean_entry(e: Any) -> dict[str, Any] | None:
+    """An entry with the fields the analysis reads in their types, or None if it cannot be one."""
+    if not isinstance(e, dict):
+        return None
+    pg = e.get("process_group")
+    if pg is None:
+        pg = (str(e.get("pg_id")), None)
+    elif isinstance(pg, (list, tuple)) and pg and isinstance(pg[0], (str, int)) and not isinstance(pg[0], bool):
+        pg = (str(pg[0]), pg[1] if len(pg) > 1 and isinstance(pg[1], str) else None)
+    else:
+        return None
+    seq, created, name = e.get("collective_seq_id", 0), e.get("time_created_ns", 0), e.get("profiling_name", "?")
+    if not _is_int(seq) or not _is_number(created) or not isinstance(name, str):
+        return None
+    state = e.get("state")
+    frames = e.get("frames")
+    return {**e, "process_group": pg, "collective_seq_id": seq, "time_created_ns": int(created),
+            "profiling_name": name, "state": state if isinstance(state, str) else None,
+            "frames": [f for f in frames if isinstance(f, dict)] if isinstance(frames, list) else [],
+            "input_sizes": _list_or_none(e.get("input_sizes")), "input_dtypes": _list_or_none(e.get("input_dtypes")),
+            "is_p2p": e.get("is_p2p") is True}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v) and abs(v) < 2**63
+
+
+def _list_or_none(v: Any) -> list | None:
+    return list(v) if isinstance(v, (list, tuple)) else None
 
 
 def rank_of_dump(path: Path, dump: dict[str, Any]) -> int | None:
     """The rank a dump belongs to: its own field if any, else the number ending its file name."""
-    if isinstance(dump.get("rank"), int):
+    if rank_number(dump.get("rank")) is not None:
         return dump["rank"]
     m = _RANK_SUFFIX.search(path.name)
-    return int(m.group(1)) if m else None
+    return rank_number(m.group(1)) if m else None
 
 
 def entries(rank: int, dump: dict[str, Any]) -> list[Entry]:

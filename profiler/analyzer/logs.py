@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -151,7 +152,8 @@ class LogLine:
     line_no: int
     text: str
     source: str | None  # "transport/net_ib.cc:1696"
-    timestamp: str | None  # "2025-03-04 10:22:31" (NCCL 2.26+)
+    timestamp: str | None  # "2025-03-04 10:22:31" (NCCL 2.26+), the host's local time
+    time: float | None = None  # the timestamp as Unix seconds on the run's clock (set by the tables)
 
 
 @dataclass
@@ -342,6 +344,8 @@ class LogEvent:
     line_no: int
     text: str  # the line without launcher prefixes
     fields: dict[str, Any] = field(default_factory=dict)
+    timestamp: str | None = None  # glog's "1123 05:26:37.351571" (month, day, local time), when the line has it
+    time: float | None = None  # the timestamp as Unix seconds on the run's clock (set by the tables)
 
 
 # torch's logPrefix(): "[Rank 3]", "[PG 0 Rank 3]", "[PG ID 0 PG GUID 0(default_pg) Rank 3]".
@@ -439,6 +443,24 @@ def _common_fields(text: str) -> dict[str, Any]:
     return fields
 
 
+# glog's prefix on torch's C++ messages: "[E1123 05:26:37.351571345 ProcessGroupGloo.cpp:...]".
+_GLOG_STAMP = re.compile(r"\[[IWEF](\d{4} \d\d:\d\d:\d\d(?:\.\d+)?)\s")
+
+
+def local_to_unix(timestamp: str, utc_offset_s: float, year: int) -> float | None:
+    """A log line's local time as Unix seconds: NCCL's "2025-03-04 10:22:31" or glog's "0304 10:22:31.5"
+    (which has no year: ``year`` is the one the rank started in). None when it does not parse."""
+    stamp = timestamp.strip().replace("T", " ").replace(",", ".")
+    if re.fullmatch(r"\d{4} .*", stamp):
+        stamp = f"{year}-{stamp[:2]}-{stamp[2:4]}{stamp[4:]}"
+    day, _, fraction = stamp.partition(".")
+    try:
+        local = datetime.fromisoformat(day).replace(tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        return None
+    return local - utc_offset_s + (float(f"0.{fraction}") if fraction.isdigit() else 0.0)
+
+
 def _event(rule: _Rule, match: re.Match, line_no: int, text: str, launcher_rank: int | None) -> LogEvent:
     fields = _common_fields(text)
     fields.update({k: _int_or_text(v) for k, v in match.groupdict().items() if v is not None})
@@ -446,7 +468,8 @@ def _event(rule: _Rule, match: re.Match, line_no: int, text: str, launcher_rank:
         fields.update(rule.extra(text))
     if launcher_rank is not None:
         fields.setdefault("rank", launcher_rank)
-    return LogEvent(rule.kind, line_no, text, fields)
+    stamp = _GLOG_STAMP.search(text)
+    return LogEvent(rule.kind, line_no, text, fields, stamp.group(1) if stamp else None)
 
 
 def parse_errors(lines: Iterable[str]) -> list[LogEvent]:

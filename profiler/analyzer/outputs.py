@@ -37,6 +37,7 @@ def write(analysis_dir: Path, tables: Tables, doc: dict[str, Any], results: list
     write_json_atomic(analysis_dir / "timeline.json", timeline_index(analysis_dir, tables, results))
     write_json_atomic(analysis_dir / "nccl.json", {str(r): asdict(log) for r, log in sorted(tables.nccl_logs.items())})
     write_json_atomic(analysis_dir / "hang.json", hang_document(tables))
+    write_json_atomic(analysis_dir / "expected.json", doc.get("expected") or {})
 
 
 def timeline_index(analysis_dir: Path, tables: Tables, results: list[RankResult]) -> dict[str, Any]:

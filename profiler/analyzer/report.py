@@ -8,19 +8,28 @@ import math
 from pathlib import Path
 from typing import Any
 
-from diagtrain.profiler.analyzer.findings import SEVERITIES, Finding
+from diagtrain.profiler.analyzer import critical_path, expected
+from diagtrain.profiler.analyzer.findings import SEVERITIES, Finding, saving_text
+from diagtrain.profiler.analyzer.health import UNCOUNTED_CHECKS
 from diagtrain.profiler.analyzer.tables import Tables
 from diagtrain.profiler.run_dir import SCHEMA_VERSION, write_bytes_atomic
+from diagtrain.profiler.util.bounded_read import display
 
 FORMATS = ("md", "json", "html")
 MAX_RANK_ROWS = 64  # longer rank tables are cut in the Markdown report (all ranks stay in JSON)
 
 
+# The verdicts on why a run stopped (detectors/hang.py): read first whatever their severity.
+STOP_KINDS = ("hang", "crash", "interrupted")
+
+
 def order(findings: list[Finding]) -> list[Finding]:
-    """Most worth fixing first: warnings and worse by impact, then the informational ones."""
+    """Most worth fixing first: why the run stopped, warnings and worse by impact, then the
+    informational ones."""
     actionable = SEVERITIES.index("warning")
-    return sorted(findings, key=lambda f: (SEVERITIES.index(f.severity) < actionable, -(f.impact_ms or 0.0),
-                                           -SEVERITIES.index(f.severity)))
+    return sorted(findings, key=lambda f: (f.severity != "critical" and f.kind not in STOP_KINDS,
+                                           SEVERITIES.index(f.severity) < actionable,
+                                           -(f.impact_ms or 0.0), -SEVERITIES.index(f.severity)))
 
 
 def build(run: Path, tables: Tables, findings: list[Finding], health: list[dict], skipped: list[dict]) -> dict[str, Any]:
@@ -28,11 +37,12 @@ def build(run: Path, tables: Tables, findings: list[Finding], health: list[dict]
     m = tables.manifest
     return {
         "schema_version": SCHEMA_VERSION,
-        "run": {"path": str(run), "status": m.get("status"), "command": m.get("command"),
+        "run": {"path": display(run), "status": m.get("status"), "command": m.get("command"),
                 "strategy": m.get("strategy"), "mesh": m.get("mesh"), "world_size": tables.world_size,
                 "hosts": [h.get("name") for h in m.get("hosts", [])], "injected": m.get("injected", []),
                 "steps": int(tables.steps["step"].nunique()) if not tables.steps.empty else 0,
                 "on_gpu": tables.on_gpu, "phases": tables.phases},
+        "structure": tables.structure.to_json(),
         "ranks": [_clean(r) for r in tables.ranks.to_dict("records")],
         "findings": [f.to_json() for f in findings],
         "health": health,
@@ -62,16 +72,25 @@ def markdown(report: dict[str, Any]) -> str:
              f"{run['world_size']} ranks" if run.get("world_size") else None,
              f"{run['steps']} steps", "GPU traces" if run["on_gpu"] else "CPU traces"]
     lines += [", ".join(f for f in facts if f), ""]
+    structure = report.get("structure") or {}
+    if structure.get("lines"):
+        lines += ["Parallel structure: " + "; ".join(structure["lines"]) + ".", ""]
     findings = report["findings"]
     lines += [f"### Findings ({len(findings)})", ""]
-    if not findings:
+    uncounted = [h for h in report["health"] if h["check"] in UNCOUNTED_CHECKS]
+    if not findings and uncounted:
+        lines += [f"No problems found in the time that could be classified; {len(uncounted)} trace health "
+                  "warning(s) below name the time that could not be.", ""]
+    elif not findings:
         lines += ["No problems found.", ""]
     for i, f in enumerate(findings, 1):
-        impact = f" · saves ~{f['impact_ms']:.1f} ms/step" if f.get("impact_ms") else ""
+        impact = f" · saves {saving_text(f)}" if saving_text(f) else ""
         lines += [f"{i}. **{f['severity'].upper()} {f['kind']}**{impact}: {f['explanation']}",
                   f"   - *What to do:* {f['suggestion']}",
                   f"   - *Thresholds:* {_thresholds(f['metrics'])}", ""]
+    lines += critical_path.markdown(report.get("critical_path"))
     lines += _rank_table(report["ranks"])
+    lines += expected.markdown(report.get("expected"))
     if report["health"]:
         lines += ["### Trace health", ""] + [f"- {h['severity']}: {h['message']}" for h in report["health"]] + [""]
     if report["skipped"]:
@@ -87,16 +106,21 @@ def _thresholds(metrics: dict[str, Any]) -> str:
 def _rank_table(ranks: list[dict]) -> list[str]:
     if not ranks:
         return []
-    lines = ["### Ranks", "", "| rank | steps | median step (ms) | compute (ms) | non-compute (ms) | idle (ms) | overlap | peak memory (MiB) |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["### Ranks", "",
+             "Median step: over all recorded steps. Compute, non-compute and idle: summed over each rank's traced "
+             "window (its profiled steps, first to last traced event), so together they make the window, not one step.",
+             "",
+             "| rank | steps | median step (ms) | profiled steps | traced window (ms) | compute in window (ms) "
+             "| non-compute in window (ms) | idle in window (ms) | overlap | peak memory (MiB) |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in ranks[:MAX_RANK_ROWS]:
-        lines.append("| {} | {} | {} | {} | {} | {} | {} | {} |".format(
-            r["rank"], r["steps"], _ms(r.get("step_time_median_us")), _ms(r.get("compute_us")),
-            _ms(r.get("non_compute_us")), _ms(r.get("idle_us")),
+        lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
+            r["rank"], r["steps"], _ms(r.get("step_time_median_us")), r.get("profiled_steps", ""), _ms(r.get("window_us")),
+            _ms(r.get("compute_us")), _ms(r.get("non_compute_us")), _ms(r.get("idle_us")),
             "" if r.get("comm_comp_overlap_pct") is None else f"{r['comm_comp_overlap_pct']:.0f}%",
             "" if r.get("peak_mem_bytes") is None else f"{r['peak_mem_bytes'] / 2**20:.0f}"))
     if len(ranks) > MAX_RANK_ROWS:
-        lines.append(f"| ... | {len(ranks) - MAX_RANK_ROWS} more ranks in report.json | | | | | | |")
+        lines.append(f"| ... | {len(ranks) - MAX_RANK_ROWS} more ranks in report.json | | | | | | | | |")
     return lines + [""]
 
 
@@ -116,7 +140,8 @@ def html_page(report: dict[str, Any], tables: Tables) -> str:
     if not ranks.empty and ranks["compute_us"].notna().any():
         figures.append(go.Figure([go.Bar(name=n, x=ranks["rank"], y=ranks[c] / 1e3)
                                   for n, c in (("compute", "compute_us"), ("non-compute", "non_compute_us"), ("idle", "idle_us"))],
-                                 layout={"barmode": "stack", "title": "Profiled time per rank (ms)", "xaxis_title": "rank"}))
+                                 layout={"barmode": "stack", "title": "Time per rank over its traced window (ms)",
+                                         "xaxis_title": "rank"}))
     charts = "".join(to_html(fig, full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figures))
     body = html.escape(markdown(report))
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>diagtrain report</title></head>"

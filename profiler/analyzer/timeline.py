@@ -15,7 +15,7 @@ import pandas as pd
 
 from diagtrain.profiler.analyzer import intervals as iv
 from diagtrain.profiler.analyzer.breakdown import host_categories
-from diagtrain.profiler.analyzer.trace_file import COMM, COMPUTE, MEMORY, STEP_ANNOTATION, name_matches
+from diagtrain.profiler.analyzer.dialects import COMM, COMPUTE, MEMORY, STEP_ANNOTATION, kind_in, name_matches
 
 IDLE = "idle"
 SPAN_KINDS = (COMPUTE, COMM, MEMORY, IDLE)
@@ -23,39 +23,45 @@ SPAN_KINDS = (COMPUTE, COMM, MEMORY, IDLE)
 
 def spans(events: pd.DataFrame, on_gpu: bool) -> pd.DataFrame:
     """The spans of one trace's events: start_us, end_us, kind, name; sorted by start within a kind."""
-    active = _active(events, on_gpu)
+    rows, kinds = _active(events, on_gpu)
+    starts, ends = events["ts"].to_numpy()[rows], events["end"].to_numpy()[rows]
     # Outermost first among events that start together, so a span takes the enclosing op's name.
-    active = active.iloc[np.lexsort((-active["dur"].to_numpy(), active["ts"].to_numpy()))]
-    names = active["name"].astype("category")
-    names = names.cat.add_categories([IDLE]) if IDLE not in names.cat.categories else names
-    codes, categories = names.cat.codes.to_numpy(), names.cat.categories  # one dictionary for every kind
-    kinds, starts, ends = active["kind"].to_numpy(), active["ts"].to_numpy(), active["end"].to_numpy()
+    order = np.lexsort((-events["dur"].to_numpy()[rows], starts))
+    starts, ends, kinds = starts[order], ends[order], kinds[order]
+    names = events["name"].cat
+    categories = names.categories if IDLE in names.categories else names.categories.append(pd.Index([IDLE]))
+    dictionary = pd.CategoricalDtype(categories)  # one dictionary for every kind, checked once
+    codes = names.codes.to_numpy()[rows][order]
     frames = []
     for kind in (COMPUTE, COMM, MEMORY):
         mask = kinds == kind
         (s, e), first = iv.merge_with_first(starts[mask], ends[mask])
-        frames.append(_frame(s, e, kind, pd.Categorical.from_codes(codes[mask][first], categories=categories)))
+        frames.append(_frame(s, e, kind, pd.Categorical.from_codes(codes[mask][first], dtype=dictionary)))
     idle_s, idle_e = _idle(events, iv.merge(starts, ends), on_gpu)
     idle_codes = np.full(len(idle_s), categories.get_loc(IDLE))
-    frames.append(_frame(idle_s, idle_e, IDLE, pd.Categorical.from_codes(idle_codes, categories=categories)))
-    table = pd.concat(frames, ignore_index=True)
-    table["kind"] = pd.Categorical(table["kind"], categories=SPAN_KINDS)
-    return table
+    frames.append(_frame(idle_s, idle_e, IDLE, pd.Categorical.from_codes(idle_codes, dtype=dictionary)))
+    return pd.concat(frames, ignore_index=True)
+
+
+_SPAN_KINDS = pd.CategoricalDtype(SPAN_KINDS)
 
 
 def _frame(starts: np.ndarray, ends: np.ndarray, kind: str, names: pd.Categorical) -> pd.DataFrame:
-    return pd.DataFrame({"start_us": starts, "end_us": ends, "kind": kind, "name": names})
+    kinds = pd.Categorical.from_codes(np.full(len(starts), SPAN_KINDS.index(kind), dtype=np.int8), dtype=_SPAN_KINDS)
+    return pd.DataFrame({"start_us": starts, "end_us": ends, "kind": kinds, "name": names})
 
 
-def _active(events: pd.DataFrame, on_gpu: bool) -> pd.DataFrame:
-    """The events that count as work: kernels on GPU, compute and communication host ops on CPU."""
+def _active(events: pd.DataFrame, on_gpu: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of the events that count as work (kernels on GPU, compute and communication host
+    ops on CPU), and the kind each is drawn as."""
     if on_gpu:
-        return events[(events["stream"] >= 0).to_numpy() & events["kind"].isin([COMPUTE, COMM, MEMORY]).to_numpy()]
-    host = events[events["stream"] < 0]
-    is_compute, is_comm = host_categories(host)
-    host = host[is_compute | is_comm]
+        rows = np.flatnonzero((events["stream"] >= 0).to_numpy() & kind_in(events, COMPUTE, COMM, MEMORY))
+        return rows, np.asarray(events["kind"].cat.categories)[events["kind"].cat.codes.to_numpy()[rows]]
+    host = np.flatnonzero((events["stream"] < 0).to_numpy())
+    is_compute, is_comm = host_categories(events[["kind", "cat"]].iloc[host])
+    work = is_compute | is_comm
     # On CPU every op is "cpu" in the trace's kinds; name the two the breakdown counts.
-    return host.assign(kind=np.where(is_comm[is_compute | is_comm], COMM, COMPUTE))
+    return host[work], np.where(is_comm[work], COMM, COMPUTE)
 
 
 def _idle(events: pd.DataFrame, busy: iv.Intervals, on_gpu: bool) -> iv.Intervals:

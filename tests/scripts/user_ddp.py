@@ -1,7 +1,8 @@
 """A user's DDP script that knows nothing of diagtrain (run under torchrun or plain python).
 
 Environment knobs for the tests: STEPS, STEP_SLEEP (seconds per step), FAIL_RANK and FAIL_STEP
-(that rank raises at that step), EXIT_CODE (exit with it at the end).
+(that rank raises at that step), PAUSE_RANK, PAUSE_STEP and PAUSE_S (that rank sleeps before that
+step's work, while its peers wait in the step's all-reduce), EXIT_CODE (exit with it at the end).
 """
 
 import os
@@ -21,9 +22,12 @@ if distributed:
     model = DistributedDataParallel(model)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 fail_rank, fail_step = int(os.environ.get("FAIL_RANK", -1)), int(os.environ.get("FAIL_STEP", 0))
+pause_rank, pause_step = int(os.environ.get("PAUSE_RANK", -1)), int(os.environ.get("PAUSE_STEP", 0))
 for step in range(1, int(os.environ.get("STEPS", "6")) + 1):
     if rank == fail_rank and step == fail_step:
         raise RuntimeError(f"injected failure on rank {rank} at step {step}")
+    if rank == pause_rank and step == pause_step:
+        time.sleep(float(os.environ.get("PAUSE_S", "0")))
     loss = model(torch.randn(16, 32)).pow(2).mean()
     loss.backward()
     optimizer.step()

@@ -23,6 +23,8 @@ DETECTORS = (
     "nccl_transport",
     "gpu_throttling",
     "low_utilization",
+    "host_contention",
+    "missing_evidence",
 )
 
 

@@ -1,16 +1,24 @@
-"""What detectors share: steady-state steps, peer groups, and step ranges in words."""
+"""What detectors share: steady-state steps, late arrivals at collectives, and step ranges in words."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
-from diagtrain.profiler.analyzer.tables import Tables
-from diagtrain.profiler.stats import binomial_tail
+from diagtrain.profiler.util.stats import binomial_tail
 
 # Warm-up rule: step 1 carries start-up (process-group init, allocator growth, first-call
 # compilation) and is left out of every statistic, as long as three or more steps remain.
 WARMUP_STEPS = 1
 MIN_STEADY_STEPS = 3
+# Phases that alone say too little of a rank's own work to compare ranks by: the optimizer step
+# that `diagtrain run`'s optimizer hooks time in a plain script (a few ms that a busy host doubles).
+UNINFORMATIVE_PHASES = frozenset({"optimizer"})
+
+
+def informative_phases(phases: list[str]) -> list[str]:
+    """The recorded phases, unless they are only the uninformative ones (then none)."""
+    return [] if set(phases) <= UNINFORMATIVE_PHASES else list(phases)
 
 
 def steady(steps: pd.DataFrame) -> pd.DataFrame:
@@ -19,26 +27,6 @@ def steady(steps: pd.DataFrame) -> pd.DataFrame:
         return steps
     later = steps[steps["step"] > WARMUP_STEPS]
     return later if later["step"].nunique() >= MIN_STEADY_STEPS else steps
-
-
-def peer_groups(tables: Tables, ranks: list[int]) -> list[list[int]]:
-    """Ranks doing the same work: the same pipeline stage of a reference trainer, else all ranks."""
-    mesh = (tables.trainer or {}).get("mesh") or {}
-    pp = int(mesh.get("pp") or 1)
-    if pp <= 1:
-        return [sorted(ranks)]
-    per_stage = len(ranks) // pp if len(ranks) % pp == 0 else None
-    if not per_stage:
-        return [sorted(ranks)]
-    # Mesh order pp, dp, tp: stage s holds ranks s*dp*tp ... (s+1)*dp*tp-1.
-    return [sorted(r for r in ranks if r // per_stage == s) for s in range(pp)]
-
-
-def stage_of(tables: Tables, rank: int) -> int | None:
-    """The pipeline stage coordinate of ``rank`` in a reference trainer's mesh, if any."""
-    mesh = (tables.trainer or {}).get("mesh") or {}
-    dp, tp = int(mesh.get("dp") or 1), int(mesh.get("tp") or 1)
-    return rank // (dp * tp) if mesh.get("pp", 1) > 1 else None
 
 
 def ranges(steps: list[int]) -> str:
@@ -68,34 +56,98 @@ MIN_LATENESS_MS = 5.0
 # ... and this many times later than the other ranks usually are: on a busy host every rank is
 # late by turns (a clean 4-rank run here: 9 ms against the others' 3 ms).
 LATENESS_RATIO = 4.0
+# A collective its ranks reached within this of each other has no late rank: who came last there
+# is a coin toss. Counting it would dilute a rank late wherever arrivals do differ (a comm hook
+# delays the gradient buckets, not the loss all-reduce beside them).
+ARRIVED_TOGETHER_MS = MIN_LATENESS_MS
 # ... and last more often than chance would make it (1 in group-size), at this significance: with
 # 4 ranks and 4 collectives, chance alone makes some rank last 3 times of 4 in one run of five.
 LATE_ALPHA = 0.05
 
 
+# A late rank that pauses right before its calls this much longer than its peers, as a share of
+# its lateness (and by more than noise, MIN_LATENESS_MS), was held up on its way to the collective
+# (a comm hook, a delay before each call). Less, and its lateness comes from its own work earlier
+# in the step (a straggler). A third: what else a late rank carries into the collective (contended
+# compute since the last one) can be twice the pause itself on a shared host.
+GAP_EXPLAINS = 1 / 3
+LATE_COLUMNS = ["rank", "group", "collectives", "late", "late_share", "lateness_ms", "chance", "p_value", "extra_gap_ms"]
+
+
 def late_arrivals(collectives: pd.DataFrame) -> pd.DataFrame:
-    """Per rank: collectives seen, share at which it arrived last and late, mean lateness (ms)."""
+    """Per rank and process group: collectives judged (those not reached together), share of them at
+    which it arrived last and late, mean lateness (ms), and how much longer than its peers it paused
+    right before its calls."""
     if collectives.empty or "group" not in collectives:
-        return pd.DataFrame(columns=["rank", "collectives", "late", "late_share", "lateness_ms", "chance", "p_value"])
-    table = collectives[collectives["ranks_seen"] > 1].copy()
-    table["lateness_ms"] = (table["ts"] - table.groupby(["group", "op", "seq"])["ts"].transform("min")) / 1e3
-    table["late"] = (table["last_rank"] == table["rank"]) & (table["lateness_ms"] >= LATE_MS)
-    table["chance"] = 1.0 / table["ranks_seen"]
-    out = table.groupby("rank").agg(collectives=("late", "size"), late=("late", "sum"), late_share=("late", "mean"),
-                                    lateness_ms=("lateness_ms", "mean"), chance=("chance", "mean")).reset_index()
+        return pd.DataFrame(columns=LATE_COLUMNS)
+    shared = collectives["ranks_seen"] > 1
+    if "is_p2p" in collectives:
+        shared &= ~collectives["is_p2p"].fillna(False).astype(bool)
+    table = collectives[shared].copy()
+    if table.empty:
+        return pd.DataFrame(columns=LATE_COLUMNS)
+    key = ["group", "op", "seq"]
+    arrived = table["arrived_ts"] if "arrived_ts" in table else table["ts"]
+    table["lateness_ms"] = (arrived - arrived.groupby([table[k] for k in key]).transform("min")) / 1e3
+    spread = table["lateness_ms"].groupby([table[k] for k in key]).transform("max")
+    table["judged"] = spread >= ARRIVED_TOGETHER_MS
+    table["late"] = (table["last_rank"] == table["rank"]) & (table["lateness_ms"] >= LATE_MS) & table["judged"]
+    table["chance"] = (1.0 / table["ranks_seen"]).where(table["judged"])
+    gap = table["issue_gap_us"] if "issue_gap_us" in table else pd.Series(np.nan, index=table.index)
+    by = gap.groupby([table[k] for k in key])
+    others = (by.transform("sum") - gap) / (by.transform("count") - 1)  # the other ranks' mean gap
+    table["extra_gap_ms"] = ((gap - others) / 1e3).where(table["late"])
+    out = table.groupby(["rank", "group"]).agg(
+        collectives=("judged", "sum"), late=("late", "sum"),
+        lateness_ms=("lateness_ms", "mean"), chance=("chance", "mean"), extra_gap_ms=("extra_gap_ms", "median"),
+    ).reset_index()
+    out["late_share"] = (out["late"] / out["collectives"]).where(out["collectives"] > 0, 0.0)
     out["p_value"] = [binomial_tail(int(k), int(n), p) for k, n, p in zip(out["late"], out["collectives"], out["chance"])]
-    return out
+    return out[LATE_COLUMNS]
+
+
+def is_persistently_late(late: pd.DataFrame) -> pd.Series:
+    """Rows of ``late_arrivals`` whose rank is late at most collectives of that group, by more than
+    noise: later than the group's other ranks usually are, and last more often than chance. The
+    chance test pools the groups in which the rank is late this way (a rank held up before every
+    call is late in each of its groups, each with few collectives in a short profiled window)."""
+    others = late.groupby("group")["lateness_ms"].transform(_median_of_the_others).fillna(0.0)
+    candidate = ((late["late_share"] >= PERSISTENTLY_LATE) & (late["lateness_ms"] >= MIN_LATENESS_MS)
+                 & (late["lateness_ms"] >= LATENESS_RATIO * others))
+    pooled = late[candidate].assign(expected=lambda t: t["chance"] * t["collectives"]).groupby("rank")[
+        ["late", "collectives", "expected"]].sum()
+    p_value = {int(r): binomial_tail(int(row.late), int(row.collectives), row.expected / row.collectives)
+               for r, row in pooled.iterrows()}
+    return candidate & (late["rank"].map(p_value).fillna(1.0) < LATE_ALPHA)
+
+
+def _median_of_the_others(values: pd.Series) -> pd.Series:
+    v = values.to_numpy(dtype=float)
+    if len(v) < 2:
+        return pd.Series(np.nan, index=values.index)
+    return pd.Series([float(np.median(np.delete(v, i))) for i in range(len(v))], index=values.index)
+
+
+def held_before_calls(late: pd.DataFrame) -> pd.Series:
+    """Per row of ``late_arrivals``: 1.0 when its lateness is a pause right before the rank's
+    calls, 0.0 when it comes from the rank's earlier work, NaN when unknown (no call gaps: GPU)."""
+    explained = ((late["extra_gap_ms"] >= GAP_EXPLAINS * late["lateness_ms"])
+                 & (late["extra_gap_ms"] >= MIN_LATENESS_MS)).astype(float)
+    return explained.where(late["extra_gap_ms"].notna())
 
 
 def persistently_late(collectives: pd.DataFrame) -> set[int]:
-    """Ranks that arrive last at most of their collectives."""
+    """Ranks that arrive last at most collectives of some group."""
     late = late_arrivals(collectives)
     return set(int(r) for r in late.loc[is_persistently_late(late), "rank"])
 
 
-def is_persistently_late(late: pd.DataFrame) -> pd.Series:
-    """Rows of ``late_arrivals`` whose rank is late at most collectives, and by more than noise."""
-    others = [late["lateness_ms"].drop(index=i).median() if len(late) > 1 else 0.0 for i in late.index]
-    return ((late["late_share"] >= PERSISTENTLY_LATE) & (late["lateness_ms"] >= MIN_LATENESS_MS)
-            & (late["lateness_ms"] >= LATENESS_RATIO * pd.Series(others, index=late.index))
-            & (late["p_value"] < LATE_ALPHA))
+def late_on_their_path(collectives: pd.DataFrame) -> tuple[set[int], set[int]]:
+    """Persistently late ranks whose delay sits right before their calls: (known from the gaps
+    before their calls, assumed where those gaps are unknown)."""
+    late = late_arrivals(collectives)
+    late = late[is_persistently_late(late)]
+    held = held_before_calls(late)
+    known = set(int(r) for r in late.loc[held == 1.0, "rank"])
+    assumed = set(int(r) for r in late.loc[held.isna(), "rank"]) - known
+    return known, assumed

@@ -1,4 +1,9 @@
-"""dataloader_stall: steps where a rank waits for its next batch far longer than usual."""
+"""dataloader_stall: steps where a rank waits for its next batch far longer than usual.
+
+The wait is the step's data phase: recorded by the job's StepRecorder or the always-on counters
+(time in a DataLoader iterator's ``__next__``), else read from the profiler's own DataLoader spans
+(``enumerate(DataLoader)#..__next__``) in the profiled steps.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,10 @@ from diagtrain.profiler.analyzer.findings import Finding
 from diagtrain.profiler.analyzer.tables import Tables
 
 STALL_FACTOR = 3.0  # a data phase this many times the run's typical one is a stall...
-MIN_STALL_MS = 10.0  # ...and at least this long, so that microsecond jitter never counts
+# ...and at least this long: data workers starved by a busy host hand batches over a few ms late
+# (18 ms against 3 ms in a clean run with workers on a crowded 2-core machine here)...
+MIN_STALL_MS = 20.0
+MIN_STALL_SHARE = 0.05  # ...and this share of the median step, so that it costs the step something
 MIN_STEPS = 2  # a single slow batch (a cold cache) is not worth a finding
 
 
@@ -16,7 +24,7 @@ def detect(tables: Tables) -> list[Finding]:
     if "data_ms" not in steps or steps["data_ms"].isna().all():
         return []
     typical = float(steps["data_ms"].median())
-    threshold = max(STALL_FACTOR * typical, MIN_STALL_MS)
+    threshold = max(STALL_FACTOR * typical, MIN_STALL_MS, MIN_STALL_SHARE * float(steps["wall_ms"].median()))
     findings = []
     for rank, rows in steps[steps["data_ms"] >= threshold].groupby("rank"):
         if len(rows) < MIN_STEPS:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from diagtrain.profiler.analyzer.detectors.base import steady
-from diagtrain.profiler.analyzer.findings import Finding
+from diagtrain.profiler.analyzer.findings import UPPER_BOUND, Finding
 from diagtrain.profiler.analyzer.tables import Tables
 
 INFO_SHARE = 0.2  # reported from a fifth of the step on
@@ -19,27 +19,37 @@ def detect(tables: Tables) -> list[Finding]:
     share = float((profiled["exposed_comm_ms"] / profiled["wall_ms"]).median())
     if share < INFO_SHARE:
         return []
-    # On CPU (gloo) toy runs communication dominates by construction: informative, not a defect.
+    # On CPU (gloo) toy runs communication dominates by construction: informative, not a defect,
+    # and no saving is claimed for it (nothing in the job can overlap what the host itself blocks on).
     severity = "warning" if tables.on_gpu and share >= WARN_SHARE_GPU else "info"
+    exposed_ms = float(profiled["exposed_comm_ms"].median())
     top = _top_collectives(tables)
+    saving = (f"; overlapping it would save up to {exposed_ms:.0f} ms per step" if tables.on_gpu else
+              "; on CPU (gloo) a small model's step is mostly communication by design, so no saving is claimed")
     return [Finding(
         kind="exposed_communication", severity=severity, ranks=sorted(int(r) for r in profiled["rank"].unique()),
         steps=sorted(int(s) for s in profiled["step"].unique()),
-        explanation=(f"{share:.0%} of the profiled step time is communication that no computation overlaps"
-                     + (f"; most of it in {', '.join(top)}." if top else ".")),
+        explanation=(f"{share:.0%} of the profiled step time ({exposed_ms:.0f} ms per step, median over ranks and "
+                     f"steps) is communication that no computation overlaps{saving}"
+                     + (f". The longest collectives: {', '.join(top)}." if top else ".")),
         suggestion=("Overlap it: larger DDP buckets or FSDP prefetching (forward/backward prefetch), fewer "
                     "and larger collectives, or a higher compute-to-communication ratio (batch size per rank)."),
         metrics={"observed_share": share, "threshold_share": INFO_SHARE, "warn_share": WARN_SHARE_GPU,
-                 "exposed_ms_per_step": float(profiled["exposed_comm_ms"].median())},
+                 "exposed_ms_per_step": exposed_ms, UPPER_BOUND: True},
         evidence=[{"type": "collective_summary", "op": t} for t in top],
-        impact_ms=float(profiled["exposed_comm_ms"].median()),
+        impact_ms=exposed_ms if tables.on_gpu else None,
     )]
 
 
 def _top_collectives(tables: Tables) -> list[str]:
+    """The collectives that took the most time, each as its time per profiled step on each rank that calls it."""
     c = tables.collectives
-    if c.empty:
+    profiled_steps = tables.steps.loc[tables.steps["exposed_comm_ms"].notna(), "step"].nunique()  # all the traces hold
+    if c.empty or not profiled_steps:
         return []
     group = c["pg_desc"].fillna(c["pg"]).astype(str).replace("?", "an unknown group")
-    totals = c.assign(label=c["op"] + " on " + group).groupby("label")["dur"].sum()
-    return [f"{label} ({total / 1e3:.0f} ms)" for label, total in totals.nlargest(TOP_COLLECTIVES).items()]
+    labelled = c.assign(label=c["op"] + " on " + group)
+    totals = labelled.groupby("label").agg(dur=("dur", "sum"), ranks=("rank", "nunique"))
+    top = totals.nlargest(TOP_COLLECTIVES, "dur")
+    return [f"{label} ({dur / ranks / profiled_steps / 1e3:.0f} ms per step on each of its {ranks} ranks)"
+            for label, dur, ranks in zip(top.index, top["dur"], top["ranks"])]

@@ -1,11 +1,16 @@
-"""hang, crash and collective_mismatch: why a job stopped making progress, in one sentence.
+"""hang, crash, host_lost, interrupted and collective_mismatch: why a job stopped, in one sentence.
 
-The flight-recorder dumps say, per process group, the last collective each rank entered: the
-earliest collective that some members entered and others never did is what everything waits on,
-and the ranks that never entered it are the cause. Their stacks say where they are instead. A
-rank that died (exit record with its exception) is the cause of the others' wait. Ranks that all
-agree in the flight recorder but one of them is in user code while the rest are inside torch
-point at that rank (a pipeline stage that never sends, code stuck before a collective).
+When something stopped first (stops.py, every host on one clock): a rank that died (its exception
+and line, or the signal that killed it), a host lost or stopped by a signal, is the cause, and the
+other ranks' connection errors after it are named as its consequences. A run interrupted while
+making progress is only that, whatever its flight recorder shows.
+
+When nothing did (a hang), the flight-recorder dumps say, per process group, the last collective
+each rank entered: the earliest collective that some members entered and others never did is what
+everything waits on, and the ranks that never entered it are the cause. Their stacks say where
+they are instead. Ranks that all agree in the flight recorder but one of them is in user code
+while the rest are inside torch point at that rank (a pipeline stage that never sends, code stuck
+before a collective).
 """
 
 from __future__ import annotations
@@ -13,16 +18,23 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from diagtrain.profiler.analyzer import flight_records as fr
+from diagtrain.profiler.analyzer import stops
 from diagtrain.profiler.analyzer.findings import Finding
 from diagtrain.profiler.analyzer.tables import Tables
-from diagtrain.profiler.manifest import STOPPED
+from diagtrain.profiler.run_dir import STOPPED
 
+# A run stopped after this long without any rank finishing a step was stuck, not stopped mid-work:
+# whoever stops a job because it hangs has watched it do nothing for a while, and checkpoints or
+# evaluations rarely hold every rank's steps this long. Shorter stops are interruptions.
+STUCK_BEFORE_STOP_S = 60.0
+STUCK_STEPS = 10  # ... and the stall must be at least this many typical steps long
 # Frames inside these paths are torch waiting on other ranks (collectives, p2p, DDP's backward).
 TORCH_COMM_PATHS = ("torch/distributed/", "torch/autograd/", "torch/nn/parallel/")
 LIBRARY_MARKERS = ("site-packages/", "dist-packages/", "/lib/python3", "<frozen")
 
 
 def detect(tables: Tables) -> list[Finding]:
+    """Mismatched collectives, and for a run that stopped, the one finding that says why."""
     if not tables.dumps and tables.manifest.get("status") not in STOPPED:
         return []
     entries = tables.flight_records
@@ -32,19 +44,35 @@ def detect(tables: Tables) -> list[Finding]:
         return findings
     findings += _mismatch_in_logs(tables)
     blocked = blocked_in_order(tables, entries)
-    crashed = {r: e for r, e in tables.exits.items() if e and e.get("reason") == "exception"}
-    if status == "failed":
-        # A rank with no exit record died abruptly (a C++ abort, a signal): usually the first to go.
-        crashed.update({r: _abrupt_exit(tables, r) for r in tables.rank_hosts if r not in tables.exits})
-    if crashed:
-        findings.append(_crash(tables, crashed, blocked))
-    elif blocked:
-        findings.append(_hang_in_collective(tables, blocked[0]))
-    elif status == "hung":
-        finding = _hang_in_user_code(tables)
-        if finding:
+    record = stops.collect(tables)
+    cause = stops.first_cause(record, hung=status == "hung")
+    stalled_s = _stalled_before(tables, cause) if cause is not None and cause.kind in stops.BY_SIGNAL else None
+    if cause is None or (stalled_s is not None and stalled_s >= STUCK_BEFORE_STOP_S):
+        # No rank died, or the run was stopped after a long time without a step: what held it?
+        if blocked:
+            findings.append(_hang_in_collective(tables, blocked[0], stalled_s))
+        elif status == "hung" and (finding := _hang_in_user_code(tables)):
             findings.append(finding)
+        elif cause is not None:
+            findings.append(_interrupted(tables, cause, record, stalled_s))
+    elif cause.kind in (stops.HOST_LOST, stops.WRAPPER_FAILED):
+        findings.append(_host_lost(tables, cause, record))
+    elif cause.kind in stops.BY_SIGNAL:
+        # Ranks stopped mid-step, some inside a collective their peers had not reached: not a hang.
+        findings.append(_interrupted(tables, cause, record, stalled_s))
+    else:
+        findings.append(_crash(tables, cause, record, blocked))
     return findings
+
+
+def _stalled_before(tables: Tables, cause: stops.Stop) -> float | None:
+    """Seconds between the last step any rank finished and the stop, when that is many steps long."""
+    steps = tables.steps
+    if cause.time is None or steps.empty or "end" not in steps or steps["end"].isna().all():
+        return None
+    step_s = float(steps["wall_ms"].median()) / 1e3 if "wall_ms" in steps else 0.0
+    stalled = cause.time - float(steps["end"].max())
+    return stalled if stalled > STUCK_STEPS * step_s else None
 
 
 def blocked_in_order(tables: Tables, entries: list[fr.Entry]) -> list[fr.Blocked]:
@@ -74,14 +102,16 @@ def _step_entered(tables: Tables, b: fr.Blocked) -> float:
     return min(found, default=0.0)
 
 
-def _hang_in_collective(tables: Tables, b: fr.Blocked) -> Finding:
+def _hang_in_collective(tables: Tables, b: fr.Blocked, stalled_s: float | None = None) -> Finding:
     where = "; ".join(f"rank {r} is in {_where(tables, r)}" for r in b.missing)
     group = b.pg_desc or b.pg.split(":")[0]
+    stopped = f" The run was interrupted after {stalled_s:.0f} s without a finished step." if stalled_s else ""
     return Finding(
         kind="hang", severity="critical", ranks=b.missing,
         explanation=(f"rank{'s' if len(b.missing) > 1 else ''} {_list(b.missing)} never entered {_op(b.op)} #{b.seq} "
                      f"on the {group} group; rank{'s' if len(b.waiting) > 1 else ''} {_list(b.waiting)} "
-                     f"{'have' if len(b.waiting) > 1 else 'has'} waited in it since {_clock(b.since_ns)}; {where}."),
+                     f"{'have' if len(b.waiting) > 1 else 'has'} waited in it since {_clock(b.since_ns)}; {where}."
+                     f"{stopped}"),
         suggestion=("Find why that rank skipped or has not reached this collective: a condition that differs "
                     "between ranks (a collective inside an `if`), an exception caught and ignored, or code that "
                     "blocks before it. Every rank must issue the same collectives in the same order."),
@@ -90,10 +120,9 @@ def _hang_in_collective(tables: Tables, b: fr.Blocked) -> Finding:
     )
 
 
-def _crash(tables: Tables, crashed: dict[int, dict], blocked: list[fr.Blocked]) -> Finding:
+def _crash(tables: Tables, cause: stops.Stop, record: list[stops.Stop], blocked: list[fr.Blocked]) -> Finding:
     # The first to die is the cause; the others' errors ("connection closed by peer") follow from it.
-    rank = min(crashed, key=lambda r: (crashed[r].get("time") or float("inf"), r))
-    exit_record = crashed[rank]
+    rank = cause.ranks[0]
     waiting = next((b for b in blocked if rank in b.missing), blocked[0] if blocked else None)
     tail = ""
     if waiting:
@@ -103,21 +132,112 @@ def _crash(tables: Tables, crashed: dict[int, dict], blocked: list[fr.Blocked]) 
             tail = (f"; rank{'s' if len(others) > 1 else ''} {_list(others)} "
                     f"{'were' if len(others) > 1 else 'was'} waiting in {_op(waiting.op)} "
                     f"#{waiting.seq} on the {group} group, which it never entered")
+    if cause.kind == stops.KILLED:
+        what = f"was killed ({cause.detail}); it is in {_where(tables, rank)}"
+    elif cause.kind == stops.CONNECTION:
+        what = f"lost its connection to its peers first ({cause.detail[:300]}) at {cause.where or _where(tables, rank)}"
+    else:
+        what = f"crashed with {cause.detail} at {cause.where or _where(tables, rank)}"
     return Finding(
         kind="crash", severity="critical", ranks=[rank],
-        explanation=f"rank {rank} crashed with {exit_record.get('exception')} at {exit_record.get('where')}{tail}.",
-        suggestion=f"Fix the error on rank {rank} (ranks/{rank}/stderr.log has the traceback); the other ranks "
-                   "stopped because it did.",
-        metrics={"exit_code": exit_record.get("code"), "waiting_in": waiting.op if waiting else None},
-        evidence=[{"type": "exit", "rank": r, **{k: e.get(k) for k in ("code", "exception", "where")}}
-                  for r, e in sorted(crashed.items())] + (_evidence(tables, waiting) if waiting else []),
+        explanation=f"rank {rank}{_on_host(tables, rank)} {what}{tail}.{_followed(tables, cause, record)}",
+        suggestion=(f"Nothing else stopped first: look at the network between rank {rank} and its peers, and at "
+                    "anything outside this run that could have ended them." if cause.kind == stops.CONNECTION else
+                    f"Fix the error on rank {rank} (ranks/{rank}/stderr.log has the traceback); the other ranks "
+                    "stopped because it did."),
+        metrics={"exit_code": cause.code, "waiting_in": waiting.op if waiting else None, "cause": cause.kind},
+        evidence=_stop_evidence(cause, record) + (_evidence(tables, waiting) if waiting else []),
+        time_range=_instant(cause),
     )
 
 
-def _abrupt_exit(tables: Tables, rank: int) -> dict:
-    events = tables.log_events.get(rank) or []
-    cause = events[0].text if events else "a signal (no exit record, no Python exception)"
-    return {"reason": "killed", "exception": cause, "where": _where(tables, rank), "time": float("-inf")}
+def _host_lost(tables: Tables, cause: stops.Stop, record: list[stops.Stop]) -> Finding:
+    if cause.kind == stops.HOST_LOST:
+        ranks = f"; its ranks {_list(cause.ranks)} stopped without an exit record" if cause.ranks else ""
+        what = (f"host {cause.host} was lost: its wrapper is gone without ending its record (killed, or the "
+                f"machine went down), last seen{_at(cause)}{ranks}")
+        todo = (f"Find out what happened to {cause.host} then: the scheduler's log (preemption, the OOM killer, "
+                "a node failure) and the machine's kernel log; its ranks' stderr.log ends where they stopped.")
+    else:
+        what = f"diagtrain's wrapper on host {cause.host} failed ({cause.detail}){_at(cause)} and stopped its job"
+        todo = f"This is diagtrain's fault, not the job's: report it with hosts/{cause.host}/host.json and console.log."
+    return Finding(
+        kind="host_lost", severity="critical", ranks=cause.ranks,
+        explanation=f"{what}.{_followed(tables, cause, record)}", suggestion=todo,
+        metrics={"host": cause.host, "last_seen": cause.time, "cause": cause.kind},
+        evidence=_stop_evidence(cause, record), time_range=_instant(cause),
+    )
+
+
+def _interrupted(tables: Tables, cause: stops.Stop, record: list[stops.Stop], stalled_s: float | None) -> Finding:
+    """A run stopped by a signal: the cause when it made ranks elsewhere fail, else only a fact."""
+    ran_ranks = set(tables.rank_hosts.values())
+    interrupted = {s.host for s in record if s.kind == stops.HOST_INTERRUPTED}
+    whole_run = not stops.consequences(record, cause) or ran_ranks <= interrupted
+    if cause.kind == stops.HOST_INTERRUPTED:
+        who, how = f"host {cause.host}", f"was stopped by {cause.detail}"
+    else:
+        who = f"rank{'s' if len(cause.ranks) > 1 else ''} {_list(cause.ranks)}{_on_host(tables, cause.ranks[0])}"
+        how = f"received {cause.detail}"
+    progress = (f"; no rank had finished a step for {stalled_s:.0f} s before" if stalled_s is not None
+                else "; the ranks were making progress until then")
+    if whole_run:
+        return Finding(
+            kind="interrupted", severity="info", ranks=sorted(tables.rank_hosts) or cause.ranks,
+            explanation=(f"the run was interrupted: {who} {how}{_at(cause)}{progress}. Collectives that some ranks "
+                         "had entered and others had not are where each rank was stopped, not a hang."),
+            suggestion="Nothing to fix if the stop was meant; what was collected up to it is analyzed.",
+            metrics={"signal": cause.detail, "stalled_s": stalled_s, "cause": cause.kind},
+            evidence=cause.evidence[:12], time_range=_instant(cause),
+        )
+    return Finding(
+        kind="interrupted", severity="critical", ranks=cause.ranks,
+        explanation=f"{who} {how}{_at(cause)}{progress}.{_followed(tables, cause, record)}",
+        suggestion=(f"The job failed because {who} was stopped, not because of its code: find who sent "
+                    f"{cause.detail} (a scheduler's preemption or time limit, a person, a health check)."),
+        metrics={"signal": cause.detail, "host": cause.host, "cause": cause.kind},
+        evidence=_stop_evidence(cause, record), time_range=_instant(cause),
+    )
+
+
+def _followed(tables: Tables, cause: stops.Stop, record: list[stops.Stop]) -> str:
+    """A sentence on the ranks that failed after the cause, their connection errors called what they are."""
+    after = stops.consequences(record, cause)
+    lost = sorted({r for s in after if s.kind == stops.CONNECTION for r in s.ranks})
+    other = sorted({r for s in after if s.kind != stops.CONNECTION for r in s.ranks} - set(lost))
+    text = ""
+    if lost:
+        error = next(s.detail for s in after if s.kind == stops.CONNECTION)
+        many = len(lost) > 1
+        text += (f" Then rank{'s' if many else ''} {_list(lost)}{_on_hosts(tables, lost)} failed with "
+                 f"{'connection errors' if many else 'a connection error'} ({stops.connection_error(error)}): "
+                 f"{'they' if many else 'it'} lost {'their' if many else 'its'} peers, a consequence, not a fault of "
+                 f"{'their' if many else 'its'} own.")
+    if other:
+        text += f" Rank{'s' if len(other) > 1 else ''} {_list(other)} stopped after it."
+    return text
+
+
+def _stop_evidence(cause: stops.Stop, record: list[stops.Stop]) -> list[dict]:
+    return [e for s in [cause, *stops.consequences(record, cause)] for e in s.evidence][:12]
+
+
+def _instant(stop: stops.Stop) -> tuple[float, float] | None:
+    return (stop.time, stop.time) if stop.time is not None else None
+
+
+def _on_host(tables: Tables, rank: int) -> str:
+    host = tables.rank_hosts.get(rank)
+    return f" on {host}" if host and len(set(tables.rank_hosts.values())) > 1 else ""
+
+
+def _on_hosts(tables: Tables, ranks: list[int]) -> str:
+    hosts = sorted({h for r in ranks if (h := tables.rank_hosts.get(r))})
+    return f" on {', '.join(hosts)}" if hosts and len(set(tables.rank_hosts.values())) > 1 else ""
+
+
+def _at(stop: stops.Stop) -> str:
+    return f" at {_clock(int(stop.time * 1e9))}" if stop.time is not None else ""
 
 
 def _mismatch_in_logs(tables: Tables) -> list[Finding]:
@@ -170,7 +290,8 @@ def _mismatch(m: fr.Mismatch) -> Finding:
 def _main_frames(tables: Tables, rank: int) -> list[dict]:
     threads = (tables.stacks.get(rank) or {}).get("threads") or []
     main = next((t for t in threads if t.get("main")), None)
-    return main["frames"] if main else []
+    # Frames of diagtrain's own wrappers (always-on counters, step hooks) are seen through.
+    return [f for f in main["frames"] if not f.get("diagtrain")] if main else []
 
 
 def _where(tables: Tables, rank: int) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from diagtrain.profiler.analyzer.detectors.base import peer_groups
 from diagtrain.profiler.analyzer.findings import Finding
 from diagtrain.profiler.analyzer.tables import BYTES_PER_PARAM, Tables
 
@@ -16,7 +15,7 @@ def detect(tables: Tables) -> list[Finding]:
         return []
     peaks = tables.steps.groupby("rank")["peak_mem_bytes"].max()
     findings = []
-    for peers in peer_groups(tables, sorted(peaks.index)):
+    for peers in tables.structure.peer_groups(sorted(peaks.index)):
         group = peaks[peaks.index.isin(peers)]
         if len(group) < 2:
             continue

@@ -1,9 +1,15 @@
 """slow_collective: collectives slower than they should be, and the rank or link responsible.
 
-Two causes, told apart by the matched collectives: a rank that arrives last at nearly every
-collective (its own path to the collective is slow: the others wait each time), and collectives
-whose transfer time (the shortest duration across the group, i.e. after the last rank arrived)
-gives a bus bandwidth far below the best seen for that op and size in the same run.
+Two causes, told apart by the matched collectives:
+
+- A rank that arrives last at nearly every collective of a process group, because it pauses right
+  before its calls (a comm hook, work before each collective): the others wait each time. A rank
+  that is last because its own work earlier in the step is slower is a straggler, and is said so.
+- Transfers slow for what they move. Bandwidth comes from the transfer time only, once the last
+  rank had arrived (collectives.match), never from a duration that includes waiting, and is
+  compared with something real: the same op and size on the group's twin groups (the other
+  groups of its mesh dimension), or the group's own best for that size. On CPU (gloo) a run's
+  transfer times follow the host's scheduling more than any link, so these are information only.
 """
 
 from __future__ import annotations
@@ -11,13 +17,23 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from diagtrain.profiler.analyzer.detectors.base import MIN_LATENESS_MS, PERSISTENTLY_LATE, is_persistently_late, late_arrivals
+from diagtrain.profiler.analyzer.detectors.base import (
+    MIN_LATENESS_MS,
+    PERSISTENTLY_LATE,
+    held_before_calls,
+    is_persistently_late,
+    late_arrivals,
+)
 from diagtrain.profiler.analyzer.findings import Finding
 from diagtrain.profiler.analyzer.tables import Tables
 
-BANDWIDTH_FRACTION = 0.25  # busbw under a quarter of the best for its op and size is slow
+BANDWIDTH_FRACTION = 0.25  # busbw under a quarter of what it is compared with is slow
 MIN_BYTES = 1 << 20  # small messages are latency-bound: bandwidth says nothing about them
-MIN_SAMPLES = 4  # need several transfers of a size to know what "best" is
+MIN_SAMPLES = 4  # transfers of one op and size needed on each side of a comparison
+BEST_QUANTILE = 0.9  # a group's "best" for a size: robust to one lucky transfer
+SLOW_SHARE = 0.25  # intermittently slow: at least this share of a group's transfers of a size
+MAX_EVIDENCE = 10
+MIN_GAP_MS = 1.0  # a pause before a call shorter than this is scheduling, not worth a mention
 
 
 def detect(tables: Tables) -> list[Finding]:
@@ -25,59 +41,130 @@ def detect(tables: Tables) -> list[Finding]:
     if c.empty or "group" not in c:
         return []
     profiled_steps = int(tables.steps.loc[tables.steps["profiled"], "step"].nunique()) if "profiled" in tables.steps else 0
-    return _late_ranks(c, profiled_steps) + _low_bandwidth(c)
+    return _late_ranks(c, profiled_steps) + _slow_twin_groups(tables) + _intermittent(tables)
 
 
 def _late_ranks(c: pd.DataFrame, profiled_steps: int) -> list[Finding]:
+    """One finding per rank that is persistently late in some process group (each judged alone)."""
     findings = []
     late = late_arrivals(c)
-    for row in late[is_persistently_late(late)].itertuples():
-        mine = c[c["rank"] == row.rank]
-        groups = sorted(set(mine["pg_desc"].fillna(mine["pg"]).astype(str)))
-        waited = c[(c["rank"] != row.rank) & c.set_index(["group", "op", "seq"]).index.isin(
-            mine.set_index(["group", "op", "seq"]).index)]
+    late = late[is_persistently_late(late)].assign(held=lambda t: held_before_calls(t))
+    for rank, rows in late.groupby("rank"):
+        # Unknown gaps (NaN: GPU traces) leave the delay where it shows: before the calls.
+        before_calls = bool((rows["held"] != 0.0).any())
+        rows = rows[rows["held"] != 0.0] if before_calls else rows
+        mine = c[(c["rank"] == rank) & c["group"].isin(rows["group"])]
+        keys = mine.set_index(["group", "op", "seq"]).index
+        waited = c[(c["rank"] != rank) & c.set_index(["group", "op", "seq"]).index.isin(keys)]
         per_collective = float(waited.groupby(["group", "op", "seq"])["wait_us"].max().median() / 1e3) if len(waited) else 0.0
+        where = "; ".join(f"{r.late_share:.0%} of its {r.collectives} on the {_label(mine[mine['group'] == r.group])} "
+                          f"group, {r.lateness_ms:.1f} ms after the first rank on average" for r in rows.itertuples())
+        gap = rows["extra_gap_ms"].median()
+        paused = ("" if pd.isna(gap) else f"; right before each call it pauses {gap:.1f} ms longer than its peers"
+                  if gap >= MIN_GAP_MS else "; it pauses no longer than its peers right before its calls")
+        lateness, count = float(rows["lateness_ms"].mean()), int(rows["collectives"].sum())
         findings.append(Finding(
-            kind="slow_collective", severity="warning", ranks=[int(row.rank)],
-            explanation=(f"rank {row.rank} arrives last at {row.late_share:.0%} of its {row.collectives} collectives "
-                         f"(groups {', '.join(groups)}), {row.lateness_ms:.1f} ms after the first rank on average; "
-                         f"its peers wait about {per_collective:.1f} ms in each."),
-            suggestion=(f"The delay sits right before rank {row.rank}'s collective calls: look for work or "
-                        "synchronization it does before each collective (hooks, logging, a slow NIC or CPU "
-                        "affinity on its host)."),
-            metrics={"observed_late_share": float(row.late_share), "threshold_late_share": PERSISTENTLY_LATE,
-                     "lateness_ms": float(row.lateness_ms), "threshold_lateness_ms": MIN_LATENESS_MS,
-                     "peer_wait_ms": per_collective},
-            evidence=[{"type": "collective", "rank": int(row.rank), "group": g, "op": o, "seq": int(s)}
-                      for g, o, s in mine[["group", "op", "seq"]].head(10).itertuples(index=False)],
+            kind="slow_collective", severity="warning" if before_calls else "info", ranks=[int(rank)],
+            explanation=(f"rank {rank} arrives last at collectives: {where}{paused}; its peers wait about "
+                         f"{per_collective:.1f} ms in each"
+                         + ("." if before_calls else ": the time is lost in its own work earlier in the step "
+                            "(a straggler), not on its way to the collectives.")),
+            suggestion=(f"The delay sits right before rank {rank}'s collective calls: look for work or "
+                        "synchronization it does before each collective (communication hooks, logging, a slow NIC or "
+                        "CPU affinity on its host)." if before_calls else
+                        f"Compare rank {rank}'s work before its first collective of a step with its peers' "
+                        "(profile a few steps with --profile-steps)."),
+            metrics={"observed_late_share": float(rows["late_share"].min()), "threshold_late_share": PERSISTENTLY_LATE,
+                     "lateness_ms": lateness, "threshold_lateness_ms": MIN_LATENESS_MS, "peer_wait_ms": per_collective,
+                     "groups": [str(g) for g in rows["group"]],
+                     "extra_gap_before_calls_ms": None if pd.isna(gap) else float(gap)},
+            evidence=[{"type": "collective", "rank": int(rank), "group": g, "op": o, "seq": int(s)}
+                      for g, o, s in mine[["group", "op", "seq"]].head(MAX_EVIDENCE).itertuples(index=False)],
             # Everyone waits this long at each of the rank's collectives in a step.
-            impact_ms=row.lateness_ms * row.collectives / profiled_steps if profiled_steps else None,
+            impact_ms=lateness * count / profiled_steps if profiled_steps and before_calls else None,
         ))
     return findings
 
 
-def _low_bandwidth(c: pd.DataFrame) -> list[Finding]:
-    big = c[(c["bytes"] >= MIN_BYTES) & c["busbw_gbps"].notna()].drop_duplicates(["group", "op", "seq"])
-    if big.empty:
-        return []
-    big = big.assign(size_bucket=np.floor(np.log2(big["bytes"])))
-    best = big.groupby(["op", "size_bucket"])["busbw_gbps"].transform("max")
-    counts = big.groupby(["op", "size_bucket"])["busbw_gbps"].transform("size")
-    slow = big[(counts >= MIN_SAMPLES) & (big["busbw_gbps"] < BANDWIDTH_FRACTION * best)]
+def _transfers(c: pd.DataFrame) -> pd.DataFrame:
+    """One row per collective whose bandwidth is known and meaningful (size, complete group)."""
+    p2p = c["is_p2p"].fillna(False).astype(bool) if "is_p2p" in c else pd.Series(False, index=c.index)
+    known = c[(c["bytes"] >= MIN_BYTES) & c["busbw_gbps"].notna() & ~p2p]
+    known = known.drop_duplicates(["group", "op", "seq"])
+    return known.assign(size_bucket=np.floor(np.log2(known["bytes"])), label=_labels(known),
+                        size=known["group_ranks"].map(len))
+
+
+def _slow_twin_groups(tables: Tables) -> list[Finding]:
+    """Groups far slower than the other groups of the same kind moving the same sizes."""
+    t = _transfers(tables.collectives)
     findings = []
-    for (group, op), rows in slow.groupby(["group", "op"]):
-        expected = float(best.loc[rows.index].median())
-        findings.append(Finding(
-            kind="slow_collective", severity="warning",
-            ranks=sorted(int(r) for r in c.loc[c["group"] == group, "rank"].unique()),
-            explanation=(f"{len(rows)} {op} on group {group} reach {rows['busbw_gbps'].median():.2f} GB/s bus "
-                         f"bandwidth, under {BANDWIDTH_FRACTION:.0%} of the {expected:.2f} GB/s the same size "
-                         "reaches elsewhere in this run."),
-            suggestion="Check the transport this group uses (NCCL log: NET/Socket instead of IB or P2P?) and "
-                       "contention from other traffic on its links.",
-            metrics={"observed_busbw_gbps": float(rows["busbw_gbps"].median()), "expected_busbw_gbps": expected,
-                     "threshold_fraction": BANDWIDTH_FRACTION},
-            evidence=[{"type": "collective", "group": group, "op": op, "seq": int(s), "bytes": float(b)}
-                      for s, b in zip(rows["seq"], rows["bytes"])][:10],
-        ))
+    for (label, size, op, bucket), rows in t.groupby(["label", "size", "op", "size_bucket"]):
+        per_group = rows.groupby("group")["busbw_gbps"].agg(["median", "size"])
+        per_group = per_group[per_group["size"] >= MIN_SAMPLES]
+        if len(per_group) < 2:
+            continue
+        for group, g in per_group.iterrows():
+            twins = float(per_group.drop(group)["median"].median())
+            if g["median"] < BANDWIDTH_FRACTION * twins:
+                findings.append(_bandwidth_finding(
+                    tables, rows[rows["group"] == group], op, bucket,
+                    f"{g['median']:.2f} GB/s bus bandwidth, under {BANDWIDTH_FRACTION:.0%} of the {twins:.2f} GB/s the "
+                    f"other {label} groups reach for the same op and size", twins))
     return findings
+
+
+def _intermittent(tables: Tables) -> list[Finding]:
+    """A group whose transfers of one size are often far slower than its own best for that size."""
+    if not tables.on_gpu:
+        return []  # on gloo, transfer times vary with the host's scheduling: not a link's doing
+    t = _transfers(tables.collectives)
+    findings = []
+    for (group, op, bucket), rows in t.groupby(["group", "op", "size_bucket"]):
+        if len(rows) < MIN_SAMPLES:
+            continue
+        best = float(rows["busbw_gbps"].quantile(BEST_QUANTILE))
+        slow = rows[rows["busbw_gbps"] < BANDWIDTH_FRACTION * best]
+        if len(slow) >= SLOW_SHARE * len(rows):
+            findings.append(_bandwidth_finding(
+                tables, slow, op, bucket,
+                f"{slow['busbw_gbps'].median():.2f} GB/s bus bandwidth in {len(slow)} of {len(rows)} transfers, under "
+                f"{BANDWIDTH_FRACTION:.0%} of the {best:.2f} GB/s this group reaches at its best for that size", best))
+    return findings
+
+
+def _bandwidth_finding(tables: Tables, rows: pd.DataFrame, op: str, bucket: float, measured: str,
+                       expected: float) -> Finding:
+    group = rows["group"].iloc[0]
+    ranks = sorted(int(r) for r in rows["group_ranks"].iloc[0]) or sorted(
+        int(r) for r in tables.collectives.loc[tables.collectives["group"] == group, "rank"].unique())
+    transports = sorted({e.via for r in ranks for e in (tables.nccl_logs.get(r).transports
+                                                        if tables.nccl_logs.get(r) else [])})
+    return Finding(
+        kind="slow_collective", severity="warning" if tables.on_gpu else "info", ranks=ranks,
+        explanation=(f"{op} of about {_size(2 ** bucket)} on the {_label(rows)} group [{','.join(map(str, ranks))}] "
+                     f"reach {measured} (transfer time after the last rank arrived)"
+                     + (f"; NCCL connects these ranks via {', '.join(transports[:3])}." if transports else ".")),
+        suggestion=("Check this group's links: the transport in its NCCL log (NET/Socket instead of IB or P2P?), "
+                    "contention from other jobs or other traffic, and the placement of its ranks."
+                    if tables.on_gpu else "On CPU (gloo) transfer times follow the host's load: compare against a "
+                    "baseline (diagtrain compare) before acting on this."),
+        metrics={"observed_busbw_gbps": float(rows["busbw_gbps"].median()), "expected_busbw_gbps": expected,
+                 "threshold_fraction": BANDWIDTH_FRACTION, "group": group, "op": op, "bytes": float(2 ** bucket)},
+        evidence=[{"type": "collective", "group": group, "op": op, "seq": int(s), "bytes": float(b),
+                   "transfer_us": float(us)}
+                  for s, b, us in zip(rows["seq"], rows["bytes"], rows["transfer_us"])][:MAX_EVIDENCE],
+    )
+
+
+def _labels(c: pd.DataFrame) -> pd.Series:
+    """What kind of group each row's is: its description (mesh_dp, default_pg), else its name."""
+    return c["pg_desc"].where(c["pg_desc"].notna() & (c["pg_desc"].astype(str) != ""), c["pg"]).astype(str)
+
+
+def _label(rows: pd.DataFrame) -> str:
+    return str(_labels(rows.head(1)).iloc[0]) if len(rows) else "?"
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / 2**20:.0f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.0f} KiB"

@@ -4,7 +4,8 @@ In synchronous training all ranks have the same step time (they meet at every co
 step time cannot point at the slow rank. Its *own* time can: from profiled steps, wall minus the
 time spent inside collectives (the others spend the difference waiting there); from the always-on
 step records, the first phase of the step in which one rank is far above its peers (waiting comes
-later in the step than its cause).
+later in the step than its cause; a phase a rank spent blocked in collectives is waiting), else
+its step without the time it was blocked in collectives (the counters of any job, see own_time).
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from diagtrain.profiler.analyzer.detectors.base import peer_groups, persistently_late, ranges, steady, time_range
+from diagtrain.profiler.analyzer.detectors.base import informative_phases, late_on_their_path, ranges, steady, time_range
 from diagtrain.profiler.analyzer.findings import Finding
+from diagtrain.profiler.analyzer.own_time import OWN_TIME, SOURCE as COUNTERS, own_time, waited
 from diagtrain.profiler.analyzer.tables import Tables
 
 MIN_EXCESS_MS = 5.0  # below this, scheduling noise on a busy host explains it
@@ -34,6 +36,12 @@ PERSISTENT_SHARE = 0.5
 # Waiting for data is the dataloader_stall detector's finding: a rank standing out there is not a
 # straggler, and in that step its peers' later phases are waiting for it.
 EXCLUDED_PHASES = ("data",)
+# The kinds of evidence, most specific first: a finding seen in several names the one that saw most
+# of its steps, the first of these on a tie (a profiled window is a few steps; records cover all).
+SOURCES = ("trace", "phases", COUNTERS)
+# A rank whose compute time stands out but whose matrix multiplies are within this factor of its
+# peers' does the same work more slowly: said so, as information (flops.py).
+MORE_WORK = 1.1
 
 
 def detect(tables: Tables) -> list[Finding]:
@@ -41,15 +49,16 @@ def detect(tables: Tables) -> list[Finding]:
     if steps.empty or steps["rank"].nunique() < 2:
         return []
     findings = []
-    # A rank late at nearly every collective, with nothing but traces to say so, has a slow
-    # communication path (slow_collective): a delay right before each collective is time outside
-    # any operator too. Slow work of its own shows in a phase before any collective as well.
-    comm_late = persistently_late(tables.collectives)
-    for peers in peer_groups(tables, sorted(steps["rank"].unique())):
+    # A rank late at nearly every collective because it pauses right before its calls has a slow
+    # path to the collective (slow_collective), not slow work. Where the gaps before the calls are
+    # unknown (GPU traces), such a rank's time outside operators could be that pause: only its
+    # phases can make it a straggler then.
+    held, maybe_held = late_on_their_path(tables.collectives)
+    for peers in tables.structure.peer_groups(sorted(steps["rank"].unique())):
         group = steps[steps["rank"].isin(peers)]
         if group["rank"].nunique() >= 2:
-            findings += [f for f in _stragglers(group, tables.phases)
-                         if f.ranks[0] not in comm_late or f.metrics["source"] == "phases"]
+            findings += [f for f in _stragglers(group, tables.phases) if f.ranks[0] not in held
+                         and (f.ranks[0] not in maybe_held or f.metrics["source"] == "phases")]
     return findings
 
 
@@ -64,34 +73,54 @@ def _stragglers(steps: pd.DataFrame, phases: list[str]) -> list[Finding]:
         rows = rows[rows["source"].isin(counts[counts >= MIN_STEPS].index)]
         if rows.empty:
             continue
-        phase = rows["phase"].mode().iloc[0]
+        by_source = rows.groupby("source")["step"].nunique()
+        source = max(by_source.index, key=lambda s: (by_source[s], -SOURCES.index(s)))
+        phase = rows.loc[rows["source"] == source, "phase"].mode().iloc[0]
         per_step = float(rows["excess_ms"].median())
         # Per step it could be seen in: traces cover only the profiled steps.
         observed = steps.loc[steps["profiled"], "step"].nunique() if (rows["source"] == "trace").all() else steps["step"].nunique()
         impact = float(rows["excess_ms"].sum() / max(observed, 1))
         others = sorted(int(r) for r in steps["rank"].unique() if r != rank)
+        work = _work_ratio(steps, int(rank), rows["step"]) if phase == "compute time" else None
+        same_work = work is not None and work < MORE_WORK
         findings.append(Finding(
             kind="straggler",
-            severity=_severity(per_step, rows["step"].nunique() / max(observed, 1), step_ms),
+            severity="info" if same_work else _severity(per_step, rows["step"].nunique() / max(observed, 1), step_ms),
             ranks=[int(rank)], steps=sorted(int(s) for s in rows["step"]),
             time_range=time_range(steps[steps["rank"].eq(rank) & steps["step"].isin(rows["step"])]),
             explanation=(
                 f"rank {rank} is a straggler in steps {ranges(rows['step'])}: {phase} "
                 f"{rows['value_ms'].median():.1f} ms, {per_step:.1f} ms more than its peers' "
                 f"{rows['peer_ms'].median():.1f} ms; ranks {ranges(others)} wait for it at the next collective."
+                + (f" It does the same work as they do ({work:.2f}x their matrix-multiply FLOPs): its compute is "
+                   "slower, not larger (other processes on its host, a slower or throttled device)." if same_work else "")
             ),
             suggestion=(
                 f"Look at what rank {rank} does differently there ({phase}): its host or GPU (throttling, "
                 "other processes), its data (larger samples), or code that runs only on that rank."
             ),
             metrics={"observed_ms": float(rows["value_ms"].median()), "expected_ms": float(rows["peer_ms"].median()),
+                     "work_ratio": work,
                      "excess_ms": per_step, "threshold_ms": float(rows["threshold_ms"].median()), "phase": phase,
-                     "step_time_median_ms": step_ms, "source": "phases" if (rows["source"] == "phases").any() else "trace"},
+                     "step_time_median_ms": step_ms,
+                     "source": source},
             evidence=[{"type": "steps", "rank": int(rank), "step": int(s), "phase": p, "excess_ms": round(float(e), 3)}
                       for s, p, e in zip(rows["step"], rows["phase"], rows["excess_ms"])][:20],
             impact_ms=impact,
         ))
     return findings
+
+
+def _work_ratio(steps: pd.DataFrame, rank: int, slow_steps: pd.Series) -> float | None:
+    """The rank's matrix-multiply FLOPs over its peers' median in the steps it was slow in (None
+    where the traces recorded no shapes)."""
+    if "gflops" not in steps:
+        return None
+    rows = steps[steps["step"].isin(slow_steps)]
+    mine, theirs = rows.loc[rows["rank"] == rank, "gflops"], rows.loc[rows["rank"] != rank, "gflops"]
+    if mine.isna().all() or theirs.isna().all() or not theirs.median() > 0:
+        return None
+    return float(mine.median() / theirs.median())
 
 
 def _severity(per_step: float, share_of_steps: float, step_ms: float) -> str:
@@ -110,9 +139,10 @@ def _quantities(steps: pd.DataFrame, phases: list[str]) -> pd.DataFrame:
         # adds noise to compute on every rank alike.
         parts = {"time outside any operator": steps["idle_ms"], "compute time": steps["compute_ms"],
                  "time outside collectives": steps["wall_ms"] - steps["comm_ms"]}
-    for phase in phases:
+    for phase in informative_phases(phases):
         if f"{phase}_ms" in steps:
             parts[f"{phase} phase"] = steps[f"{phase}_ms"]
+    parts.update(own_time(steps))
     return pd.DataFrame({"rank": steps["rank"], "step": steps["step"], **parts})
 
 
@@ -135,16 +165,20 @@ def _excess(steps: pd.DataFrame, phases: list[str], threshold: float, step_ms: f
     usual, noise = _usual(quantities)
     excluded = [f"{p} phase" for p in EXCLUDED_PHASES if f"{p} phase" in quantities]
     # A data stall comes first in a step, also in profiled ones, and explains what follows it.
-    traced = excluded + [c for c in quantities.columns if not c.endswith(" phase") and c not in ("rank", "step")]
-    phased = [c for c in quantities.columns if c.endswith(" phase")]
+    traced = excluded + [c for c in quantities.columns
+                         if not c.endswith(" phase") and c not in ("rank", "step", OWN_TIME)]
+    phased = [c for c in quantities.columns if c.endswith(" phase")] + [c for c in quantities.columns if c == OWN_TIME]
     rows = []
     for step, group in quantities.groupby("step"):
         profiled = steps.loc[group.index, "profiled"].all() if "profiled" in steps else False
         # From traces, the first part in which a rank stands out; from phases, the earliest phase
         # with a slow rank is the cause, and later ones are waiting.
         for label in (traced if profiled and len(traced) > len(excluded) else phased):
-            found = _over_peers(step, group["rank"], group[label], label, usual[label], noise[label],
-                                "phases" if label.endswith(" phase") else "trace", threshold, step_ms)
+            source = "phases" if label.endswith(" phase") else COUNTERS if label == OWN_TIME else "trace"
+            found = _over_peers(step, group["rank"], group[label], label, usual[label], noise[label], source,
+                                threshold, step_ms)
+            if found and waited(steps.loc[group.index], label, found[0]["rank"], found[0]["excess_ms"]):
+                continue  # blocked in collectives there: it waited for another rank
             if found and label in excluded:
                 # A stalled rank: the others wait for it later in this step, so the rest of the
                 # step is compared without it (with one rank left, not at all).

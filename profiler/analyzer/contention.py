@@ -1,0 +1,157 @@
+"""Busy host or slow rank: did a rank do more work, or wait for a CPU other processes held?
+
+Two kinds of evidence, from what diagtrain records anyway:
+
+- per rank and step (steps.jsonl): ``cpu_ms``, the process's CPU time, and ``runq_ms``, the time its
+  main thread was runnable but waiting for a CPU (Linux scheduler statistics). A rank that did
+  more work burnt more CPU; a starved one waited in the run queue instead.
+- per host (telemetry): how busy its CPUs were, how much of that was not the job
+  (``others_cpu_percent``) and which processes (rows of kind ``other``).
+
+A straggler, a late rank or a data stall whose excess is mostly run-queue wait is host contention,
+not its own work: reported as info, beside a ``host_contention`` finding that names the other
+processes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from diagtrain.profiler.analyzer.detectors.base import steady
+from diagtrain.profiler.analyzer.findings import Finding
+from diagtrain.profiler.analyzer.tables import Tables, unix_seconds
+
+SATURATED_PERCENT = 85.0  # the host's CPUs this busy (all cores): a runnable thread may wait for one
+OTHERS_MIN_PERCENT = 50.0  # other processes using at least half a core then ...
+CONTENDED_SHARE = 0.25  # ... in this share of the samples taken while the job stepped: contention
+RUNQ_MIN_SHARE = 0.1  # ranks waiting this share of their steps for a CPU are contended, telemetry or not
+STARVED_SHARE = 0.5  # a rank's excess at least half run-queue wait (beyond its peers') was starvation ...
+WORK_SHARE = 0.5  # ... unless at least half of it is extra CPU time of its own: it did more work
+NAMED_PROCESSES = 5  # the busiest other processes named in a finding
+
+
+@dataclass
+class HostLoad:
+    """How contended one host's CPUs were while the job stepped."""
+
+    host: str
+    ranks: list[int]
+    samples: int  # host samples taken while the job stepped
+    contended: int  # ... of them saturated with other processes using at least OTHERS_MIN_PERCENT
+    others_percent: float | None  # median CPU of other processes (% of one core) in contended samples
+    host_percent: float | None  # median host CPU (% of all cores) in contended samples
+    runq_share: float | None  # median share of a step its ranks' main threads waited for a CPU
+    runq_ms: float | None  # ... in ms per step
+    processes: list[dict] = field(default_factory=list)  # name, pid, cpu_percent (median), samples
+    time_range: tuple[float, float] | None = None
+
+    @property
+    def is_contended(self) -> bool:
+        by_telemetry = self.samples > 0 and self.contended / self.samples >= CONTENDED_SHARE
+        return by_telemetry or (self.runq_share or 0.0) >= RUNQ_MIN_SHARE
+
+    def named(self) -> str:
+        """``python (pid 4242) 97%, ...``: the busiest other processes, in words."""
+        return ", ".join(f"{p['name']} (pid {p['pid']}) {p['cpu_percent']:.0f}%" for p in self.processes)
+
+
+def host_loads(tables: Tables, steps: pd.DataFrame | None = None) -> dict[str, HostLoad]:
+    """Per host of the run, its CPU load while its ranks ran ``steps`` (default: the steady ones)."""
+    steps = steady(tables.steps) if steps is None else steps
+    hosts: dict[str, list[int]] = {}
+    for rank, host in tables.rank_hosts.items():
+        if host is not None:
+            hosts.setdefault(host, []).append(int(rank))
+    return {host: _host_load(tables, host, sorted(ranks), steps[steps["rank"].isin(ranks)])
+            for host, ranks in hosts.items() if not steps[steps["rank"].isin(ranks)].empty}
+
+
+def _host_load(tables: Tables, host: str, ranks: list[int], steps: pd.DataFrame) -> HostLoad:
+    span = (float(steps["start"].min()), float(steps["end"].max()))
+    load = HostLoad(host, ranks, 0, 0, None, None, None, None, time_range=span)
+    if {"runq_ms", "wall_ms"} <= set(steps.columns) and steps["runq_ms"].notna().any():
+        per_rank = steps.dropna(subset=["runq_ms"]).groupby("rank")
+        load.runq_ms = float(per_rank["runq_ms"].median().median())
+        load.runq_share = float((per_rank["runq_ms"].median() / per_rank["wall_ms"].median()).median())
+    t = tables.telemetry
+    if t is None or t.empty or "others_cpu_percent" not in t or "host" not in t:
+        return load
+    t = t[(t["host"] == host) & unix_seconds(t["time"]).between(*span)]
+    samples = t[(t["kind"] == "host") & t["others_cpu_percent"].notna()]
+    contended = samples[(samples["cpu_percent"] >= SATURATED_PERCENT) & (samples["others_cpu_percent"] >= OTHERS_MIN_PERCENT)]
+    load.samples, load.contended = len(samples), len(contended)
+    if len(contended):
+        load.others_percent = float(contended["others_cpu_percent"].median())
+        load.host_percent = float(contended["cpu_percent"].median())
+    others = t[t["kind"] == "other"]
+    if len(others):
+        busiest = others.groupby(["pid", "name"])["cpu_percent"].agg(["median", "size", "sum"]).sort_values("sum", ascending=False)
+        load.processes = [{"pid": int(pid), "name": str(name), "cpu_percent": float(row["median"]), "samples": int(row["size"])}
+                          for (pid, name), row in busiest.head(NAMED_PROCESSES).iterrows()]
+    return load
+
+
+def starvation(tables: Tables, rank: int, steps: list[int], excess_ms: float) -> str | None:
+    """Why ``rank``'s excess of ``excess_ms`` per step in ``steps`` is host contention, in words,
+    or None when it is its own (more CPU time than its peers, or no sign of starvation)."""
+    rows = tables.steps[tables.steps["step"].isin(steps)]
+    extra_cpu = _beyond_peers(rows, rank, "cpu_ms")
+    if extra_cpu is not None and extra_cpu >= WORK_SHARE * excess_ms:
+        return None  # it burnt the time itself: more work
+    extra_runq = _beyond_peers(rows, rank, "runq_ms")
+    if extra_runq is not None:
+        if extra_runq < STARVED_SHARE * excess_ms:
+            return None
+        return f"it waited {extra_runq:.1f} ms per step longer than its peers for a CPU"
+    host = tables.rank_hosts.get(rank)
+    load = host_loads(tables, rows).get(host) if host is not None else None
+    if load is None or not load.is_contended:
+        return None
+    named = f" ({load.named()})" if load.processes else ""
+    return f"its host's CPUs were saturated by other processes then{named} and its own CPU time was not higher"
+
+
+def unless_starved(findings: list[Finding], tables: Tables) -> list[Finding]:
+    """Stragglers, late ranks and data stalls whose excess was starvation for a CPU, lowered to info
+    and said so."""
+    return [_lowered(f, reason) if (reason := _starved(f, tables)) else f for f in findings]
+
+
+def _starved(finding: Finding, tables: Tables) -> str | None:
+    if finding.severity == "info" or len(finding.ranks) != 1:
+        return None
+    if finding.kind == "straggler":
+        excess = finding.metrics.get("excess_ms")
+    elif finding.kind == "slow_collective" and "observed_late_share" in finding.metrics:
+        excess = finding.impact_ms  # everyone waits this long per step at the rank's collectives
+    elif finding.kind == "dataloader_stall":
+        excess = finding.metrics["observed_ms"] - finding.metrics["expected_ms"]
+    else:
+        return None
+    steps = finding.steps or _profiled_steps(tables.steps)
+    return starvation(tables, finding.ranks[0], steps, excess) if excess and steps else None
+
+
+def _lowered(finding: Finding, reason: str) -> Finding:
+    finding.severity = "info"
+    finding.explanation += (f" But {reason}: that is host contention (see host_contention), "
+                            f"not rank {finding.ranks[0]}'s own work.")
+    finding.metrics["starved"] = True
+    return finding
+
+
+def _beyond_peers(rows: pd.DataFrame, rank: int, column: str) -> float | None:
+    """Median over steps of ``rank``'s ``column`` minus its peers' median in the same step."""
+    if column not in rows or rows[column].isna().all():
+        return None
+    table = rows.dropna(subset=[column])
+    mine = table[table["rank"] == rank].set_index("step")[column]
+    peers = table[table["rank"] != rank].groupby("step")[column].median()
+    both = mine.index.intersection(peers.index)
+    return float((mine[both] - peers[both]).median()) if len(both) else None
+
+
+def _profiled_steps(steps: pd.DataFrame) -> list[int]:
+    return sorted(int(s) for s in steps.loc[steps["profiled"].astype(bool), "step"].unique()) if "profiled" in steps else []

@@ -1,0 +1,185 @@
+"""`diagtrain analyze PATH`: findings and a report from a run directory or a folder of traces."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from diagtrain.profiler.analyzer import SCHEDULER_ENV, default_workers
+from diagtrain.profiler.analyzer.jobs import MixedJobs
+from diagtrain.profiler.run_dir import check_writable, is_run_dir
+from diagtrain.profiler.util.bounded_read import display
+
+EXIT_USAGE = 2
+EXIT_FAILED = 1  # the analysis could not be written
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``diagtrain analyze``."""
+    p = subparsers.add_parser(
+        "analyze", help="find stragglers, bubbles, slow collectives, stalls and memory imbalance in a run",
+        description="Analyze a diagtrain run directory, or any folder of PyTorch Profiler traces (one file per\n"
+        "rank). Writes analysis/ (Parquet tables, findings.json) and report.md/json/html.",
+        epilog="examples:\n  diagtrain analyze runs/20261122T010833Z-3d --format md,json,html\n"
+        "  diagtrain analyze /shared/runs/big-job --scheduler tcp://head-node:8786   # ranks load on a Dask cluster",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("path", help="run directory or folder of traces")
+    p.add_argument("--format", default="md,json,html", help="report formats, comma-separated: md,json,html")
+    p.add_argument("--out", help="where to write analysis/ and the reports (default: PATH for a diagtrain run "
+                   "directory; beside any other folder, as PATH-diagtrain, so that folder is left as it was)")
+    p.add_argument("--workers", type=int, default=default_workers(), help="processes that load ranks")
+    p.add_argument("--scheduler", metavar="ADDRESS",
+                   help="load the ranks on the Dask cluster of this scheduler (e.g. tcp://head-node:8786; default: "
+                   f"${SCHEDULER_ENV}, else this machine); its workers must see PATH and --out at the same paths "
+                   "and have diagtrain installed (pip install 'diagtrain[dask]')")
+    p.add_argument("--flight-recorder", metavar="DIR",
+                   help="flight-recorder dumps made outside diagtrain (TORCH_FR_DUMP_TEMP_FILE files, pickle or JSON, "
+                   "one per rank, rank number ending the name) for the hang verdict")
+    p.add_argument("--quiet", action="store_true", help="do not print the Markdown report")
+    p.set_defaults(handler=run_analyze)
+
+
+def run_analyze(args: argparse.Namespace, argv: list[str]) -> int:
+    """Validate, analyze, print the report; 0 on success, 2 on bad usage."""
+    from diagtrain.profiler.analyzer import report  # pandas and pyarrow: only once the command runs
+
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    path = Path(args.path)
+    formats = [f.strip() for f in args.format.split(",") if f.strip()]
+    bad = [f for f in formats if f not in report.FORMATS]
+    if bad or not formats:
+        return _usage(err, f"--format {args.format!r}: choose from {', '.join(report.FORMATS)}")
+    if not path.is_dir():
+        return _usage(err, f"{path}: no such directory")
+    if not _has_inputs(path):
+        return _usage(err, f"{display(path)}: nothing to analyze: no diagtrain run there (ranks/, manifest.json) "
+                      "and no PyTorch Profiler traces (*.json, *.json.gz)")
+    out = Path(args.out) if args.out else default_out(path)
+    made_out = not out.exists()
+    try:
+        check_writable(out / "analysis")
+    except OSError as e:
+        return _usage(err, f"{out}: cannot write the analysis there ({e.strerror or e}); pass --out DIR")
+    if not args.out and out != path:
+        err.print(f"diagtrain analyze: {path} is not a diagtrain run directory, so it is left as it is; the analysis "
+                  f"goes beside it, to {out} (--out DIR to choose)", markup=False)
+    if args.workers < 1:
+        return _usage(err, "--workers must be at least 1")
+    fr_dir = Path(args.flight_recorder) if args.flight_recorder else None
+    if fr_dir is not None and not fr_dir.is_dir():
+        return _usage(err, f"--flight-recorder {fr_dir}: no such directory")
+    scheduler = args.scheduler or os.environ.get(SCHEDULER_ENV) or None
+    if scheduler:  # the workers run in other working directories: they are given whole paths
+        path, out = Path(os.path.abspath(path)), Path(os.path.abspath(out))
+    try:
+        return analyze_and_print(path, out, formats, args.workers, err, quiet=args.quiet, flight_recorder=fr_dir,
+                                 scheduler=scheduler)
+    except MixedJobs as e:
+        if made_out:  # only what this command made: nothing of the user's
+            shutil.rmtree(out, ignore_errors=True)
+        return _usage(err, f"{display(path)} holds traces of more than one job, which would be merged into one run:\n"
+                      + "\n".join(f"  {c}" for c in e.conflicts)
+                      + "\nPut each job's traces (one window of one job: one file per rank) in a folder of its own "
+                      "and analyze that folder")
+
+
+def default_out(path: Path) -> Path:
+    """Where the analysis goes without ``--out``: into a run directory, beside any other folder."""
+    if is_run_dir(path):
+        return path
+    folder = path.resolve()  # "." has no name of its own
+    return folder.with_name(f"{folder.name}-diagtrain")
+
+
+def analyze_and_print(path: Path, out: Path, formats: list[str], workers: int, err: Console, quiet: bool = False,
+                      flight_recorder: Path | None = None, scheduler: str | None = None) -> int:
+    """Run the analysis (its ranks on the Dask cluster of ``scheduler`` if given) with progress on stderr and
+    the Markdown report on stdout.
+
+    Returns 0, or 2 when nothing in ``path`` could be analyzed (it says what was looked for) or the
+    scheduler cannot be used.
+    """
+    from diagtrain.profiler.analyzer import report
+    from diagtrain.profiler.analyzer.analyze import analyze
+    from diagtrain.profiler.analyzer.cluster import SchedulerError
+
+    try:
+        with err.status("analyzing", spinner="dots") as status, _CtrlC() as ctrl_c:
+            def progress(message: str) -> None:
+                ctrl_c.check()
+                status.update(f"analyzing: {message}")
+
+            doc = analyze(path, out, formats, workers, progress=progress, flight_recorder=flight_recorder,
+                          scheduler=scheduler)
+    except SchedulerError as e:
+        return _usage(err, str(e))
+    except OSError as e:  # writing the results: a full disk, a quota (the inputs are read behind a guard)
+        where = display(e.filename) if e.filename else display(out)
+        err.print(f"diagtrain analyze: error: cannot write the analysis ({where}: {e.strerror or e}); "
+                  f"free some space or pass --out DIR", markup=False)
+        return EXIT_FAILED
+    if not doc["ranks"]:
+        if doc["skipped"]:
+            err.print(f"diagtrain analyze: nothing could be read in {display(path)}:", markup=False)
+            for s in doc["skipped"]:
+                err.print(f"  {s['path']}: {s['reason']}", markup=False)
+        else:
+            err.print(f"diagtrain analyze: error: nothing to analyze in {display(path)}: no diagtrain run there "
+                      "(ranks/<r>/steps.jsonl or trace-*.json.gz) and no PyTorch Profiler traces (*.json, *.json.gz)",
+                      markup=False)
+        return EXIT_USAGE
+    if not quiet:
+        sys.stdout.write(report.markdown(doc) + "\n")
+    written = ", ".join(display(out / f"report.{f}") for f in formats)
+    err.print(f"diagtrain: report {written}", markup=False)
+    return 0
+
+
+class _CtrlC:
+    """Ctrl-C during an analysis: stop at the next step, where stopping is clean.
+
+    A KeyboardInterrupt raised at an arbitrary point can land inside the process pool's own
+    machinery (an at-fork callback drops it; a lock left held hangs the shutdown), so the first
+    Ctrl-C is only remembered and acted on at the analysis' next progress step (its stages, each
+    rank loaded, a tick while ranks load). A second one stops at once.
+    """
+
+    def __enter__(self) -> "_CtrlC":
+        self.seen = False
+        self.previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def _on_sigint(self, signum: int, frame: object) -> None:
+        if self.seen:
+            raise KeyboardInterrupt
+        self.seen = True
+
+    def check(self) -> None:
+        """Raise KeyboardInterrupt if a Ctrl-C came."""
+        if self.seen:
+            raise KeyboardInterrupt
+
+    def __exit__(self, exc_type: type | None, *exc: object) -> None:
+        signal.signal(signal.SIGINT, self.previous)
+        if exc_type is None:
+            self.check()
+
+
+def _has_inputs(path: Path) -> bool:
+    """Whether ``path`` holds anything the analyzer reads: a run's files, or trace files."""
+    try:
+        return any(p.name in ("ranks", "manifest.json") or p.name.endswith((".json", ".json.gz")) for p in path.iterdir())
+    except OSError:
+        return True  # let the analysis say what it cannot read
+
+
+def _usage(err: Console, message: str) -> int:
+    err.print(f"diagtrain analyze: error: {message}", markup=False)
+    return EXIT_USAGE

@@ -1,0 +1,133 @@
+"""`--profile-steps auto`: profile when it matters, the same steps on every rank.
+
+The wrapper follows the step times the ranks append to their steps.jsonl and decides, once per
+window, which steps every rank profiles: one short window after warm-up (as soon as step times
+settle), and another when step time rises well above its recent median (a slowdown worth a
+trace), at most a few per run. A window starts far enough ahead (half a second of steps) for
+every rank to read the request at a step boundary before reaching it (see
+rank/profile_requests.py). With several hosts only the wrapper of rank 0's host decides.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from diagtrain.profiler.run_dir import PROFILE_WINDOWS_FILE, SCHEMA_VERSION, RankIndex, write_json_atomic
+
+WINDOW_STEPS = 3  # the straggler and late-rank statistics need 3 profiled steps to see variation
+MIN_WARMUP_STEPS = 3  # step 1 carries start-up; look at steps 2.. before calling the job warm
+SETTLED_STEPS = 3  # warm: this many consecutive step times ...
+SETTLED_SPREAD = 0.25  # ... within this share of their median
+MAX_WARMUP_STEPS = 20  # a job whose step time never settles is profiled after this many steps
+LEAD_S = 0.5  # a window starts this far ahead: the wrapper polls 4x a second, ranks read at step ends
+MIN_LEAD_STEPS = 2
+HISTORY_STEPS = 20  # "recent median": the last unprofiled steps
+MIN_HISTORY_STEPS = 5  # a median of fewer steps is not a baseline
+SLOWDOWN_FACTOR = 1.5  # a step this much slower than the recent median ...
+MIN_SLOWDOWN_MS = 10.0  # ... and by this much (scheduling noise on a busy host stays below it)
+SLOW_STEPS = 2  # ... twice in a row: one slow step (a checkpoint, a hiccup) is over before a trace
+MAX_SLOWDOWN_WINDOWS = 2  # traces are large: at most this many windows beyond the warm-up one
+COOLDOWN_STEPS = 10  # no new window this soon after the previous one ended
+
+
+@dataclass
+class Window:
+    """One requested window: steps ``first`` to ``last`` and why."""
+
+    first: int
+    last: int
+    reason: str
+    decided_at: float
+    seen_step: int  # the furthest step any rank had finished when it was decided
+
+
+@dataclass
+class AutoProfiler:
+    """Decides the windows of one run from its ranks' step records (call :meth:`update` often)."""
+
+    run_dir: Path
+    ranks: RankIndex
+    host: str
+    say: Callable[[str], None] = lambda _: None
+    windows: list[Window] = field(default_factory=list)
+    durations: dict[int, float] = field(default_factory=dict)  # step -> ms (the slowest rank's)
+    _offsets: dict[int, int] = field(default_factory=dict)  # rank -> bytes of steps.jsonl read
+
+    def update(self) -> None:
+        """Read new step records; request a window if one is due."""
+        ranks = self.ranks.on_host(self.host)
+        if 0 not in ranks:
+            return  # one decider per run: the wrapper that started rank 0
+        for rank in ranks:  # step time is the job's (ranks meet at every collective): this host's will do
+            self._read_new_steps(rank)
+        window = self.decide()
+        if window is not None:
+            self.windows.append(window)
+            write_json_atomic(self.run_dir / PROFILE_WINDOWS_FILE, {
+                "schema_version": SCHEMA_VERSION, "mode": "auto", "windows": [asdict(w) for w in self.windows]})
+            self.say(f"profiling steps {window.first}-{window.last} on every rank ({window.reason})")
+
+    def _read_new_steps(self, rank: int) -> None:
+        path = self.ranks.ranks_dir / str(rank) / "steps.jsonl"
+        try:
+            with open(path, "rb") as f:
+                f.seek(self._offsets.get(rank, 0))
+                data = f.read()
+        except OSError:
+            return
+        complete = data[:data.rfind(b"\n") + 1]  # a line being written is read next time
+        self._offsets[rank] = self._offsets.get(rank, 0) + len(complete)
+        for line in complete.splitlines():
+            try:
+                record = json.loads(line)
+                step, ms = int(record["step"]), float(record["duration_ms"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            self.durations[step] = max(ms, self.durations.get(step, 0.0))
+
+    def decide(self) -> Window | None:
+        """The window to request now, if any (from :attr:`durations` and :attr:`windows`)."""
+        if not self.durations:
+            return None
+        seen = max(self.durations)
+        if not self.windows:
+            if seen < MIN_WARMUP_STEPS + 1:
+                return None
+            recent = [self.durations[s] for s in range(seen - SETTLED_STEPS + 1, seen + 1) if s in self.durations]
+            settled = len(recent) == SETTLED_STEPS and _spread(recent) <= SETTLED_SPREAD
+            if settled or seen >= MAX_WARMUP_STEPS:
+                return self._window(seen, "after warm-up" if settled else f"after {seen} steps (step time not settled)")
+            return None
+        last = self.windows[-1]
+        if len(self.windows) > MAX_SLOWDOWN_WINDOWS or seen < last.last + COOLDOWN_STEPS:
+            return None
+        history = [ms for s, ms in sorted(self.durations.items()) if s > 1 and not self._profiled(s)]
+        baseline, latest = history[-HISTORY_STEPS - SLOW_STEPS:-SLOW_STEPS], history[-SLOW_STEPS:]
+        if len(baseline) < MIN_HISTORY_STEPS or len(latest) < SLOW_STEPS:
+            return None
+        median = statistics.median(baseline)
+        if all(ms >= SLOWDOWN_FACTOR * median and ms - median >= MIN_SLOWDOWN_MS for ms in latest):
+            return self._window(seen, f"step {seen} took {latest[-1]:.0f} ms, {latest[-1] / median:.1f}x "
+                                      f"the median {median:.0f} ms of the {len(baseline)} steps before")
+        return None
+
+    def _window(self, seen: int, reason: str) -> Window:
+        step_s = statistics.median([self.durations[s] for s in sorted(self.durations)[-SETTLED_STEPS:]]) / 1e3
+        lead = max(MIN_LEAD_STEPS, math.ceil(LEAD_S / step_s) if step_s > 0 else MIN_LEAD_STEPS)
+        first = seen + lead
+        return Window(first, first + WINDOW_STEPS - 1, reason, time.time(), seen)
+
+    def _profiled(self, step: int) -> bool:
+        return any(w.first <= step <= w.last for w in self.windows)
+
+
+def _spread(values: list[float]) -> float:
+    """Largest distance from the median, as a share of it."""
+    median = statistics.median(values)
+    return max(abs(v - median) for v in values) / median if median > 0 else math.inf

@@ -1,0 +1,103 @@
+"""The comparison as a reader gets it: Markdown for a pull-request comment, JUnit XML for CI, JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+from xml.sax.saxutils import quoteattr
+
+from diagtrain.profiler.compare import regression
+from diagtrain.profiler.compare.findings import FindingChange
+
+FORMATS = ("md", "json", "junit")
+
+
+def render(c: regression.Comparison, fmt: str) -> str:
+    """The comparison in one of :data:`FORMATS`."""
+    return {"md": markdown, "json": lambda c: json.dumps(c.to_json(), indent=2) + "\n", "junit": junit}[fmt](c)
+
+
+def headline(c: regression.Comparison) -> str:
+    """The verdict in one line: what CI and the dashboard say first."""
+    runs = f"{c.base_runs} baseline run{'s' if c.base_runs != 1 else ''}"
+    if c.regressions:
+        return f"regression in {_count(c.regressions, 'metric')} beyond the noise of {runs}"
+    if c.inconclusive:
+        return f"inconclusive: {_count(c.inconclusive, 'metric')} changed, but {runs} cannot tell code from machine noise"
+    if not c.judged:
+        return f"inconclusive: no metric has enough steps to be judged (at least {regression.MIN_SAMPLES} per run)"
+    return f"no regression beyond the noise of {runs}"
+
+
+def lines(c: regression.Comparison) -> list[str]:
+    """The causes, then the regressions (root cause first), then what stays undecided and why."""
+    out = [f"new finding, **{f.kind}** on {_ranks(f)}: {f.explanation}" if f.change == "new" else
+           f"worse finding: {f.words}" for f in c.findings if f.actionable]
+    out += [f"**{r.metric}** ({r.scope}): {_change(r)}, outside the noise band {r.noise_band}" for r in c.regressions]
+    out += [f"inconclusive: **{r.metric}** ({r.scope}): {_change(r)}: {r.reason}" for r in c.inconclusive]
+    out += [f"the machine differed: {d}" for d in c.machine.different + c.machine.contention]
+    return out
+
+
+def markdown(c: regression.Comparison) -> str:
+    """A pull-request comment: the verdict first, the causes, then the table."""
+    verdict = headline(c)
+    emphasised = verdict.replace("regression", "**regression**", 1) if c.regressions else verdict
+    out = [f"## diagtrain compare: {emphasised}", "",
+           f"BASE `{c.base}` · NEW `{c.new}` · threshold {c.threshold_pct:g}% · the verdict: NEW's median against "
+           f"the baseline runs' noise band; per-step evidence: Mann-Whitney U, bootstrap 95% interval of the ratio", ""]
+    out += [f"- {line}" for line in lines(c)]
+    out += c.notes and [""] + [f"> {n}" for n in c.notes] or []
+    out += ["", "| metric | scope | BASE | NEW | change | noise band | verdict | 95% CI of ratio (steps) | p (steps) "
+            "| p90 BASE → NEW |", "| --- | --- | ---: | ---: | ---: | --- | --- | --- | ---: | ---: |"]
+    for r in shown(c):
+        out.append(f"| {r.metric} | {r.scope} | {_num(r.base_median)} {r.unit} | {_num(r.new_median)} {r.unit} | "
+                   f"{r.change_pct:+.1f}% | {r.noise_band} | {_bold(r.verdict)} | x{r.ci_low:.3f} - x{r.ci_high:.3f} | "
+                   f"{r.p_value:.2g} | {_num(r.base_p90)} → {_num(r.new_p90)} |")
+    out += ["", "### Findings, by cause", ""]
+    out += [f"- {line}" for line in by_cause(c)]
+    return "\n".join(out) + "\n"
+
+
+def by_cause(c: regression.Comparison) -> list[str]:
+    """The findings of both runs, matched by cause, each with how it changed: the one findings diff
+    that the Markdown report and the dashboard's Compare tab both show."""
+    return [f"{f.change}: {f.words}" for f in c.findings] or ["none in either run"]
+
+
+def junit(c: regression.Comparison) -> str:
+    """JUnit XML: one test case per metric, a failure per regression, a skipped case per inconclusive one."""
+    cases = []
+    for r in shown(c):
+        name = quoteattr(f"{r.metric} ({r.scope})")
+        message = quoteattr(f"{_change(r)}: {r.reason}")
+        body = {"regression": f"<failure message={message} type=\"regression\"/>",
+                "inconclusive": f"<skipped message={message}/>"}.get(r.verdict, "")
+        cases.append(f"  <testcase classname=\"diagtrain.compare\" name={name}>{body}</testcase>")
+    return (f"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuite name=\"diagtrain.compare\" tests=\"{len(c.results)}\" "
+            f"failures=\"{len(c.regressions)}\" skipped=\"{len(c.inconclusive)}\">\n" + "\n".join(cases) + "\n</testsuite>\n")
+
+
+def shown(c: regression.Comparison) -> list[regression.MetricResult]:
+    """Every metric in the order a reader wants: regressions (root cause first), inconclusive ones, the rest."""
+    return c.regressions + c.inconclusive + [r for r in c.results if r.verdict not in ("regression", "inconclusive")]
+
+
+def _change(r: regression.MetricResult) -> str:
+    return f"{_num(r.base_median)} → {_num(r.new_median)} {r.unit} ({r.change_pct:+.1f}%)"
+
+
+def _bold(verdict: str) -> str:
+    return f"**{verdict}**" if verdict in ("regression", "inconclusive") else verdict
+
+
+def _ranks(f: FindingChange) -> str:
+    return f"rank{'s' if len(f.ranks) != 1 else ''} {', '.join(map(str, f.ranks))}"
+
+
+def _count(items: list, noun: str) -> str:
+    return f"{len(items)} {noun}{'s' if len(items) != 1 else ''}"
+
+
+def _num(value: float) -> str:
+    return "n/a" if value is None or math.isnan(value) else f"{value:.4g}"

@@ -1,0 +1,379 @@
+"""A finished run in the plan's terms: its model and layout, and the speeds and times it measured.
+
+Read from what the run directory and its analysis hold (trainer.json, ranks/*/parameters.json,
+manifest.json, report.json, analysis/steps.parquet and collectives.parquet), never from the traces.
+The analyzer calls ``describe`` and ``measure`` on its own tables; ``diagtrain plan --from RUN``
+reads the same from the files (``read_run``).
+
+Which mesh dimension a process group spans comes from its DeviceMesh name (``mesh_dp``...) or its
+members' mesh coordinates; the mesh itself from trainer.json or the manifest. This is the seam for
+the analyzer's inferred structure: a run without them falls back to one data-parallel group.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from diagtrain.profiler.plan.comm import DP, PP, RECV, SEND, TP
+from diagtrain.profiler.plan.compute import rank_flops
+from diagtrain.profiler.plan.layout import Implementation, Layout
+from diagtrain.profiler.plan.model import FP32, FP32_AUTOCAST_BF16, Precision, Transformer, reference_trainer, shape_for
+from diagtrain.profiler.run_dir import read_json
+
+WARMUP_STEPS = 1  # step 1 carries start-up (process groups, allocator growth): left out of every median
+# The reference trainers' TP plan converts the input of each of wq, wk, wv and w1 on its own.
+REFERENCE_TP_BACKWARD_REDUCES = 4
+GRAD_BYTES_ASSUMED = 4  # a foreign run's size is read off its gradient all-reduces: fp32 gradients assumed
+
+
+class RunInputError(ValueError):
+    """A run the plan cannot describe; the message names the file and what is missing."""
+
+
+@dataclass
+class RunModel:
+    """What a run trained and how, as the plan models it."""
+
+    model: Transformer
+    layout: Layout
+    precision: Precision
+    impl: Implementation
+    world_size: int
+    layers_per_stage: list[int] | None = None
+    strategy: str | None = None
+    notes: list[str] = field(default_factory=list)  # assumptions made where the run did not say
+
+
+@dataclass
+class Measured:
+    """What the run measured, per rank where it differs."""
+
+    step_s: float | None  # median steady step (the slowest rank's median)
+    compute_s: dict[int, float]  # median profiled compute per step, by rank
+    flops: float | None  # achieved FLOP/s per rank: the model's FLOPs per step over the compute time
+    group_bw: dict[str, float]  # best bus bandwidth per group kind (dp, tp, pp), bytes/s
+    pipeline: PipelineTiming | None  # the bubble the pipeline lived (pipelines with profiled steps)
+    held: dict[int, int]  # parameters each rank holds (parameters.json)
+    peak_bytes: dict[int, float]  # peak memory per rank
+
+
+# -- describing the run -------------------------------------------------------------------------
+
+
+def describe(run: dict[str, Any], trainer: dict | None, total_params: float | None, collectives: pd.DataFrame,
+             steps: pd.DataFrame, on_gpu: bool) -> RunModel:
+    """The run's model and layout: exact for a reference trainer (trainer.json), else estimated from its
+    parameters or gradient traffic, with the assumptions in ``notes``."""
+    world = int(run.get("world_size") or 1)
+    impl = Implementation(reduce_scatter_as_all_reduce=not on_gpu,  # gloo runs reduce-scatter as all-reduce
+                          tp_backward_reduces_per_layer=REFERENCE_TP_BACKWARD_REDUCES if trainer else 2)
+    if trainer:
+        return _reference(trainer, world, impl)
+    mesh = run.get("mesh") or {}
+    dims = {k: int(mesh.get(k) or 1) for k in ("pp", "dp", "tp")}
+    notes = []
+    if dims["pp"] * dims["dp"] * dims["tp"] != world:
+        dims = {"pp": 1, "dp": world, "tp": 1}
+        notes.append(f"no mesh recorded: assumed plain data parallelism over the {world} ranks")
+    params = total_params
+    if params is None:
+        params = _params_from_gradients(with_steps(collectives, steps))
+        notes.append(f"size read off the gradient all-reduces of one step: {params:,.0f} parameters "
+                     f"({GRAD_BYTES_ASSUMED}-byte gradients assumed)")
+    model = shape_for(params)
+    notes.append(f"shape assumed from the nearest well-known model: {model.layers} layers, hidden {model.hidden}, "
+                 f"sequence {model.seq_len} (pass --layers/--hidden/--seq to correct)")
+    zero = 3 if (run.get("strategy") or "").lower() in ("fsdp", "zero3") else 0
+    layout = Layout(dp=dims["dp"], tp=dims["tp"], pp=dims["pp"], zero=zero)
+    return RunModel(model, layout, FP32, impl, world, strategy=run.get("strategy"), notes=notes)
+
+
+def _reference(trainer: dict, world: int, impl: Implementation) -> RunModel:
+    mesh = trainer["mesh"]
+    dp, tp, pp = int(mesh["dp"]), int(mesh["tp"]), int(mesh["pp"])
+    strategy = trainer["strategy"]
+    stage_layers = trainer.get("stage_layers")
+    virtual = len(stage_layers) // pp if stage_layers and pp > 1 else 1
+    local_batch = int(trainer["global_batch"]) // dp
+    microbatches = int(trainer.get("n_microbatches") or 1) if pp > 1 else 1
+    schedule = {"interleaved1f1b": "interleaved"}.get(trainer.get("schedule"), trainer.get("schedule") or "1f1b")
+    layout = Layout(dp=dp, tp=tp, pp=pp, zero=3 if strategy == "fsdp" or (strategy == "3d" and dp > 1) else 0,
+                    micro_batch=local_batch // microbatches, microbatches=microbatches,
+                    grad_accum=int(trainer.get("grad_accum") or 1), schedule=schedule if pp > 1 else "1f1b",
+                    virtual_stages=virtual, activation_checkpointing=bool(trainer.get("activation_checkpoint")),
+                    reshard_after_forward=bool(trainer.get("fsdp_reshard_after_forward", True)))
+    precision = FP32_AUTOCAST_BF16 if trainer.get("bf16") else FP32
+    return RunModel(reference_trainer(trainer), layout, precision, impl, world,
+                    layers_per_stage=stage_layers if pp > 1 else None, strategy=strategy)
+
+
+def total_parameters(parameters: dict[int, dict]) -> float | None:
+    """The model's size: every distinct parameter's global shape, over all ranks' parameters.json."""
+    shapes = {}
+    for info in parameters.values():
+        for p in info.get("parameters") or []:
+            shapes[p["name"]] = int(np.prod(p["shape"]))
+    return float(sum(shapes.values())) if shapes else None
+
+
+def _params_from_gradients(collectives: pd.DataFrame) -> float:
+    """Parameters of a plain data-parallel run: its gradient all-reduces in one profiled step."""
+    if collectives.empty or "step" not in collectives:
+        raise RunInputError("no parameters.json and no profiled collectives to size the model from")
+    ar = collectives[(collectives["op"] == "all_reduce") & (collectives["rank"] == collectives["rank"].min())]
+    per_step = ar.groupby("step")["bytes"].sum()
+    if per_step.empty or not per_step.max() > 0:
+        raise RunInputError("no parameters.json and no gradient all-reduce in the profiled steps to size the model "
+                            "from")
+    return float(per_step.median()) / GRAD_BYTES_ASSUMED
+
+
+# -- what the run measured ----------------------------------------------------------------------
+
+
+def group_kind(desc: Any, members: Any, op: str, layout: Layout) -> str | None:
+    """The mesh dimension (dp, tp, pp) a collective's group spans; None for a group the model has not
+    (a job's own, such as the reference trainers' ``metrics``)."""
+    if op in (SEND, RECV):
+        return PP
+    desc = str(desc or "")
+    if desc.startswith("mesh_"):
+        return desc.removeprefix("mesh_")
+    if desc not in ("", "default_pg", "None", "nan", "?"):
+        return None
+    members = [int(m) for m in (members if members is not None else [])]
+    if len(members) < 2:
+        return None
+    coords = [layout.coords(m) for m in members]
+    varying = [name for i, name in enumerate((PP, DP, TP)) if len({c[i] for c in coords}) > 1]
+    return varying[0] if len(varying) == 1 else None
+
+
+def with_steps(collectives: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """The collectives of profiled steps, each with the step it ran in (by its start time)."""
+    if "trace_start" not in steps and "start" in steps:  # steps known only from the traces
+        steps = steps.rename(columns={"start": "trace_start", "end": "trace_end"})
+    if collectives.empty or "trace_start" not in steps or steps["trace_start"].isna().all():
+        return collectives.iloc[0:0].assign(step=pd.Series(dtype="int64"))
+    spans = steps.loc[steps["trace_start"].notna(), ["rank", "step", "trace_start", "trace_end"]]
+    spans = spans.astype({"rank": "int64"}).sort_values("trace_start")
+    calls = collectives.astype({"rank": "int64"}).assign(unix=lambda c: c["ts"] / 1e6).sort_values("unix")
+    joined = pd.merge_asof(calls, spans, left_on="unix", right_on="trace_start", by="rank", direction="backward")
+    return joined[joined["unix"] <= joined["trace_end"]].drop(columns=["unix", "trace_start", "trace_end"])
+
+
+def steady(steps: pd.DataFrame) -> pd.DataFrame:
+    """Steps after warm-up (all of them when that would leave none)."""
+    later = steps[steps["step"] > WARMUP_STEPS]
+    return later if len(later) else steps
+
+
+def measure(rm: RunModel, steps: pd.DataFrame, collectives: pd.DataFrame, held: dict[int, int],
+            spans_of: Callable[[int], pd.DataFrame | None] = lambda _: None) -> Measured:
+    """Step time, compute speed, best bandwidth per group kind, bubble, parameters and peaks of a run;
+    ``spans_of(rank)`` gives a rank's timeline spans (for the bubble)."""
+    s = steady(steps) if not steps.empty else steps
+    step_s = float(s.groupby("rank")["wall_ms"].median().max()) / 1e3 if len(s) else None
+    compute_s = {}
+    if "compute_ms" in s and s["compute_ms"].notna().any():
+        compute_s = {int(r): float(v) / 1e3 for r, v in s.dropna(subset=["compute_ms"]).groupby("rank")["compute_ms"].median().items()}
+    peaks = {}
+    if "peak_mem_bytes" in s and s["peak_mem_bytes"].notna().any():
+        peaks = {int(r): float(v) for r, v in s.groupby("rank")["peak_mem_bytes"].max().items() if pd.notna(v)}
+    return Measured(step_s=step_s, compute_s=compute_s, flops=_achieved_flops(rm, compute_s),
+                    group_bw=best_bandwidth(rm, collectives),
+                    pipeline=pipeline_timing(rm, steps, phase_busy(steps, spans_of)) if rm.layout.pp > 1 else None,
+                    held=dict(held), peak_bytes=peaks)
+
+
+def _achieved_flops(rm: RunModel, compute_s: dict[int, float]) -> float | None:
+    """FLOP/s per rank: the forward and backward FLOPs the model predicts per step, over the profiled
+    compute time (the median over ranks)."""
+    rates = []
+    passes = rm.layout.grad_accum * rm.layout.microbatches
+    for rank, seconds in compute_s.items():
+        flops = rank_flops(rm.model, rm.layout, rm.layout.coords(rank)[0], rm.layers_per_stage).total * passes
+        if seconds > 0:
+            rates.append(flops / seconds)
+    return float(np.median(rates)) if rates else None
+
+
+def best_bandwidth(rm: RunModel, collectives: pd.DataFrame) -> dict[str, float]:
+    """The best bus bandwidth each group kind reached (bytes/s); point-to-point at its transfer rate."""
+    if collectives.empty or "busbw_gbps" not in collectives:
+        return {}
+    kinds = [group_kind(d, m, op, rm.layout) for d, m, op in
+             zip(collectives["pg_desc"], collectives["group_ranks"], collectives["op"])]
+    c = collectives.assign(kind=kinds)
+    c = c[c["kind"].notna() & np.isfinite(c["busbw_gbps"]) & (c["busbw_gbps"] > 0)]
+    return {k: float(v) * 1e9 for k, v in c.groupby("kind")["busbw_gbps"].max().items()}
+
+
+@dataclass
+class PipelineTiming:
+    """The bubble a pipeline lived, from its profiled steps."""
+
+    measured: float  # 1 - mean busy time of its stages / the longest forward-backward phase (median over steps)
+    stage_busy_ms: dict[int, float]  # per pipeline position: work inside the forward-backward phase
+    with_stage_times: float | None  # GPipe/1F1B's bubble for these measured stage times (unequal stages idle more)
+
+
+TAIL_PHASES = ("optimizer", "metrics", "checkpoint")  # phases that run after forward and backward in a step
+
+
+P2P_OPS = ("send", "recv")  # a pipeline rank blocked on its neighbour sits in one of these
+
+
+def phase_busy(steps: pd.DataFrame, spans_of: Callable[[int], pd.DataFrame | None]) -> dict[tuple[int, int], float]:
+    """Per profiled (rank, step): ms the rank worked inside its forward-backward phase, from its timeline
+    spans (``start_us``, ``end_us``, ``kind``, ``name`` on the common clock): the phase less the time
+    it sat in pipeline sends and receives with nothing computing, waiting for a neighbour (its compute,
+    its own tensor- and data-parallel collectives and the framework's work between ops all count as
+    work). The phase runs from the end of the step's data phase to the start of its optimizer."""
+    if "forward_backward_ms" not in steps or "profiled" not in steps:
+        return {}
+    rows = steps[steps["profiled"].fillna(False).astype(bool) & steps["forward_backward_ms"].notna()]
+    out = {}
+    for rank, mine in rows.groupby("rank"):
+        spans = spans_of(int(rank))
+        if spans is None or spans.empty:
+            continue
+        names = spans["name"].astype(str).str.lower()
+        p2p = spans[(spans["kind"] == "comm") & names.str.contains("|".join(P2P_OPS))]
+        compute = spans[spans["kind"] == "compute"]
+        p2p_s, p2p_e = _merged(p2p["start_us"].to_numpy(), p2p["end_us"].to_numpy())
+        cs, ce = _merged(compute["start_us"].to_numpy(), compute["end_us"].to_numpy())
+        tail = sum(mine.get(f"{p}_ms", pd.Series(0.0, index=mine.index)).fillna(0.0) for p in TAIL_PHASES)
+        lo = (mine["start"] + mine.get("data_ms", 0.0).fillna(0.0) / 1e3) * 1e6
+        hi = (mine["end"] - tail / 1e3) * 1e6
+        for step, a, b in zip(mine["step"], lo, hi):
+            # Waiting: inside a send or receive with no compute running (an asynchronous one the rank
+            # computes beside is not waiting).
+            ws, we = np.maximum(p2p_s, a), np.minimum(p2p_e, b)
+            keep = we > ws
+            waited = sum(float(e - s) - _overlap(s, e, cs, ce) for s, e in zip(ws[keep], we[keep]))
+            out[(int(rank), int(step))] = (b - a - waited) / 1e3
+    return out
+
+
+def _overlap(start: float, end: float, starts: np.ndarray, ends: np.ndarray) -> float:
+    """Length of [start, end) covered by the sorted disjoint intervals (starts, ends)."""
+    lo, hi = np.searchsorted(ends, start, side="right"), np.searchsorted(starts, end, side="left")
+    return float(np.clip(np.minimum(ends[lo:hi], end) - np.maximum(starts[lo:hi], start), 0, None).sum())
+
+
+def _merged(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The union of intervals, as sorted disjoint (starts, ends)."""
+    if not len(starts):
+        return starts, ends
+    order = np.argsort(starts)
+    starts, ends = starts[order], np.maximum.accumulate(ends[order])
+    new = np.r_[True, starts[1:] > ends[:-1]]
+    group_ends = np.r_[np.flatnonzero(new)[1:] - 1, len(starts) - 1]
+    return starts[new], ends[group_ends]
+
+
+def pipeline_timing(rm: RunModel, steps: pd.DataFrame, busy: dict[tuple[int, int], float]) -> PipelineTiming | None:
+    """Each pipeline rank works for ``busy`` of its forward-backward phase; the pipeline idled the rest
+    of its longest phase. With p stages busy for b_s each over m microbatches, GPipe and 1F1B take
+    sum(b_s)/m + (m-1)·max(b_s)/m per pass: (m+p-1)/m times the work when the stages are equal, the
+    formula's bubble."""
+    lay = rm.layout
+    if lay.pp < 2 or not busy:
+        return None
+    rows = steps.assign(busy=[busy.get((int(r), int(st)), np.nan) for r, st in zip(steps["rank"], steps["step"])])
+    rows = rows.dropna(subset=["busy", "forward_backward_ms"])
+    if rows.empty:
+        return None
+    rows = rows.assign(pp_rank=[lay.coords(int(r))[0] for r in rows["rank"]],
+                       pipeline=[lay.coords(int(r))[1:] for r in rows["rank"]])
+    per_step = [1 - g["busy"].mean() / g["forward_backward_ms"].max()
+                for _, g in rows.groupby(["pipeline", "step"]) if g["pp_rank"].nunique() == lay.pp]
+    if not per_step:
+        return None
+    stage_busy = rows.groupby("pp_rank")["busy"].median()
+    with_times = None
+    if lay.schedule in ("gpipe", "1f1b") and len(stage_busy) == lay.pp:
+        m = lay.microbatches * lay.grad_accum
+        per_pass = stage_busy.sum() / m + (m - 1) * stage_busy.max() / m
+        with_times = float(1 - stage_busy.mean() / per_pass) if per_pass > 0 else None
+    return PipelineTiming(float(np.median(per_step)), {int(k): float(v) for k, v in stage_busy.items()}, with_times)
+
+
+# -- reading a run directory --------------------------------------------------------------------
+
+
+@dataclass
+class RunFiles:
+    """Everything ``plan --from`` reads of a run."""
+
+    path: Path
+    run: dict[str, Any]
+    trainer: dict | None
+    parameters: dict[int, dict]
+    steps: pd.DataFrame
+    collectives: pd.DataFrame
+    on_gpu: bool
+
+    @property
+    def held(self) -> dict[int, int]:
+        """Parameters each rank holds, from its parameters.json."""
+        return {r: sum(p["local_numel"] for p in info["parameters"]) for r, info in self.parameters.items()}
+
+    def describe(self) -> RunModel:
+        return describe(self.run, self.trainer, total_parameters(self.parameters), self.collectives, self.steps,
+                        self.on_gpu)
+
+    def measure(self, rm: RunModel) -> Measured:
+        return measure(rm, self.steps, self.collectives, self.held, self.spans)
+
+    def spans(self, rank: int) -> pd.DataFrame | None:
+        """The rank's timeline spans as the analysis left them (analysis/timeline.json), on the common clock."""
+        index = read_json(self.path / "analysis" / "timeline.json") or {}
+        info = (index.get("ranks") or {}).get(str(rank))
+        if not info or "spans" not in info:
+            return None
+        return read_spans(self.path / "analysis" / info["spans"], float(info.get("clock_shift_us") or 0.0))
+
+
+ANALYSIS_FILES = ("report.json", "analysis/steps.parquet")
+
+
+def read_spans(path: Path, clock_shift_us: float = 0.0) -> pd.DataFrame | None:
+    """A rank's timeline spans file (start_us, end_us, kind, name), moved onto the common clock; None if gone."""
+    try:
+        spans = pd.read_parquet(path, columns=["start_us", "end_us", "kind", "name"])
+    except (OSError, ValueError):
+        return None  # the cache was removed after the analysis
+    return spans.assign(start_us=spans["start_us"] + clock_shift_us, end_us=spans["end_us"] + clock_shift_us)
+
+
+def read_run(path: Path) -> RunFiles:
+    """Read a run's analysis and its own records; RunInputError names what is missing or unreadable."""
+    missing = [name for name in ANALYSIS_FILES if not (path / name).exists()]
+    if missing:
+        raise RunInputError(f"{path}: no analysis ({', '.join(missing)} missing); run `diagtrain analyze {path}`")
+    try:
+        report = json.loads((path / "report.json").read_text())
+        steps = pd.read_parquet(path / "analysis" / "steps.parquet")
+        coll_path = path / "analysis" / "collectives.parquet"
+        collectives = pd.read_parquet(coll_path) if coll_path.exists() else pd.DataFrame()
+    except (OSError, ValueError) as e:
+        raise RunInputError(f"{path}: cannot read its analysis: {e}") from None
+    trainer_path = path / "trainer.json"
+    trainer = read_json(trainer_path)
+    if trainer_path.exists() and not isinstance(trainer, dict):
+        raise RunInputError(f"{trainer_path}: not a JSON object")
+    parameters = {}
+    for p in sorted(path.glob("ranks/*/parameters.json")):
+        info = read_json(p)
+        if isinstance(info, dict) and "parameters" in info:
+            parameters[int(info.get("rank", p.parent.name))] = info
+    run = report.get("run") or {}
+    return RunFiles(path, run, trainer, parameters, steps, collectives, bool(run.get("on_gpu")))

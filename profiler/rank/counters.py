@@ -1,0 +1,465 @@
+"""Always-on counters of where a rank's main thread spends each step, for any job, at ~no cost.
+
+Installed in every rank when torch is imported (and by an explicit StepRecorder), with no help
+from the program:
+
+- **communication**: time the main thread is blocked in collectives and point-to-point
+  operations, and how many were issued. Blocking shows up in Python as ``Work.wait`` (every
+  synchronous ``torch.distributed`` call, FSDP2's and pipelining's waits on their async work) and
+  as the functional collectives' ``wait_tensor`` (DTensor). DDP's bucket all-reduces run in C++
+  and its reducer waits for them at the end of backward, in the autograd engine's final
+  callbacks: while a DDP model exists, the time spent in those callbacks counts as communication.
+  Issued operations are counted from each process group's sequence number, which every
+  collective and p2p operation advances, whoever issues it (DDP's reducer included).
+- **phases**, for a job without its own StepRecorder: ``data`` (inside a DataLoader iterator's
+  ``__next__``), ``forward`` (the outermost module calls: global module hooks find those modules in
+  the first steps, then only they keep a hook), ``backward`` (``torch.autograd.backward``
+  and ``grad``), ``optimizer`` (the optimizer-step hooks). Phases do not overlap: one entered
+  while another is open belongs to the open one (activation checkpointing re-runs forward inside
+  backward). Communication inside a phase is also counted per phase.
+- **CPU**: the process's CPU time (all threads), and the main thread's wait for a CPU (its
+  run-queue delay, from ``/proc``): what tells "this rank did more work" from "this rank was
+  starved by another process".
+
+Only the training thread counts (the main thread, or the one that runs the StepRecorder or steps
+the optimizer, for loops run in a thread of their own): a training step is spent there. Everything here is cheap (a few
+microseconds per wait or per module call, one ``/proc`` read per step), catches its own failures,
+says so once on stderr and stands down; the user's call always goes through.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Callable
+
+from diagtrain.profiler.rank.after_import import call_after_import
+
+FUNCTIONAL_COLLECTIVES = "torch.distributed._functional_collectives"
+NS_PER_S = 1e9
+# Global module hooks put every module call on torch's slower hooked path (~10 us a call). They
+# run for this many steps, to learn the outermost modules (the model, the loss), which then keep
+# hooks of their own while the global ones go.
+LEARN_STEPS = 2
+
+
+@dataclass(frozen=True)
+class Reading:
+    """Cumulative counters at one moment; a step's values are the difference of two readings."""
+
+    comm_s: float
+    comm_calls: int | None  # None: torch.distributed is not available
+    cpu_s: float
+    runq_s: float | None  # None: /proc/<pid>/task/<tid>/schedstat cannot be read here
+
+    def since(self, before: Reading) -> dict[str, Any]:
+        """The step record's counter fields for the interval from ``before`` to this reading."""
+        fields: dict[str, Any] = {"cpu_ms": round((self.cpu_s - before.cpu_s) * 1e3, 3)}
+        if self.comm_calls is not None:
+            fields["comm_ms"] = round((self.comm_s - before.comm_s) * 1e3, 3)
+            fields["comm_calls"] = self.comm_calls - (before.comm_calls or 0)
+        if self.runq_s is not None and before.runq_s is not None:
+            fields["runq_ms"] = round((self.runq_s - before.runq_s) * 1e3, 3)
+        return fields
+
+
+@dataclass
+class PhaseClock:
+    """Non-overlapping phases of the main thread: seconds per phase, and communication within."""
+
+    totals: dict[str, float] = field(default_factory=dict)
+    comm: dict[str, float] = field(default_factory=dict)
+    _depth: dict[str, int] = field(default_factory=dict)
+    _active: str | None = None
+    _since: float = 0.0
+
+    def enter(self, name: str) -> None:
+        """Enter ``name`` (nested entries of the same phase are one)."""
+        self._depth[name] = self._depth.get(name, 0) + 1
+        if self._active is None:
+            self._active, self._since = name, time.perf_counter()
+
+    def exit(self, name: str) -> None:
+        """Leave ``name``; the phase ends when its outermost entry is left."""
+        depth = self._depth.get(name, 0)
+        if depth <= 0:
+            return
+        self._depth[name] = depth - 1
+        if depth == 1 and self._active == name:
+            self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - self._since
+            self._active = None
+
+    def idle(self) -> bool:
+        """No phase is open."""
+        return self._active is None
+
+    def depth(self, name: str) -> int:
+        return self._depth.get(name, 0)
+
+    def add_comm(self, seconds: float) -> None:
+        if self._active is not None:
+            self.comm[self._active] = self.comm.get(self._active, 0.0) + seconds
+
+    def take(self) -> tuple[dict[str, float], dict[str, float]]:
+        """(seconds per phase, communication seconds per phase) since the last call; an open
+        phase is split at this moment (an optimizer stepping inside backward ends a step there)."""
+        now = time.perf_counter()
+        if self._active is not None:
+            self.totals[self._active] = self.totals.get(self._active, 0.0) + now - self._since
+            self._since = now
+        totals, comm = self.totals, self.comm
+        self.totals, self.comm = {}, {}
+        return totals, comm
+
+
+class Counters:
+    """The process's counters (one instance, :data:`COUNTERS`) and the hooks that feed them."""
+
+    def __init__(self) -> None:
+        self.installed = False
+        self.tracking_phases = False
+        self.failed = False
+        self.comm_s = 0.0
+        self.phases = PhaseClock()
+        self.start: Reading | None = None  # at install: step 1 of an implicit recorder counts from here
+        self._main = threading.main_thread().ident
+        self._blocked = False  # inside a timed wait: nested waits are not counted twice
+        self._distributed = False
+        self._calls = 0
+        self._seq: dict[str, int] = {}  # process-group name -> sequence number last seen
+        self._ddp: weakref.WeakSet = weakref.WeakSet()
+        self._module_hooks: list[Any] = []
+        self._global_hooks = False  # the module hooks are the global ones, still learning the roots
+        self._roots: weakref.WeakSet = weakref.WeakSet()  # modules called with no phase open
+        self._roots_known = True
+        self._steps_seen = 0
+        self._schedstat = _open_schedstat(threading.main_thread().native_id)
+
+    # -- installation --------------------------------------------------------------------------
+
+    def install(self) -> None:
+        """Wrap torch's waits, backward, DataLoader iterators and DDP construction (once)."""
+        if self.installed or self.failed:
+            return
+        self.installed = True
+        torch = sys.modules["torch"]
+        try:
+            torch.autograd.backward = _backward_wrapper(torch.autograd.backward, self, ddp_window=True)
+            torch.autograd.grad = _backward_wrapper(torch.autograd.grad, self, ddp_window=False)
+            iterator = torch.utils.data.dataloader._BaseDataLoaderIter
+            iterator.__next__ = _phase_wrapper(iterator.__next__, self, "data")
+            if torch.distributed.is_available():
+                self._distributed = True
+                work = torch.distributed.distributed_c10d.Work
+                work.wait = _wait_wrapper(work.wait, self)
+                ddp = torch.nn.parallel.DistributedDataParallel
+                ddp.__init__ = _remember_ddp(ddp.__init__, self)
+                # The first forward after DDP's first backward re-buckets the gradients and
+                # broadcasts the new layout from C++: a wait on every rank, once.
+                reducer = torch.distributed.Reducer
+                reducer._rebuild_buckets = _wait_wrapper(reducer._rebuild_buckets, self)
+                call_after_import(FUNCTIONAL_COLLECTIVES, self._wrap_functional_waits)
+        except Exception as e:  # noqa: BLE001 - counters are optional; the job is not
+            self.fail(e)
+        self.start = self.read()
+
+    def _wrap_functional_waits(self, funcol: ModuleType) -> None:
+        funcol.wait_tensor = _wait_wrapper(funcol.wait_tensor, self, skip_when_compiling=True)
+
+    def set_phase_tracking(self, on: bool) -> None:
+        """Time data/forward/backward phases (a job without its own StepRecorder) or stop doing so.
+
+        Global module hooks find the outermost modules during the first LEARN_STEPS steps (see
+        step_ended); they go as soon as the program's own StepRecorder takes over.
+        """
+        if on == self.tracking_phases or self.failed:
+            return
+        self.tracking_phases = on
+        try:
+            if on:
+                from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+                self._module_hooks = [register_module_forward_pre_hook(self._forward_started),
+                                      register_module_forward_hook(self._forward_ended, always_call=True)]
+                self._global_hooks = True
+            else:
+                self._remove_module_hooks()
+        except Exception as e:  # noqa: BLE001
+            self.fail(e)
+
+    def step_ended(self) -> None:
+        """At each step boundary of a job without its own StepRecorder: after LEARN_STEPS steps, the
+        outermost modules seen keep forward hooks of their own and the global hooks go."""
+        self._steps_seen += 1
+        if not (self._global_hooks and self._roots_known and self._steps_seen >= LEARN_STEPS
+                and self.phases.depth("forward") == 0):
+            return
+        try:
+            roots = list(self._roots)
+            self._remove_module_hooks()
+            for module in roots:
+                self._module_hooks += [module.register_forward_pre_hook(self._forward_started),
+                                       module.register_forward_hook(self._forward_ended, always_call=True)]
+            self._roots = weakref.WeakSet()
+        except Exception as e:  # noqa: BLE001
+            self.fail(e)
+
+    def _remove_module_hooks(self) -> None:
+        for handle in self._module_hooks:
+            handle.remove()
+        self._module_hooks, self._global_hooks = [], False
+
+    def follow_current_thread(self) -> None:
+        """Count the calling thread from now on: the one that runs the training loop."""
+        if threading.get_ident() == self._main:
+            return
+        self._main = threading.get_ident()
+        previous, self._schedstat = self._schedstat, _open_schedstat(threading.get_native_id())
+        if previous is not None:
+            os.close(previous)
+
+    def fail(self, error: BaseException) -> None:
+        """Stand down after an error of our own, saying so once on the rank's stderr."""
+        if not self.failed:
+            self.failed = True
+            print(f"diagtrain: step counters disabled: {type(error).__name__}: {error}", file=sys.stderr)
+        self.tracking_phases = False
+        try:
+            self._remove_module_hooks()
+        except Exception:  # noqa: BLE001 - standing down as far as possible
+            pass
+
+    # -- what the hooks call ---------------------------------------------------------------------
+
+    def on_main_thread(self) -> bool:
+        return threading.get_ident() == self._main
+
+    def comm_begin(self) -> float | None:
+        """Start timing a wait; None when it is not counted (nested, another thread, stood down)."""
+        if self._blocked or self.failed or threading.get_ident() != self._main:
+            return None
+        self._blocked = True
+        return time.perf_counter()
+
+    def comm_begin_window(self) -> float | None:
+        """Like comm_begin, for backward's final callbacks, which run off the main thread on GPU."""
+        if self._blocked or self.failed:
+            return None
+        self._blocked = True
+        return time.perf_counter()
+
+    def comm_end(self, started: float) -> None:
+        seconds = time.perf_counter() - started
+        self._blocked = False
+        self.comm_s += seconds
+        self.phases.add_comm(seconds)
+
+    def phase_enter(self, name: str) -> None:
+        if self.tracking_phases and threading.get_ident() == self._main:
+            self.phases.enter(name)
+
+    def phase_exit(self, name: str) -> None:
+        if self.tracking_phases and threading.get_ident() == self._main:
+            self.phases.exit(name)
+
+    def _forward_started(self, module: Any, args: Any) -> None:
+        if _is_compiling() or not self.tracking_phases or threading.get_ident() != self._main:
+            return
+        if self._global_hooks and self.phases.idle():
+            try:
+                self._roots.add(module)
+            except TypeError:  # a module class that cannot be hashed or weakly referenced
+                self._roots_known = False  # so the global hooks stay
+        self.phases.enter("forward")
+
+    def _forward_ended(self, module: Any, args: Any, output: Any) -> None:
+        if not _is_compiling():
+            self.phase_exit("forward")
+
+    def ddp_alive(self) -> bool:
+        return len(self._ddp) > 0
+
+    # -- reading -----------------------------------------------------------------------------------
+
+    def read(self) -> Reading | None:
+        """The cumulative counters now (None once stood down)."""
+        if self.failed:
+            return None
+        try:
+            return Reading(self.comm_s, self._comm_calls(), time.process_time(), self._runq_s())
+        except Exception as e:  # noqa: BLE001
+            self.fail(e)
+            return None
+
+    def _comm_calls(self) -> int | None:
+        if not self._distributed:
+            return None
+        dist = sys.modules["torch.distributed"]
+        if dist.is_initialized():
+            for group, name in list(dist.distributed_c10d._world.pg_names.items()):
+                try:
+                    seq = group._get_sequence_number_for_group()
+                except Exception:  # noqa: BLE001 - a backend without sequence numbers: not counted
+                    continue
+                self._calls += max(0, seq - self._seq.get(name, 0))
+                self._seq[name] = seq
+        return self._calls
+
+    def _runq_s(self) -> float | None:
+        if self._schedstat is None:
+            return None
+        # "<ns on a CPU> <ns waiting on a run queue> <timeslices>"
+        return int(os.pread(self._schedstat, 64, 0).split()[1]) / NS_PER_S
+
+
+def _open_schedstat(thread_id: int | None) -> int | None:
+    """A descriptor on a thread's scheduler statistics (Linux), kept open: one read per step."""
+    try:
+        return os.open(f"/proc/self/task/{thread_id}/schedstat", os.O_RDONLY)
+    except OSError:
+        return None
+
+
+def _wait_wrapper(original: Callable, counters: Counters, skip_when_compiling: bool = False) -> Callable:
+    """``original`` (a blocking wait), timed as communication when called on the main thread."""
+    compiling = _is_compiling if skip_when_compiling else None
+
+    @functools.wraps(original)
+    def wait(*args: Any, **kwargs: Any) -> Any:
+        if compiling is not None and compiling():
+            return original(*args, **kwargs)
+        started = counters.comm_begin()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            if started is not None:
+                counters.comm_end(started)
+
+    return wait
+
+
+def _phase_wrapper(original: Callable, counters: Counters, name: str) -> Callable:
+    """``original``, its time counted as phase ``name``."""
+
+    @functools.wraps(original)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        counters.phase_enter(name)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            counters.phase_exit(name)
+
+    return timed
+
+
+def _backward_wrapper(original: Callable, counters: Counters, ddp_window: bool) -> Callable:
+    """``torch.autograd.backward`` or ``grad``, timed as the backward phase; with ``ddp_window``,
+    the wait of DDP's reducer at its end is timed as communication."""
+
+    @functools.wraps(original)
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        if _is_compiling() or not counters.on_main_thread():
+            return original(*args, **kwargs)
+        window = None
+        if ddp_window and counters.ddp_alive():
+            window = _FinalCallbacks.open(counters, args[0] if args else kwargs.get("tensors"))
+        counters.phase_enter("backward")
+        try:
+            return original(*args, **kwargs)
+        finally:
+            counters.phase_exit("backward")
+            if window is not None:
+                window.close()
+
+    return backward
+
+
+class _FinalCallbacks:
+    """Times the autograd engine's final callbacks of one backward: where DDP's reducer waits for
+    its bucket all-reduces (``finalize_backward``), out of Python's sight.
+
+    A pre-hook on the root's node (the first node backward runs) queues a callback; callbacks run
+    in the order queued once the graph is done, and one may queue another, which runs after all
+    the rest. The first marks the start, the one it queues the end.
+    """
+
+    def __init__(self, counters: Counters) -> None:
+        self.counters = counters
+        self.started: float | None = None
+        self.handle: Any = None
+
+    @classmethod
+    def open(cls, counters: Counters, tensors: Any) -> _FinalCallbacks | None:
+        """Arm the window on the first root of ``tensors`` that has a graph; None if none has."""
+        try:
+            roots = tensors if isinstance(tensors, (list, tuple)) else (tensors,)
+            node = next((t.grad_fn for t in roots if getattr(t, "grad_fn", None) is not None), None)
+            if node is None:
+                return None
+            window = cls(counters)
+            window.handle = node.register_prehook(window._graph_started)
+            return window
+        except Exception as e:  # noqa: BLE001
+            counters.fail(e)
+            return None
+
+    def _graph_started(self, grad_outputs: Any) -> None:
+        try:
+            _queue_final_callback(self._callbacks_started)
+        except Exception as e:  # noqa: BLE001
+            self.counters.fail(e)
+
+    def _callbacks_started(self) -> None:
+        self.started = self.counters.comm_begin_window()
+        if self.started is not None:
+            try:
+                _queue_final_callback(self._callbacks_ended)
+            except Exception as e:  # noqa: BLE001 - the window then ends when backward returns
+                self.counters.fail(e)
+
+    def _callbacks_ended(self) -> None:
+        self._finish()
+
+    def _finish(self) -> None:
+        if self.started is not None:
+            started, self.started = self.started, None
+            self.counters.comm_end(started)
+
+    def close(self) -> None:
+        """After backward returned (or raised): remove the hook; a window left open ends now."""
+        self.handle.remove()
+        self._finish()
+
+
+def _queue_final_callback(callback: Callable[[], None]) -> None:
+    from torch.autograd import Variable
+
+    Variable._execution_engine.queue_callback(callback)
+
+
+def _remember_ddp(original_init: Callable, counters: Counters) -> Callable:
+    """DistributedDataParallel.__init__ that also remembers the model (weakly)."""
+
+    @functools.wraps(original_init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        try:
+            counters._ddp.add(self)
+        except Exception as e:  # noqa: BLE001
+            counters.fail(e)
+
+    return __init__
+
+
+def _is_compiling() -> bool:
+    torch = sys.modules["torch"]
+    return torch.compiler.is_compiling()
+
+
+COUNTERS = Counters()

@@ -1,0 +1,132 @@
+"""Step boundaries for programs that know nothing of diagtrain: global optimizer-step hooks.
+
+Armed from the bootstrap before user code runs, without importing torch (that would change the
+program's import order and start-up time): once the program has imported torch, it registers
+torch's global optimizer pre- and post-step hooks and starts the always-on counters
+(:mod:`diagtrain.profiler.rank.counters`), whose data, forward and backward phases fill the step
+records of a program that has no StepRecorder of its own.
+
+A step ends when the *lead* optimizer (the first one that steps) finishes ``step()``, so a
+program with several optimizers (pipeline stages, GANs) still counts one step per iteration.
+Step 1 starts when torch is imported, so it includes start-up. A program that opens its own
+:class:`~diagtrain.profiler.rank.instrument.StepRecorder` takes over and these hooks stand down.
+"""
+
+from __future__ import annotations
+
+import atexit
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from diagtrain.profiler.rank import instrument, state_dump, trouble
+from diagtrain.profiler.rank.after_import import call_after_import
+from diagtrain.profiler.rank.counters import COUNTERS
+from diagtrain.profiler.run_dir import rank_dir, write_json_atomic
+
+
+class _HookRecorder:
+    """Drives an implicit StepRecorder from the global optimizer hooks."""
+
+    def __init__(self, run_dir: Path, rank: int) -> None:
+        self.run_dir, self.rank = run_dir, rank
+        self.armed_at = time.perf_counter()
+        self.recorder: instrument.StepRecorder | None = None
+        self.lead: int | None = None
+        self.stood_down = False
+
+    def on_torch_imported(self, torch: ModuleType) -> None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        register_optimizer_step_pre_hook(self._pre_step)
+        register_optimizer_step_post_hook(self._post_step)
+        COUNTERS.install()
+        COUNTERS.set_phase_tracking(True)
+        atexit.register(self.close)
+        _add_torch_facts(rank_dir(self.run_dir, self.rank) / "rank.json", torch)
+
+    def _active(self, optimizer: Any) -> bool:
+        if self.lead is None and not self.stood_down:
+            # The first step: every process group a training loop needs exists by now.
+            try:
+                state_dump.write_process_groups(rank_dir(self.run_dir, self.rank))
+            except OSError as e:
+                trouble.warn(rank_dir(self.run_dir, self.rank), "process_groups",
+                             f"process_groups.json not written ({trouble.reason(e)})")
+        if self.stood_down:
+            return False
+        if instrument.explicit_recorder_active():
+            self._stand_down()
+            return False
+        if self.lead is None:
+            self.lead = id(optimizer)
+        return id(optimizer) == self.lead
+
+    def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            self._begin(optimizer)
+        except Exception as e:  # noqa: BLE001 - a hook must never fail the user's optimizer.step()
+            trouble.warn(rank_dir(self.run_dir, self.rank), "hooks", f"step hook failed ({trouble.reason(e)}); "
+                         "training goes on")
+
+    def _post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            self._end(optimizer)
+        except Exception as e:  # noqa: BLE001 - as in _pre_step
+            trouble.warn(rank_dir(self.run_dir, self.rank), "hooks", f"step hook failed ({trouble.reason(e)}); "
+                         "training goes on")
+
+    def _begin(self, optimizer: Any) -> None:
+        if not self._active(optimizer):
+            return
+        if self.recorder is None:
+            import torch
+
+            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_initialized() else None
+            if device is not None:
+                _add_device(rank_dir(self.run_dir, self.rank) / "rank.json", torch, device)
+            self.recorder = instrument.StepRecorder(
+                self.run_dir, rank=self.rank, device=device, implicit=True, started_at=self.armed_at
+            ).__enter__()
+        COUNTERS.phase_enter("optimizer")
+        self.recorder.begin_phase("optimizer")
+
+    def _end(self, optimizer: Any) -> None:
+        if self.recorder is not None and self._active(optimizer):
+            self.recorder.end_phase("optimizer")
+            COUNTERS.phase_exit("optimizer")
+            self.recorder.step()
+
+    def _stand_down(self) -> None:
+        self.stood_down = True
+        self.close()
+
+    def close(self) -> None:
+        """Finish the recorder: export an open profiler window, close steps.jsonl."""
+        if self.recorder is not None:
+            recorder, self.recorder = self.recorder, None
+            recorder.__exit__(None, None, None)
+
+
+def arm(run_dir: Path, rank: int) -> None:
+    """Install the optimizer hooks as soon as torch is imported (at once if it already is)."""
+    call_after_import("torch", _HookRecorder(run_dir, rank).on_torch_imported)
+
+
+def _add_torch_facts(path: Path, torch: ModuleType) -> None:
+    _update_json(path, torch=torch.__version__, cuda=torch.version.cuda)
+
+
+def _add_device(path: Path, torch: ModuleType, device: Any) -> None:
+    """The GPU this rank uses, so that NVML samples can be joined to it by UUID."""
+    props = torch.cuda.get_device_properties(device)
+    nccl = torch.cuda.nccl.version() if torch.distributed.is_nccl_available() else None
+    _update_json(path, device=str(device), device_uuid=str(getattr(props, "uuid", "")) or None,
+                 device_name=props.name, nccl=".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl)
+
+
+def _update_json(path: Path, **fields: Any) -> None:
+    import json
+
+    write_json_atomic(path, {**json.loads(path.read_text()), **fields})

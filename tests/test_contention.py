@@ -1,0 +1,126 @@
+"""A busy host is not a straggler: run-queue delay, CPU time and the host's other processes tell a
+rank that did more work from one that was starved of a CPU."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import psutil
+import pytest
+
+from diagtrain.profiler.analyzer.analyze import run_detectors
+from diagtrain.profiler.analyzer.tables import Tables
+from diagtrain.profiler.collect import telemetry
+from diagtrain.profiler.collect.telemetry import OtherProcesses
+
+PHASES = ["forward", "backward", "optimizer"]
+STEPS = 10
+EXCESS_MS = 40.0  # rank 1's optimizer phase is this much longer in every step
+
+
+def run_of(extra_cpu: float = 0.0, extra_runq: float = 0.0, counters: bool = True,
+           telemetry: pd.DataFrame | None = None) -> Tables:
+    """Two ranks on host "h"; rank 1 is EXCESS_MS slower in optimizer, with ``extra_cpu`` ms more
+    CPU time and ``extra_runq`` ms more run-queue wait than rank 0 in each step."""
+    rows = []
+    for step in range(1, STEPS + 1):
+        for rank in (0, 1):
+            slow = rank == 1
+            phases = {"forward": 20.0 + step % 3, "backward": 40.0 + step % 2,
+                      "optimizer": 15.0 + (EXCESS_MS if slow else 0.0)}
+            wall = sum(phases.values())
+            row = {"rank": rank, "step": step, "start": 1000.0 + step, "end": 1000.0 + step + wall / 1e3,
+                   "wall_ms": wall, "profiled": False, **{f"{k}_ms": v for k, v in phases.items()}}
+            if counters:
+                row.update(cpu_ms=60.0 + (extra_cpu if slow else 0.0), runq_ms=1.0 + (extra_runq if slow else 0.0),
+                           comm_wait_ms=0.5)
+            rows.append(row)
+    return Tables(steps=pd.DataFrame(rows), ranks=pd.DataFrame(), collectives=pd.DataFrame(), phases=PHASES,
+                  rank_hosts={0: "h", 1: "h"}, telemetry=telemetry)
+
+
+def busy_host_telemetry() -> pd.DataFrame:
+    """A sample a second: the host's CPUs saturated, 0.9 cores of it a process named `hog`."""
+    rows = []
+    for second in range(STEPS + 2):
+        t = 1000.0 + second + 0.5
+        rows.append({"time": t, "host": "h", "kind": "host", "cpu_percent": 100.0, "others_cpu_percent": 95.0})
+        rows.append({"time": t, "host": "h", "kind": "other", "pid": 4242, "name": "hog", "cpu_percent": 90.0})
+    return pd.DataFrame(rows)
+
+
+def by_kind(tables: Tables) -> dict:
+    return {f.kind: f for f in run_detectors(tables, lambda _: None)}
+
+
+def test_a_rank_starved_of_a_cpu_is_not_a_straggler():
+    found = by_kind(run_of(extra_runq=EXCESS_MS - 2))
+    assert found["straggler"].ranks == [1] and found["straggler"].severity == "info"
+    assert "waited 38.0 ms per step longer than its peers for a CPU" in found["straggler"].explanation
+    assert found["straggler"].metrics["starved"] is True
+    # The ranks wait ~20 ms of ~115 ms steps for a CPU: contention, said once, as information.
+    contention = found["host_contention"]
+    assert contention.severity == "info" and contention.ranks == [0, 1]
+    assert contention.metrics["runq_ms_per_step"] == pytest.approx(20.0, abs=0.5)
+
+
+@pytest.mark.parametrize("extra_cpu,why", [(EXCESS_MS, "it burnt the time itself"), (0.0, "it slept or waited on I/O")])
+def test_a_rank_that_did_more_work_or_slept_is_a_straggler_on_a_busy_host_too(extra_cpu, why):
+    found = by_kind(run_of(extra_cpu=extra_cpu, telemetry=busy_host_telemetry()))
+    assert found["straggler"].ranks == [1] and found["straggler"].severity == "warning", why
+    assert "hog (pid 4242) 90%" in found["host_contention"].explanation
+
+
+def test_a_data_stall_that_was_a_wait_for_a_cpu_is_information():
+    tables = run_of()
+    stalled = (tables.steps["rank"] == 1) & tables.steps["step"].isin([4, 8])
+    tables.steps["data_ms"] = 1.0
+    tables.steps.loc[stalled, "data_ms"] = 30.0
+    tables.phases = ["data", *PHASES]
+    assert by_kind(tables)["dataloader_stall"].severity == "warning"  # a slow batch: the rank did not wait for a CPU
+    tables.steps.loc[stalled, "runq_ms"] += 28.0
+    stall = by_kind(tables)["dataloader_stall"]
+    assert stall.severity == "info" and "for a CPU" in stall.explanation
+
+
+def test_without_run_queue_counters_a_host_saturated_by_others_lowers_the_straggler():
+    found = by_kind(run_of(counters=False, telemetry=busy_host_telemetry()))
+    assert found["straggler"].severity == "info"
+    assert "saturated by other processes then (hog (pid 4242) 90%)" in found["straggler"].explanation
+    assert by_kind(run_of(counters=False))["straggler"].severity == "warning"  # a quiet host: no excuse
+
+
+def test_other_processes_on_the_host_are_named_with_their_cpu(monkeypatch):
+    # On a crowded machine a spinning process may get only a few percent of a core, behind many
+    # others: name them all.
+    monkeypatch.setattr(telemetry, "OTHERS_NAMED_MIN_PERCENT", 0.5)
+    monkeypatch.setattr(telemetry, "OTHERS_NAMED", 10_000)
+    spin = [sys.executable, "-c", "while True: pass"]
+    # A "job" whose child spins, as a rank would, and a process outside it that spins too.
+    job = subprocess.Popen([sys.executable, "-c", f"import subprocess; subprocess.run({spin!r})"])
+    hog = subprocess.Popen(spin)
+    try:
+        time.sleep(0.5)  # both spinning
+        others = OtherProcesses(job.pid)
+        others.sample(100.0, 0.0)  # the first listing is the baseline
+        before, started = psutil.Process(hog.pid).cpu_times(), time.monotonic()
+        time.sleep(1.0)
+        total, named = others.sample(100.0, 0.0)
+        after, ended = psutil.Process(hog.pid).cpu_times(), time.monotonic()
+        measured = (after.user + after.system - before.user - before.system) / (ended - started) * 100
+        [mine] = [row for row in named if row["pid"] == hog.pid]
+        assert mine["kind"] == "other" and mine["name"].startswith("python")
+        assert mine["cpu_percent"] == pytest.approx(measured, rel=0.5, abs=5) and total >= mine["cpu_percent"]
+        job_pids = {job.pid, *(p.pid for p in psutil.Process(job.pid).children(recursive=True))}
+        assert len(job_pids) == 2 and not job_pids & {row["pid"] for row in named}
+        cores = psutil.cpu_count()
+        assert others.sample(0.0, 100.0 * cores) == (0.0, [])  # the ranks explain the load: no listing
+    finally:
+        for proc in (hog, job):
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                child.kill()
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,143 @@
+"""The tree reads as the data flow, and stays so: which stage may import which (DESIGN.md, "Rules of the house").
+
+Every import in the package is read from the source (module-level and inside functions alike) and
+checked against the table below. A new module needs no entry here unless it opens a new stage.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# Source folder -> import name, as pyproject's package-dir maps them.
+ROOTS = {"profiler": "diagtrain.profiler", "dashboard": "diagtrain.dashboard",
+         "reference_trainers": "diagtrain.reference_trainers"}
+
+# Stages, most specific prefix first. Shared parts (the run-directory contract, small utilities)
+# are stages too, so that they are held to importing nothing above them.
+STAGES = {
+    "diagtrain.profiler.run_dir": "contract",
+    "diagtrain.profiler.util": "util",
+    "diagtrain.profiler.instrument": "rank",  # the public path of the in-rank API, a re-export
+    "diagtrain.profiler.rank": "rank",
+    "diagtrain.profiler.collect": "collect",
+    "diagtrain.profiler.analyzer": "analyzer",
+    "diagtrain.profiler.compare": "compare",
+    "diagtrain.profiler.plan": "plan",
+    "diagtrain.profiler.cli": "cli",
+    "diagtrain.profiler": "package",  # the package's own __init__
+    "diagtrain.dashboard": "dashboard",
+    "diagtrain.reference_trainers": "trainers",
+}
+SHARED = {"contract", "util"}
+# What each stage may import besides itself and the shared parts. Only the CLI calls across
+# stages (and through it, the launcher's end-of-run hand-off to the analyzer).
+MAY_IMPORT = {
+    "contract": set(),
+    "util": set(),
+    "rank": set(),
+    "collect": set(),
+    "analyzer": {"plan"},  # holds every run against the plan's cost models
+    "compare": set(),
+    "plan": set(),  # cost models and the planner: pure functions over model and cluster descriptions
+    "dashboard": {"analyzer", "compare", "plan"},  # reads the analysis and compares two of them
+    "trainers": {"rank"},  # a user of the public in-rank API (StepRecorder)
+    "cli": {"rank", "collect", "analyzer", "compare", "plan", "dashboard", "trainers"},
+    "package": set(),
+}
+# The in-rank code runs inside the user's job: besides the standard library it may load torch,
+# and nothing that would change the job's imports or start-up (pandas, pyarrow, dash, rich...).
+RANK_THIRD_PARTY = {"torch"}
+
+
+def stage_of(module: str) -> str | None:
+    """The stage a ``diagtrain.*`` module belongs to (None for modules outside the package)."""
+    for prefix in sorted(STAGES, key=len, reverse=True):
+        if module == prefix or module.startswith(prefix + "."):
+            return STAGES[prefix]
+    return None
+
+
+def modules() -> dict[str, Path]:
+    """Every Python module of the package, by import name."""
+    found = {}
+    for folder, name in ROOTS.items():
+        for path in (REPO / folder).rglob("*.py"):
+            parts = path.relative_to(REPO / folder).with_suffix("").parts
+            if "bootstrap" in parts:  # a plain folder put on the ranks' PYTHONPATH
+                found[f"{name}.rank.bootstrap.{parts[-1]}"] = path
+                continue
+            parts = parts[:-1] if parts[-1] == "__init__" else parts
+            found[".".join((name, *parts))] = path
+    return found
+
+
+def imports(path: Path, module: str) -> set[str]:
+    """Absolute names of every module ``path`` imports, anywhere in it."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)  # `from pkg import module`
+    return names
+
+
+def violations() -> list[str]:
+    """Every import that crosses the stages the wrong way."""
+    found = []
+    for module, path in sorted(modules().items()):
+        stage = stage_of(module)
+        allowed = {stage} | SHARED | MAY_IMPORT[stage]
+        for name in sorted(imports(path, module)):
+            target = stage_of(name)
+            if name.startswith("diagtrain.") and target is not None and target not in allowed:
+                found.append(f"{path.relative_to(REPO)}: the {stage} stage imports {name} ({target})")
+            top = name.split(".")[0]
+            if stage == "rank" and top != "diagtrain" and top not in sys.stdlib_module_names \
+                    and top not in RANK_THIRD_PARTY:
+                found.append(f"{path.relative_to(REPO)}: in-rank code imports {name}")
+    return found
+
+
+def test_every_module_belongs_to_a_stage():
+    unplaced = [m for m in modules() if stage_of(m) is None]
+    assert not unplaced
+    # The tree names the stages of the flow: a newcomer sees them before opening a file.
+    folders = {p.name for p in (REPO / "profiler").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert {"rank", "collect", "analyzer", "compare", "plan", "cli", "util"} <= folders
+
+
+def test_no_stage_reaches_across_the_flow():
+    assert violations() == []
+
+
+def test_the_check_catches_a_wrong_import(tmp_path, monkeypatch):
+    # The checker itself must see lazy imports, relative imports and `from package import module`.
+    fake = tmp_path / "profiler" / "analyzer"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "bad.py").write_text(
+        "def f():\n    from diagtrain.profiler.collect import manifest\n"
+        "from ..rank import instrument\nfrom diagtrain.profiler import collect\n")
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "ROOTS", {"profiler": "diagtrain.profiler"})
+    found = violations()
+    assert any("diagtrain.profiler.collect.manifest (collect)" in v for v in found)
+    assert any("diagtrain.profiler.rank.instrument (rank)" in v for v in found)
+    assert any("imports diagtrain.profiler.collect (collect)" in v for v in found)
+
+
+def test_the_public_in_rank_path_still_works():
+    from diagtrain.profiler.instrument import StepRecorder
+    from diagtrain.profiler.rank.instrument import StepRecorder as InRank
+
+    assert StepRecorder is InRank

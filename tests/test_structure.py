@@ -1,0 +1,118 @@
+"""Structure inference and the always-on counters on inputs shaped like real run directories.
+
+The multi-process runs of test_user_scripts.py check the inference end to end; these cover the
+shapes no small CPU run produces: a 3D job's pipeline inside DeviceMesh subgroups, a ring of
+sends that is not a pipeline, and the per-step counters of the steps.jsonl contract.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from diagtrain.profiler.analyzer.analyze import analyze
+from diagtrain.profiler.analyzer.p2p import P2PCalls
+from diagtrain.profiler.analyzer.structure import infer
+from diagtrain.profiler.run_dir import write_json_atomic
+
+T0 = 1_790_000_000.0
+
+
+def mesh_groups(world: int, dims: dict[str, int]) -> dict[int, dict]:
+    """process_groups.json of every rank of a DeviceMesh (outermost dimension first), as ranks write it."""
+    names, strides, stride = list(dims), {}, 1
+    for d in reversed(names):
+        strides[d], stride = stride, stride * dims[d]
+    out: dict[int, dict] = {r: {"0": {"desc": "default_pg", "ranks": list(range(world))}} for r in range(world)}
+    next_name = 1
+    for d in names:
+        seen = set()
+        for r in range(world):
+            start = r - ((r // strides[d]) % dims[d]) * strides[d]
+            ranks = [start + i * strides[d] for i in range(dims[d])]
+            if tuple(ranks) in seen:
+                continue
+            seen.add(tuple(ranks))
+            for member in ranks:
+                out[member][str(next_name)] = {"desc": f"mesh_{d}", "ranks": ranks}
+            next_name += 1
+    return out
+
+
+def pipeline_calls(stage: int, stages: int, microbatches: int) -> P2PCalls:
+    """One rank's point-to-point calls in a pipeline over its pp group (peers are pp-group ranks)."""
+    first = ["send", stage + 1] if stage == 0 else ["recv", stage - 1]
+    sends = {p: float(microbatches) for p in (stage - 1, stage + 1) if 0 <= p < stages}
+    return P2PCalls(first={s: first for s in (3, 4, 5)}, sends_per_step=sends, recvs_per_step=dict(sends))
+
+
+def test_a_3d_job_pipeline_inside_mesh_subgroups():
+    dims = {"pp": 2, "dp": 2, "tp": 2}
+    groups = mesh_groups(8, dims)
+    p2p = {r: pipeline_calls(r // 4, 2, 4) for r in range(8)}  # pp group of r: [r % 4, r % 4 + 4]
+    s = infer(groups, {}, [], p2p, {}, None, 8)
+    assert s.mesh == dims and s.coords[5] == {"pp": 1, "dp": 0, "tp": 1}
+    assert s.stages == {r: r // 4 for r in range(8)} and s.stage_source == "point-to-point calls"
+    assert s.microbatches == 4
+    assert s.peer_groups(list(range(8))) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_a_ring_of_sends_is_not_a_pipeline():
+    # Ring attention style: every rank sends to the next and receives from the previous.
+    p2p = {r: P2PCalls(first={3: ["send", (r + 1) % 4]}, sends_per_step={(r + 1) % 4: 2.0},
+                       recvs_per_step={(r - 1) % 4: 2.0}) for r in range(4)}
+    s = infer(mesh_groups(4, {"cp": 4}), {}, [], p2p, {}, None, 4)
+    assert s.stages == {} and s.peer_groups([0, 1, 2, 3]) == [[0, 1, 2, 3]]
+
+
+def test_trainer_json_is_one_source_among_others():
+    trainer = {"mesh": {"pp": 2, "dp": 1, "tp": 1}, "n_microbatches": 8}
+    s = infer({}, {}, [], {}, {}, trainer, 2)
+    assert s.stages == {0: 0, 1: 1} and s.stage_source == "trainer.json" and s.microbatches == 8
+    assert infer({}, {}, [], {}, {}, None, 2).stages == {}  # no pipeline without evidence of one
+
+
+def nccl_pipeline_run(root: Path, blocked_ms: dict[int, float] | None = None) -> Path:
+    """An unprofiled 2-stage NCCL pipeline: steps.jsonl and the flight recorder's point-to-point
+    entries ("nccl:send 0->1": group ranks), 4 microbatches per step, as torch writes them; with
+    ``blocked_ms``, each rank's records carry the always-on counter of time blocked in communication."""
+    for rank in (0, 1):
+        folder = root / "ranks" / str(rank)
+        folder.mkdir(parents=True)
+        records, entries = [], []
+        for step in range(1, 6):
+            start = T0 + step
+            record = {"rank": rank, "step": step, "start": start, "end": start + 0.9, "duration_ms": 900.0,
+                      "phases_ms": {"optimizer": 5.0}}
+            if blocked_ms:
+                record.update(comm_ms=blocked_ms[rank] + step % 2, comm_calls=8)
+            records.append(json.dumps(record))
+            kinds = ["send 0->1"] * 4 + ["recv 0<-1"] * 4 if rank == 0 else ["recv 1<-0"] * 4 + ["send 1->0"] * 4
+            entries += [{"record_id": len(entries), "pg_id": 0, "process_group": ["0", "default_pg"], "is_p2p": True,
+                         "profiling_name": f"nccl:{k}", "collective_seq_id": 0, "p2p_seq_id": len(entries) + 1,
+                         "time_created_ns": int((start + 0.1 * i) * 1e9), "state": "completed"}
+                        for i, k in enumerate(kinds)]
+        (folder / "steps.jsonl").write_text("\n".join(records) + "\n")
+        write_json_atomic(folder / "flight_recorder.json", {"version": "2.10", "pg_config": {}, "entries": entries})
+        write_json_atomic(folder / "process_groups.json", {"0": {"desc": "default_pg", "ranks": [0, 1]}})
+    return root
+
+
+def test_pipeline_stages_from_nccl_flight_recorder_dumps(tmp_path):
+    report = analyze(nccl_pipeline_run(tmp_path), tmp_path, ["json"], workers=1)
+    s = report["structure"]
+    assert s["stages"] == {"0": 0, "1": 1} and s["stage_source"] == "point-to-point calls in the flight recorder"
+    assert s["microbatches"] == 4
+    [missing] = [f for f in report["findings"] if f["kind"] == "missing_evidence"]
+    assert missing["metrics"]["check"] == "pipeline stage balance" and "--profile-steps" in missing["suggestion"]
+
+
+def test_stage_balance_from_the_always_on_counters(tmp_path):
+    # Stage 0 is blocked in communication 200 ms of its 900 ms step, stage 1 700 ms: stage 0 works
+    # 700 ms, stage 1 200 ms. Absent counters would read as "no time blocked", never as these.
+    report = analyze(nccl_pipeline_run(tmp_path, blocked_ms={0: 200.0, 1: 700.0}), tmp_path, ["json"], workers=1)
+    [f] = [f for f in report["findings"] if f["kind"] == "pipeline_bubble"]
+    assert f["severity"] == "warning" and f["ranks"] == [0] and f["metrics"]["bottleneck_stage"] == 0
+    assert f["metrics"]["source"] == "time outside communication (counters)"
+    assert f["metrics"]["work_per_stage"] == {0: 699.5, 1: 199.5}
+    assert not [g for g in report["findings"] if g["kind"] == "missing_evidence"]

@@ -1,0 +1,194 @@
+"""Plain user scripts (no diagtrain import) under `diagtrain run`: the analyzer infers their parallel
+structure and reaches the right verdict from what the ranks did.
+
+The scripts are the accuracy suite's (benchmarks/user_scripts/). Each runs for real on gloo, a few
+steps profiled; the faults are made far larger than the noise of a shared 2-core machine.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import diagtrain_run, torchrun
+from diagtrain.profiler.analyzer import load, tables
+from diagtrain.profiler.analyzer.analyze import analyze
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "benchmarks" / "user_scripts"
+STEPS = "6"
+PROFILE = "3-5"
+ACTIONABLE = ("warning", "error", "critical")
+
+
+def user_run(out: Path, nproc: int, script: str, *args: str, profile: str = PROFILE, steps: str = STEPS) -> dict:
+    """Run the script under `diagtrain run` (profiling ``profile``) and analyze it; the report."""
+    diagtrain_run(out, "--profile-steps", profile, "--no-analyze", "--", *torchrun(nproc), str(SCRIPTS / script), *args,
+                  "--steps", steps)
+    return analyze(out, out, ["json"], workers=1)
+
+
+def findings(report: dict, kind: str, actionable: bool = True) -> list[dict]:
+    return [f for f in report["findings"] if f["kind"] == kind and (f["severity"] in ACTIONABLE or not actionable)]
+
+
+def warnings_of(report: dict) -> list[tuple[str, list[int]]]:
+    return [(f["kind"], f["ranks"]) for f in report["findings"] if f["severity"] in ACTIONABLE]
+
+
+def without_counters(run: Path) -> None:
+    """Rewrite the run's step records as a job without the always-on counters writes them (an older
+    run, or counters that stood down): step times and the optimizer hooks' phase only."""
+    for path in run.glob("ranks/*/steps.jsonl"):
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        for r in records:
+            for counter in ("comm_ms", "phase_comm_ms", "comm_calls", "cpu_ms", "runq_ms"):
+                r.pop(counter, None)
+            r["phases_ms"] = {k: v for k, v in r.get("phases_ms", {}).items() if k == "optimizer"}
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def build_tables(run: Path) -> tables.Tables:
+    inputs, _ = load.discover(run)
+    results, _ = load.load(inputs, run / "analysis" / "cache", workers=1)
+    return tables.build(run, results)
+
+
+@pytest.fixture(scope="module")
+def gpipe(tmp_path_factory) -> tuple[Path, dict]:
+    """torch.distributed.pipelining, GPipe, 4 microbatches; stage 1 holds 6 blocks, stage 0 holds 2."""
+    out = tmp_path_factory.mktemp("gpipe") / "run"
+    return out, user_run(out, 2, "pipeline.py", "--schedule", "gpipe", "--split", "2,6")
+
+
+@pytest.fixture(scope="module")
+def slow_rank_ddp(tmp_path_factory) -> tuple[Path, dict]:
+    """DDP over a DataLoader; rank 1 sleeps 80 ms before every forward."""
+    out = tmp_path_factory.mktemp("slow_rank") / "run"
+    return out, user_run(out, 2, "ddp_loader.py", "--slow-rank", "1", "--slow-ms", "80")
+
+
+def test_stages_and_microbatches_of_a_torch_pipelining_schedule(gpipe):
+    _, report = gpipe
+    s = report["structure"]
+    assert s["stages"] == {"0": 0, "1": 1} and s["stage_source"] == "point-to-point calls"
+    assert s["microbatches"] == 4 and s["microbatch_source"] == "the schedule's annotations"
+
+
+def test_the_bottleneck_stage_of_a_torch_pipelining_schedule(gpipe):
+    _, report = gpipe
+    [f] = findings(report, "pipeline_bubble")
+    m = f["metrics"]
+    assert f["ranks"] == [1] and m["bottleneck_stage"] == 1 and m["compared_by"] == "matrix-multiply FLOPs"
+    # Three times the blocks, counted (not timed): the same ratio whatever the machine's load.
+    assert m["observed_ratio"] == pytest.approx(3, rel=0.1) and m["expected_bubble"] == pytest.approx(1 / 5)
+    # The lighter stage idles far more of the step than the bottleneck, which idles about the schedule's bubble.
+    assert m["idle_share_per_stage"][0] > m["idle_share_per_stage"][1] + 0.2
+    assert "stage 1 (ranks 1) is the bottleneck" in f["explanation"]
+    # Different stages run different layers: they are never compared as peers.
+    assert not findings(report, "straggler") and not findings(report, "memory_imbalance")
+
+
+def test_a_hand_written_send_recv_pipeline(tmp_path):
+    report = user_run(tmp_path / "run", 2, "sendrecv_pipeline.py", "--split", "6,2")
+    s = report["structure"]
+    assert s["stages"] == {"0": 0, "1": 1} and s["stage_source"] == "point-to-point calls"
+    assert s["microbatches"] == 4 and s["microbatch_source"] == "sends per step from the first stage"
+    [f] = findings(report, "pipeline_bubble")
+    assert f["ranks"] == [0] and f["metrics"]["bottleneck_stage"] == 0
+    assert f["metrics"]["observed_ratio"] == pytest.approx(3, rel=0.1)
+    assert warnings_of(report) == [("pipeline_bubble", [0])]
+
+
+def test_process_groups_and_mesh_of_a_2d_job(tmp_path):
+    run = tmp_path / "run"
+    report = user_run(run, 4, "tp_fsdp_2d.py", profile="3-4", steps="4")  # 4 ranks: as few steps as will do
+    s = report["structure"]
+    assert s["mesh"] == {"dp": 2, "tp": 2} and s["mesh_source"] == "process groups"
+    assert s["coords"]["3"] == {"dp": 1, "tp": 1} and s["coords"]["2"] == {"dp": 1, "tp": 0}
+    groups = {(g["desc"], tuple(g["ranks"])): g for g in s["groups"]}
+    assert set(groups) >= {("mesh_dp", (0, 2)), ("mesh_dp", (1, 3)), ("mesh_tp", (0, 1)), ("mesh_tp", (2, 3))}
+    assert groups[("mesh_tp", (0, 1))]["ops"].get("all_reduce", 0) > 0  # TP's row-parallel all-reduces
+    assert groups[("mesh_dp", (1, 3))]["ops"].get("all_gather", 0) > 0  # FSDP's parameter all-gathers
+    assert s["stages"] == {}  # no pipeline: all four ranks are peers
+    # Every collective is named by its group; bandwidth only where all its members were seen.
+    t = build_tables(run)
+    c = t.collectives
+    assert (c["pg"] != "?").all()
+    seen = c["ranks_seen"] == c["group_ranks"].map(len)
+    assert c.loc[seen, "transfer_us"].notna().all() and c.loc[~seen, "transfer_us"].isna().all()
+    assert warnings_of(report) == []  # a clean job: no bandwidth or lateness warnings on gloo
+
+
+def test_a_slow_rank_in_ddp_is_a_straggler(slow_rank_ddp):
+    _, report = slow_rank_ddp
+    [f] = findings(report, "straggler")
+    assert f["ranks"] == [1] and f["metrics"]["source"] == "trace"
+    assert f["metrics"]["excess_ms"] == pytest.approx(80, rel=0.35)
+    # Late at every all-reduce, but from its own work before them: not a slow collective.
+    assert not findings(report, "slow_collective")
+
+
+def test_transfer_time_excludes_waiting_for_the_last_rank(slow_rank_ddp):
+    run, _ = slow_rank_ddp
+    c = build_tables(run).collectives
+    grads = c[(c["op"] == "all_reduce") & (c["bytes"] >= 2**20)]
+    per_collective = grads.pivot_table(index="seq", columns="rank", values=["dur", "transfer_us", "wait_us"])
+    assert len(per_collective) >= 3
+    # Rank 0 waits for rank 1 inside each all-reduce: its duration is mostly waiting...
+    assert (per_collective[("dur", 0)] > per_collective[("dur", 1)]).mean() >= 0.75
+    # ...and the transfer time is the last arrival's duration, the same for both ranks.
+    assert (per_collective[("transfer_us", 0)] == per_collective[("transfer_us", 1)]).all()
+    assert (per_collective[("transfer_us", 0)] == per_collective[[("dur", 0), ("dur", 1)]].min(axis=1)).all()
+    waited = per_collective[("wait_us", 0)] + per_collective[("transfer_us", 0)] - per_collective[("dur", 0)]
+    assert waited.abs().max() < 1e-6
+    bus = grads["bytes"] * 2 * (2 - 1) / 2 / (grads["transfer_us"] * 1e3)
+    assert (grads["busbw_gbps"] - bus).abs().max() < 1e-9
+
+
+def test_without_profiling_or_counters_the_report_says_what_is_missing(slow_rank_ddp, tmp_path):
+    run, _ = slow_rank_ddp
+    bare = tmp_path / "no-traces"
+    shutil.copytree(run, bare, ignore=shutil.ignore_patterns("trace-*", "analysis", "report.*"))
+    # Without traces, the always-on counters still name the slow rank (its step without collective waits) ...
+    [f] = findings(analyze(bare, bare, ["json"], workers=1), "straggler", actionable=False)
+    assert f["ranks"] == [1] and f["metrics"]["source"] == "counters"
+    # ... without them too, step times alone cannot: no guess, and the report says what is missing.
+    without_counters(bare)
+    report = analyze(bare, bare, ["json"], workers=1)
+    assert warnings_of(report) == []  # step times alone cannot name the slow rank: no guess
+    [f] = findings(report, "missing_evidence", actionable=False)
+    assert f["metrics"]["check"] == "stragglers and data stalls" and "--profile-steps" in f["suggestion"]
+
+
+def test_a_delaying_comm_hook_is_a_slow_collective(tmp_path):
+    report = user_run(tmp_path / "run", 2, "ddp_loader.py", "--hook-delay-rank", "0", "--hook-delay-ms", "40")
+    found = findings(report, "slow_collective")
+    assert len(found) == 1, [(f["kind"], f["severity"], f["ranks"], f["metrics"]) for f in report["findings"]]
+    [f] = found
+    assert f["ranks"] == [0] and f["metrics"]["extra_gap_before_calls_ms"] == pytest.approx(40, rel=0.3)
+    assert not findings(report, "straggler")
+
+
+def test_a_slow_dataset_item_is_a_dataloader_stall_from_the_traces(tmp_path):
+    run = tmp_path / "run"
+    report = user_run(run, 2, "ddp_loader.py", "--slow-item-rank", "1", "--slow-item-every", "2",
+                      "--slow-item-ms", "200")
+    records = [json.loads(line) for line in (run / "ranks/1/steps.jsonl").read_text().splitlines()]
+    # Batches 0, 2, 4 ... are slow on rank 1: steps 1, 3, 5 (the counters time the data phase).
+    assert [r["step"] for r in records if r["phases_ms"]["data"] >= 100] == [1, 3, 5]
+
+    def found_the_stall(report: dict) -> None:
+        [f] = findings(report, "dataloader_stall")
+        assert f["ranks"] == [1] and f["steps"] == [3, 5] and f["metrics"]["period_steps"] == 2
+        assert f["metrics"]["observed_ms"] == pytest.approx(200, rel=0.3)
+        assert not findings(report, "straggler") and not findings(report, "slow_collective")
+
+    found_the_stall(report)
+    # Without a recorded data phase the traces tell (steps 3-5 were profiled): the DataLoader's spans.
+    bare = tmp_path / "no-counters"
+    shutil.copytree(run, bare, ignore=shutil.ignore_patterns("analysis", "report.*"))
+    without_counters(bare)
+    found_the_stall(analyze(bare, bare, ["json"], workers=1))
