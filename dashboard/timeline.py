@@ -30,7 +30,8 @@ from diagtrain.profiler.analyzer import intervals as iv
 MAX_SEGMENTS = 50_000  # the most segments the browser gets at once (the budget)
 PIXELS = 2_000  # horizontal resolution drawn for: spans closer than one of these merge
 DETAIL_MAX_STEPS = 6  # more steps than this in view (on any rank): per-step blocks
-SVG_MAX_SEGMENTS = 400  # fewer pieces than this draw faster as SVG than a WebGL context starts
+SVG_MAX_SEGMENTS = 5_000  # fewer pieces than this draw faster as SVG than a WebGL context starts (measured:
+# 1,680 pieces zoom in 370 ms as SVG, 650 ms in WebGL by software; benchmarks/results/dashboard_speed.md)
 HOVER_MAX = 6_000  # segments that carry a hover label; beyond, labels would swell the payload
 LANE_PX = 34  # height of one rank's lane
 # Where each kind sits inside a rank's lane (lane centre = 0): compute above communication, so
@@ -210,7 +211,8 @@ def _segments(name: str, color: str, y: np.ndarray, starts: np.ndarray, ends: np
              "y": figures.typed(np.column_stack([y, y, gaps]).ravel()),
              "line": {"color": color, "width": width_px}, "hoverinfo": "skip"}
     if hover:
-        trace.update(text=np.repeat(np.asarray(labels, dtype=str), 3).tolist(), hoverinfo="text")
+        text = np.column_stack([labels, labels, np.full(len(labels), "")]).ravel()  # the gap is never hovered
+        trace.update(text=text.tolist(), hoverinfo="text")
     return trace
 
 

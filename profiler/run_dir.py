@@ -301,3 +301,16 @@ def run_status(host_statuses: list[str], rank_codes: list[int | None]) -> str:
     if any(code not in (0, None) for code in rank_codes) and "ok" in statuses:
         statuses.append("failed")  # a rank failed though its launcher exited 0
     return min(statuses, key=STATUS_ORDER.index) if statuses else "running"
+
+
+# -- analysis/collectives.parquet: a collective's group, one key per process group and its members --
+
+def group_key(pg: Any, members: tuple[int, ...]) -> str:
+    """``"<pg>:<rank>,<rank>,..."``: the group a collective is matched within (its process group and members)."""
+    return f"{pg}:{','.join(map(str, members))}"
+
+
+def group_members(key: str) -> tuple[int, ...]:
+    """The member ranks a ``group_key`` names (``()`` where the group's members are unknown)."""
+    ranks = str(key).rpartition(":")[2]
+    return tuple(int(r) for r in ranks.split(",")) if ranks else ()

@@ -10,12 +10,14 @@ run are told apart. Bandwidth uses the nccl-tests factors.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.analyzer import host_calls
 from diagtrain.profiler.analyzer.dialects import COMM
+from diagtrain.profiler.run_dir import group_key
 
 DTYPE_BYTES = {"float": 4, "float32": 4, "c10::half": 2, "half": 2, "float16": 2, "c10::bfloat16": 2,
                "bfloat16": 2, "double": 8, "float64": 8, "int": 4, "int32": 4, "long int": 8, "int64": 8,
@@ -72,7 +74,9 @@ def rank_collectives(events: pd.DataFrame, rank: int, epoch_offset_us: int, pg_c
     table["ts"] = table["ts"] + epoch_offset_us
     table["rank"] = rank
     groups = {str(g.get("pg_name")): g for g in pg_config}
-    table["group_ranks"] = [tuple(groups.get(pg, {}).get("ranks") or ()) for pg in table["pg"]]
+    # One tuple per group, shared by its rows: a row's own copy of a 1,024-rank group costs 8 KB.
+    members = {pg: tuple(g.get("ranks") or ()) for pg, g in groups.items()}
+    table["group_ranks"] = [members.get(pg, ()) for pg in table["pg"]]
     table["pg_desc"] = [groups.get(pg, {}).get("pg_desc") or desc for pg, desc in zip(table["pg"], table["pg_desc"])]
     if not len(gpu):  # host ops give the local input; nccl-tests sizes some ops by the whole buffer
         size = table["group_ranks"].map(len).to_numpy()
@@ -215,7 +219,7 @@ def match(collectives: pd.DataFrame) -> pd.DataFrame:
         return collectives.assign(group=[], arrived_ts=[], transfer_us=[], wait_us=[], last_rank=[], ranks_seen=[],
                                   algbw_gbps=[], busbw_gbps=[])
     table = collectives.copy()
-    table["group"] = [f"{pg}:{','.join(map(str, r))}" for pg, r in zip(table["pg"], table["group_ranks"])]
+    table["group"], table["group_ranks"] = shared_groups(table["pg"], table["group_ranks"])
     p2p = table["is_p2p"].fillna(False).astype(bool) if "is_p2p" in table else pd.Series(False, index=table.index)
     # A rank arrives when it calls the collective; the work may start later on gloo's thread.
     table["arrived_ts"] = table["issued_ts"].fillna(table["ts"]) if "issued_ts" in table else table["ts"]
@@ -232,6 +236,26 @@ def match(collectives: pd.DataFrame) -> pd.DataFrame:
     factor = np.array([BUS_FACTOR.get(op, lambda n: 1.0)(n) if n > 0 else 1.0 for op, n in zip(table["op"], size)])
     table["busbw_gbps"] = table["algbw_gbps"] * factor
     return table
+
+
+def shared_groups(pgs: pd.Series, members: pd.Series) -> tuple[list[str], list[tuple[int, ...]]]:
+    """Per row, its group key and members, one object per distinct group for all rows.
+
+    Rows of one rank share a members tuple (rank_collectives), so the key is built once per rank and
+    group, not per row: at 1,024 ranks a key per row would hold gigabytes of identical strings.
+    """
+    by_object: dict[tuple[Any, int], tuple[str, tuple[int, ...]]] = {}
+    by_value: dict[tuple[Any, tuple[int, ...]], tuple[str, tuple[int, ...]]] = {}
+    keys, shared = [], []
+    for pg, ranks in zip(pgs, members):
+        found = by_object.get((pg, id(ranks)))
+        if found is None:
+            ranks_tuple = tuple(int(r) for r in ranks) if ranks is not None else ()
+            found = by_value.setdefault((pg, ranks_tuple), (group_key(pg, ranks_tuple), ranks_tuple))
+            by_object[(pg, id(ranks))] = found
+        keys.append(found[0])
+        shared.append(found[1])
+    return keys, shared
 
 
 def last_to_arrive(table: pd.DataFrame) -> pd.Series:

@@ -110,8 +110,7 @@ def _collectives(rm: plan_measured.RunModel, coll: pd.DataFrame, tables: Tables,
     calls = calls[calls["bytes"].notna()]
     if calls.empty:
         return []
-    calls = calls.assign(kind=[plan_measured.group_kind(d, g, op, rm.layout) for d, g, op in
-                               zip(calls["pg_desc"], calls["group_ranks"], calls["op"])],
+    calls = calls.assign(kind=plan_measured.group_kinds(calls, rm.layout),
                          size=[len(g) if g is not None and len(g) else n for g, n in
                                zip(calls["group_ranks"], calls["ranks_seen"])],
                          key=[round(float(b)) for b in calls["bytes"]])

@@ -51,7 +51,7 @@ from diagtrain.profiler.util.bounded_read import display
 
 TRACE_PATTERNS = ("*.json", "*.json.gz")
 OWN_FILES = {"report.json", "manifest.json", "trainer.json", "injected.json"}  # diagtrain's, not traces
-CACHE_VERSION = 7  # bump when what the cache holds changes
+CACHE_VERSION = 8  # bump when what the cache holds changes
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 _TRAILING_NUMBER = re.compile(r"(\d+)(?:\.pt)?\.trace|(\d+)$")
 # No profiled event lasts a week; longer (1e18 µs) or negative durations are corrupt, never used.
@@ -523,8 +523,10 @@ def _read_cache(cache: Path, signature: str) -> RankResult | None:
         steps = pd.read_parquet(cache / "steps.parquet")
         collectives = pd.read_parquet(cache / "collectives.parquet")
         segments = pd.read_parquet(cache / "segments.parquet")
-        collectives["group_ranks"] = collectives["group_ranks"].map(lambda r: tuple(int(x) for x in r))
-        fields = {k: v for k, v in meta.items() if k not in ("signature", "skipped", "segments", "p2p")}
+        members = {pg: tuple(int(r) for r in ranks) for pg, ranks in meta.get("groups", {}).items()}
+        if "pg" in collectives:
+            collectives["group_ranks"] = [members.get(str(pg), ()) for pg in collectives["pg"]]
+        fields = {k: v for k, v in meta.items() if k not in ("signature", "skipped", "segments", "p2p", "groups")}
         skipped = [Skipped(**s) for s in meta.get("skipped") or []]
         return RankResult(**fields, steps=steps, collectives=collectives, skipped=skipped, cached=True,
                           segments=segments, p2p=P2PCalls.from_json(meta.get("p2p") or {}))
@@ -536,7 +538,12 @@ def _write_cache(cache: Path, signature: str, result: RankResult, spans: pd.Data
     try:
         cache.mkdir(parents=True, exist_ok=True)
         meta = {k: v for k, v in asdict(result).items() if k not in ("steps", "collectives", "cached", "segments")}
-        collectives = result.collectives.assign(group_ranks=result.collectives["group_ranks"].map(list))
+        # A group's members once, not on each of its rows (a row per collective, a member per rank).
+        collectives = result.collectives
+        if "group_ranks" in collectives:
+            first = collectives.drop_duplicates("pg")
+            meta["groups"] = {str(pg): [int(r) for r in ranks] for pg, ranks in zip(first["pg"], first["group_ranks"])}
+            collectives = collectives.drop(columns="group_ranks")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             write_bytes_atomic(cache / "spans.parquet", spans.to_parquet(index=False))

@@ -29,7 +29,9 @@ def write(analysis_dir: Path, tables: Tables, doc: dict[str, Any], results: list
         _parquet(analysis_dir / "steps.parquet", tables.steps)
         _parquet(analysis_dir / "ranks.parquet", tables.ranks)
         if not tables.collectives.empty:
-            c = tables.collectives.assign(group_ranks=tables.collectives["group_ranks"].map(list))
+            # The members are in the group's key (run_dir.group_members reads them back): a list on
+            # every row would hold ranks × collectives × group size integers.
+            c = tables.collectives.drop(columns="group_ranks").astype({"group": "category"})
             _parquet(analysis_dir / "collectives.parquet", c)
         if tables.telemetry is not None and not tables.telemetry.empty:
             _parquet(analysis_dir / "telemetry.parquet", tables.telemetry)

@@ -24,7 +24,7 @@ from diagtrain.profiler.plan.comm import DP, PP, RECV, SEND, TP
 from diagtrain.profiler.plan.compute import rank_flops
 from diagtrain.profiler.plan.layout import Implementation, Layout
 from diagtrain.profiler.plan.model import FP32, FP32_AUTOCAST_BF16, Precision, Transformer, reference_trainer, shape_for
-from diagtrain.profiler.run_dir import read_json
+from diagtrain.profiler.run_dir import group_members, read_json
 
 WARMUP_STEPS = 1  # step 1 carries start-up (process groups, allocator growth): left out of every median
 # The reference trainers' TP plan converts the input of each of wq, wk, wv and w1 on its own.
@@ -155,6 +155,20 @@ def group_kind(desc: Any, members: Any, op: str, layout: Layout) -> str | None:
     return varying[0] if len(varying) == 1 else None
 
 
+def group_kinds(collectives: pd.DataFrame, layout: Layout) -> list[str | None]:
+    """``group_kind`` of every row, worked out once per distinct group and op (a group has up to
+    thousands of members, and there is a row per collective and rank)."""
+    kinds: dict[tuple[Any, Any, Any], str | None] = {}
+    keys = collectives["group"] if "group" in collectives else collectives["pg"]
+    out = []
+    for desc, key, members, op in zip(collectives["pg_desc"], keys, collectives["group_ranks"], collectives["op"]):
+        found = kinds.get((desc, key, op), kinds)
+        if found is kinds:
+            found = kinds[(desc, key, op)] = group_kind(desc, members, op, layout)
+        out.append(found)
+    return out
+
+
 def with_steps(collectives: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """The collectives of profiled steps, each with the step it ran in (by its start time)."""
     if "trace_start" not in steps and "start" in steps:  # steps known only from the traces
@@ -208,9 +222,7 @@ def best_bandwidth(rm: RunModel, collectives: pd.DataFrame) -> dict[str, float]:
     """The best bus bandwidth each group kind reached (bytes/s); point-to-point at its transfer rate."""
     if collectives.empty or "busbw_gbps" not in collectives:
         return {}
-    kinds = [group_kind(d, m, op, rm.layout) for d, m, op in
-             zip(collectives["pg_desc"], collectives["group_ranks"], collectives["op"])]
-    c = collectives.assign(kind=kinds)
+    c = collectives.assign(kind=group_kinds(collectives, rm.layout))
     c = c[c["kind"].notna() & np.isfinite(c["busbw_gbps"]) & (c["busbw_gbps"] > 0)]
     return {k: float(v) * 1e9 for k, v in c.groupby("kind")["busbw_gbps"].max().items()}
 
@@ -354,6 +366,14 @@ def read_spans(path: Path, clock_shift_us: float = 0.0) -> pd.DataFrame | None:
     return spans.assign(start_us=spans["start_us"] + clock_shift_us, end_us=spans["end_us"] + clock_shift_us)
 
 
+def with_members(collectives: pd.DataFrame) -> pd.DataFrame:
+    """analysis/collectives.parquet with its ``group_ranks`` column back, read from the group keys."""
+    if "group" not in collectives or "group_ranks" in collectives:
+        return collectives
+    members = {key: group_members(key) for key in collectives["group"].dropna().unique()}
+    return collectives.assign(group_ranks=[members.get(key, ()) for key in collectives["group"]])
+
+
 def read_run(path: Path) -> RunFiles:
     """Read a run's analysis and its own records; RunInputError names what is missing or unreadable."""
     missing = [name for name in ANALYSIS_FILES if not (path / name).exists()]
@@ -363,7 +383,7 @@ def read_run(path: Path) -> RunFiles:
         report = json.loads((path / "report.json").read_text())
         steps = pd.read_parquet(path / "analysis" / "steps.parquet")
         coll_path = path / "analysis" / "collectives.parquet"
-        collectives = pd.read_parquet(coll_path) if coll_path.exists() else pd.DataFrame()
+        collectives = with_members(pd.read_parquet(coll_path)) if coll_path.exists() else pd.DataFrame()
     except (OSError, ValueError) as e:
         raise RunInputError(f"{path}: cannot read its analysis: {e}") from None
     trainer_path = path / "trainer.json"
