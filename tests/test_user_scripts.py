@@ -91,6 +91,36 @@ def test_the_bottleneck_stage_of_a_torch_pipelining_schedule(gpipe):
     assert not findings(report, "straggler") and not findings(report, "memory_imbalance")
 
 
+def test_a_pipeline_without_profiling_is_recognized_from_the_counted_sends(tmp_path):
+    """No traces and, the job ending well, no flight-recorder dump: the always-on counters' sends and
+    receives per peer (each step record's ``p2p``) are what show the stages."""
+    out = tmp_path / "run"
+    report = user_run(out, 2, "pipeline.py", "--schedule", "gpipe", "--split", "2,6", profile="none")
+    assert not list(out.glob("ranks/*/trace-*")) and not list(out.glob("ranks/*/flight_recorder.json"))
+    record = json.loads((out / "ranks/0/steps.jsonl").read_text().splitlines()[-1])
+    assert record["p2p"]["first"] == ["send", 1] and record["p2p"]["send"] == {"1": 4}  # 4 microbatches forward
+    s = report["structure"]
+    assert s["stages"] == {"0": 0, "1": 1} and s["stage_source"] == "point-to-point calls counted in the ranks"
+    assert s["microbatches"] == 4 and s["microbatch_source"] == "sends per step from the first stage"
+    [f] = findings(report, "pipeline_bubble")
+    assert f["ranks"] == [1] and f["metrics"]["bottleneck_stage"] == 1, f["explanation"]
+    assert f["metrics"]["compared_by"] == "time outside communication (counters)"
+    assert not findings(report, "straggler")  # the heavier stage is not a straggler among peers
+
+
+def test_a_malformed_p2p_field_is_no_evidence_and_costs_no_step(tmp_path):
+    from diagtrain.profiler.analyzer.run_files import read_steps
+
+    base = {"schema_version": 1, "rank": 0, "start": 1.0, "end": 1.1, "duration_ms": 100.0}
+    fields = [{"first": ["send", 1], "send": {"1": 4}}, {"first": ["push", 1]}, {"first": ["send", -1]},
+              {"first": ["recv", 0], "recv": {"x": 1}}, "p2p", None]
+    path = tmp_path / "steps.jsonl"
+    path.write_text("".join(json.dumps({**base, "step": i, "p2p": f}) + "\n" for i, f in enumerate(fields)))
+    found = read_steps(path, 0)
+    assert len(found.rows) == len(fields) and not found.bad_lines
+    assert found.p2p == {0: {"first": ["send", 1], "send": {1: 4}, "recv": {}}}
+
+
 def test_a_hand_written_send_recv_pipeline(tmp_path):
     report = user_run(tmp_path / "run", 2, "sendrecv_pipeline.py", "--split", "6,2")
     s = report["structure"]

@@ -37,7 +37,7 @@ class P2PCalls:
     sends_per_step: dict[int, float] = field(default_factory=dict)  # peer -> median sends per step
     recvs_per_step: dict[int, float] = field(default_factory=dict)  # peer -> median receives per step
     microbatches: int | None = None  # from the schedule's annotations, when it writes them
-    source: str = "traces"  # or "flight recorder"
+    source: str = "traces"  # or "flight recorder", or "counters"
 
     @property
     def empty(self) -> bool:
@@ -84,6 +84,21 @@ def from_flight_recorder(dump: dict, steps: pd.DataFrame) -> P2PCalls:
     found = _summary(calls[calls["step"].notna()], microbatches=None)
     found.source = "flight recorder"
     return found
+
+
+def from_step_records(per_step: dict[int, dict]) -> P2PCalls:
+    """The same summary from the always-on counters: per step, the first call and the calls per peer
+    (run_files checked them), as the ranks' step records hold them."""
+    if not per_step:
+        return P2PCalls()
+    steps = sorted(per_step)
+
+    def per_step_median(kind: str) -> dict[int, float]:
+        peers = {p for s in steps for p in per_step[s].get(kind, {})}
+        return {p: float(np.median([per_step[s].get(kind, {}).get(p, 0) for s in steps])) for p in sorted(peers)}
+
+    return P2PCalls(first={s: list(per_step[s]["first"]) for s in steps}, sends_per_step=per_step_median("send"),
+                    recvs_per_step=per_step_median("recv"), microbatches=None, source="counters")
 
 
 def _summary(calls: pd.DataFrame, microbatches: int | None) -> P2PCalls:

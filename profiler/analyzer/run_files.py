@@ -200,6 +200,7 @@ class StepFile:
     lines: int = 0
     impossible: list[str] = field(default_factory=list)  # "step 4: duration_ms 1e+18", records left out
     repeated: int = 0  # steps recorded more than once (a restarted job): the last record kept
+    p2p: dict[int, dict[str, Any]] = field(default_factory=dict)  # step -> its point-to-point calls (checked)
 
 
 def read_steps(path: Path, rank: int | None) -> StepFile:
@@ -239,6 +240,9 @@ def _add_step(found: StepFile, by_step: dict[int, dict[str, Any]], number: int, 
     for name in row.pop("_phases"):
         if name not in found.phases:
             found.phases.append(name)
+    p2p = row.pop("_p2p")
+    if p2p:
+        found.p2p[row["step"]] = p2p
     if row["step"] in by_step:
         found.repeated += 1
     by_step[row["step"]] = row
@@ -269,7 +273,34 @@ def _step_row(record: Any, rank: int | None) -> dict[str, Any] | str:
     return {"rank": record["rank"], "step": step, "start": start, "end": end, "wall_ms": duration,
             "peak_mem_bytes": _bounded(record.get("peak_mem_bytes"), MAX_MEMORY_BYTES),
             "samples": _bounded(record.get("samples"), math.inf), "tokens": _bounded(record.get("tokens"), math.inf),
-            **{f"{k}_ms": v for k, v in phases.items()}, **_counters(record), "_phases": list(phases)}
+            **{f"{k}_ms": v for k, v in phases.items()}, **_counters(record), "_phases": list(phases),
+            "_p2p": _p2p(record.get("p2p"))}
+
+
+P2P_KINDS = ("send", "recv")
+
+
+def _p2p(value: Any) -> dict[str, Any] | None:
+    """A step record's ``p2p`` (``{"first": [kind, peer], "send": {peer: calls}, "recv": {...}}``) if
+    well formed, else None: a malformed one is no evidence, and no reason to drop the step."""
+    if not isinstance(value, dict):
+        return None
+    first = value.get("first")
+    if not (isinstance(first, list) and len(first) == 2 and first[0] in P2P_KINDS and _is_int(first[1])
+            and 0 <= first[1] < MAX_RANKS):
+        return None
+    counts: dict[str, dict[int, int]] = {}
+    for kind in P2P_KINDS:
+        per_peer = value.get(kind) or {}
+        if not isinstance(per_peer, dict):
+            return None
+        try:
+            counts[kind] = {int(peer): n for peer, n in per_peer.items() if _is_int(n) and n > 0}
+        except ValueError:
+            return None
+        if not all(0 <= peer < MAX_RANKS for peer in counts[kind]):
+            return None
+    return {"first": list(first), **counts}
 
 
 def _counters(record: dict[str, Any]) -> dict[str, Any]:

@@ -192,7 +192,8 @@ def _stages(s: Structure, p2p: dict[int, P2PCalls], trainer: dict | None) -> tup
     stages = _stages_from_p2p(s, p2p)
     if stages:
         recorded = {p2p[r].source for r in stages if r in p2p}
-        return stages, "point-to-point calls" + (" in the flight recorder" if recorded == {"flight recorder"} else "")
+        where = {"flight recorder": " in the flight recorder", "counters": " counted in the ranks"}
+        return stages, "point-to-point calls" + (where.get(next(iter(recorded)), "") if len(recorded) == 1 else "")
     pipeline_dim = next((d for d in s.mesh if d.lower() in PIPELINE_DIMS), None)
     if pipeline_dim and s.coords:
         return {r: c[pipeline_dim] for r, c in s.coords.items() if pipeline_dim in c}, f"DeviceMesh dimension {pipeline_dim}"

@@ -24,6 +24,7 @@ from diagtrain.profiler.analyzer.load import RankResult
 from diagtrain.profiler.analyzer.logs import LogEvent, NcclLog, local_to_unix, parse_errors, parse_nccl_log
 from diagtrain.profiler.analyzer.p2p import P2PCalls
 from diagtrain.profiler.analyzer.p2p import from_flight_recorder as p2p_from_flight_recorder
+from diagtrain.profiler.analyzer.p2p import from_step_records as p2p_from_step_records
 from diagtrain.profiler.analyzer.structure import Structure
 from diagtrain.profiler.analyzer.structure import infer as infer_structure
 from diagtrain.profiler.run_dir import CLOCK_RECORD, HOSTS_DIR, read_hosts, read_json, run_status
@@ -72,7 +73,7 @@ def build(run_dir: Path, results: list[RankResult], flight_recorder_dir: Path | 
     """
     inputs, notes = Inputs(), []
     folders = rank_folders(run_dir, inputs)
-    recorded, phases = read_step_records(folders, inputs, notes)
+    recorded, phases, counted_p2p = read_step_records(folders, inputs, notes)
     # Counters no record carried (older runs, jobs whose counters are off) are no columns at all.
     recorded = recorded.drop(columns=[c for c in recorded.columns if c in COUNTER_COLUMNS and recorded[c].isna().all()])
     traced = pd.concat([r.steps for r in results], ignore_index=True) if results else pd.DataFrame()
@@ -108,7 +109,7 @@ def build(run_dir: Path, results: list[RankResult], flight_recorder_dir: Path | 
     tables.segments = pd.concat([r.segments for r in results if len(r.segments)], ignore_index=True) \
         if any(len(r.segments) for r in results) else pd.DataFrame()
     tables.structure = infer_structure(tables.process_groups, {r.rank: r.pg_config for r in results},
-                                       tables.flight_records, _p2p_calls(results, tables.dumps, steps),
+                                       tables.flight_records, _p2p_calls(results, tables.dumps, steps, counted_p2p),
                                        _ops_per_group(collectives), tables.trainer, world)
     _time_log_lines(tables, infos)
     # Every host's times on the clock of the lowest rank's host (see clocks.py).
@@ -123,14 +124,19 @@ def build(run_dir: Path, results: list[RankResult], flight_recorder_dir: Path | 
     return tables
 
 
-def _p2p_calls(results: list[RankResult], dumps: dict[int, dict], steps: pd.DataFrame) -> dict[int, P2PCalls]:
-    """Each rank's point-to-point calls: from its traces, else from its flight recorder (NCCL)."""
+def _p2p_calls(results: list[RankResult], dumps: dict[int, dict], steps: pd.DataFrame,
+               counted: dict[int, dict[int, dict]]) -> dict[int, P2PCalls]:
+    """Each rank's point-to-point calls: from its traces, else from its flight recorder (NCCL), else
+    from the always-on counters in its step records."""
     calls = {r.rank: r.p2p for r in results if not r.p2p.empty}
     for rank, dump in dumps.items():
         if rank not in calls and isinstance(dump, dict) and not steps.empty:
             found = p2p_from_flight_recorder(dump, steps.loc[steps["rank"] == rank, ["step", "start", "end"]])
             if not found.empty:
                 calls[rank] = found
+    for rank, per_step in counted.items():
+        if rank not in calls:
+            calls[rank] = p2p_from_step_records(per_step)
     return calls
 
 
@@ -181,13 +187,15 @@ def unix_seconds(time: pd.Series) -> pd.Series:
     return time.astype("int64") / 1e9 if time.dtype.kind == "M" else time.astype(float)
 
 
-def read_step_records(folders: dict[int, Path], inputs: Inputs, notes: list[dict]) -> tuple[pd.DataFrame, list[str]]:
-    """Every rank's steps.jsonl as one table with a column per phase (ms).
+def read_step_records(folders: dict[int, Path], inputs: Inputs,
+                      notes: list[dict]) -> tuple[pd.DataFrame, list[str], dict[int, dict[int, dict]]]:
+    """Every rank's steps.jsonl as one table with a column per phase (ms), and per rank and step the
+    point-to-point calls its records counted.
 
     Lines that are not step records are listed as skipped; records with impossible values (a
     duration of 1e18 ms, a negative one) are left out and named in the health ``notes``.
     """
-    rows, phases = [], []
+    rows, phases, p2p = [], [], {}
     for rank, folder in folders.items():
         path = folder / "steps.jsonl"
         if not os.path.lexists(path):
@@ -210,7 +218,9 @@ def read_step_records(folders: dict[int, Path], inputs: Inputs, notes: list[dict
                                      "job?); the last record of each is used"})
         rows += found.rows
         phases += [p for p in found.phases if p not in phases]
-    return pd.DataFrame(rows), phases
+        if found.p2p:
+            p2p[rank] = found.p2p
+    return pd.DataFrame(rows), phases, p2p
 
 
 # The always-on counters' columns in the steps table (run_files.read_steps); absent: not measured.

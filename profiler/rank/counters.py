@@ -140,6 +140,8 @@ class Counters:
         self._roots_known = True
         self._steps_seen = 0
         self._schedstat = _open_schedstat(threading.main_thread().native_id)
+        self._p2p_first: list | None = None  # this step's first point-to-point call: [kind, peer]
+        self._p2p: dict[str, dict[int, int]] = {"send": {}, "recv": {}}  # kind -> peer -> calls this step
 
     # -- installation --------------------------------------------------------------------------
 
@@ -164,6 +166,11 @@ class Counters:
                 # broadcasts the new layout from C++: a wait on every rank, once.
                 reducer = torch.distributed.Reducer
                 reducer._rebuild_buckets = _wait_wrapper(reducer._rebuild_buckets, self)
+                # Every send and receive (isend/irecv, send/recv, batch_isend_irecv, pipelining) goes
+                # through these, with the peer's rank in the group: what tells pipeline stages apart.
+                group = torch.distributed.ProcessGroup
+                group.send = _p2p_wrapper(group.send, self, "send")
+                group.recv = _p2p_wrapper(group.recv, self, "recv")
                 call_after_import(FUNCTIONAL_COLLECTIVES, self._wrap_functional_waits)
         except Exception as e:  # noqa: BLE001 - counters are optional; the job is not
             self.fail(e)
@@ -285,6 +292,22 @@ class Counters:
     def ddp_alive(self) -> bool:
         return len(self._ddp) > 0
 
+    def p2p_call(self, kind: str, peer: Any) -> None:
+        """A send or receive to ``peer`` (its rank in the call's group) was issued."""
+        if isinstance(peer, int):
+            if self._p2p_first is None:
+                self._p2p_first = [kind, peer]
+            counts = self._p2p[kind]
+            counts[peer] = counts.get(peer, 0) + 1
+
+    def take_p2p(self) -> dict[str, Any] | None:
+        """The point-to-point calls since the last take (the step's record field ``p2p``), or None if none."""
+        if self._p2p_first is None:
+            return None
+        taken = {"first": self._p2p_first, **{k: {str(p): n for p, n in v.items()} for k, v in self._p2p.items() if v}}
+        self._p2p_first, self._p2p = None, {"send": {}, "recv": {}}
+        return taken
+
     # -- reading -----------------------------------------------------------------------------------
 
     def read(self) -> Reading | None:
@@ -342,6 +365,20 @@ def _wait_wrapper(original: Callable, counters: Counters, skip_when_compiling: b
                 counters.comm_end(started)
 
     return wait
+
+
+def _p2p_wrapper(original: Callable, counters: Counters, kind: str) -> Callable:
+    """``ProcessGroup.send`` or ``.recv`` (tensors, peer, tag), counted per peer."""
+
+    @functools.wraps(original)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            counters.p2p_call(kind, args[1] if len(args) > 1 else kwargs.get("dstRank", kwargs.get("srcRank")))
+        except Exception:  # noqa: BLE001 - never the job's problem
+            pass
+        return original(self, *args, **kwargs)
+
+    return call
 
 
 def _phase_wrapper(original: Callable, counters: Counters, name: str) -> Callable:

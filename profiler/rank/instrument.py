@@ -204,6 +204,7 @@ class StepRecorder:
             phases, phase_comm = {**counted, **phases}, {**counted_comm, **phase_comm}
         reading = COUNTERS.read()
         counters = reading.since(self._counted) if reading is not None and self._counted is not None else {}
+        p2p = COUNTERS.take_p2p()
         record = {
             "schema_version": SCHEMA_VERSION,
             "rank": self.rank,
@@ -215,6 +216,7 @@ class StepRecorder:
             **({"phase_comm_ms": {k: round(phase_comm.get(k, 0.0) * 1e3, 3) for k in phases}}
                if "comm_ms" in counters else {}),
             **counters,
+            **({"p2p": p2p} if p2p else {}),
             "peak_mem_bytes": self._memory.read(),
             "mem_source": self._memory.source,
             **metrics,
