@@ -162,10 +162,9 @@ def group_kinds(collectives: pd.DataFrame, layout: Layout) -> list[str | None]:
     keys = collectives["group"] if "group" in collectives else collectives["pg"]
     out = []
     for desc, key, members, op in zip(collectives["pg_desc"], keys, collectives["group_ranks"], collectives["op"]):
-        found = kinds.get((desc, key, op), kinds)
-        if found is kinds:
-            found = kinds[(desc, key, op)] = group_kind(desc, members, op, layout)
-        out.append(found)
+        if (desc, key, op) not in kinds:
+            kinds[(desc, key, op)] = group_kind(desc, members, op, layout)
+        out.append(kinds[(desc, key, op)])
     return out
 
 
