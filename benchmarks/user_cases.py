@@ -51,6 +51,8 @@ CLEAN = [
     Case("clean-pipelining-1f1b", "pipeline.py", 2, ["--schedule", "1f1b"]),
     Case("clean-sendrecv-pipeline", "sendrecv_pipeline.py", 2),
     Case("clean-manual-tp", "manual_tp.py", 2),
+    # No fault either: one rank's allocator churns memory (more page faults, the same work, a bit slower).
+    Case("clean-ddp-churn", "ddp_loader.py", 2, ["--churn-rank", "1"]),
 ]
 FAULTS = [
     Case("slow-rank-ddp", "ddp_loader.py", 2, ["--slow-rank", "1", "--slow-ms", "60"], ("straggler", [1])),

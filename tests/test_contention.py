@@ -22,9 +22,11 @@ EXCESS_MS = 40.0  # rank 1's optimizer phase is this much longer in every step
 
 
 def run_of(extra_cpu: float = 0.0, extra_runq: float = 0.0, counters: bool = True,
-           telemetry: pd.DataFrame | None = None) -> Tables:
+           telemetry: pd.DataFrame | None = None, faults: tuple[int, int] | None = None,
+           samples: tuple[int, int] | None = None) -> Tables:
     """Two ranks on host "h"; rank 1 is EXCESS_MS slower in optimizer, with ``extra_cpu`` ms more
-    CPU time and ``extra_runq`` ms more run-queue wait than rank 0 in each step."""
+    CPU time and ``extra_runq`` ms more run-queue wait than rank 0 in each step, and (rank 0's, rank 1's)
+    page faults and samples per step where given."""
     rows = []
     for step in range(1, STEPS + 1):
         for rank in (0, 1):
@@ -37,6 +39,10 @@ def run_of(extra_cpu: float = 0.0, extra_runq: float = 0.0, counters: bool = Tru
             if counters:
                 row.update(cpu_ms=60.0 + (extra_cpu if slow else 0.0), runq_ms=1.0 + (extra_runq if slow else 0.0),
                            comm_wait_ms=0.5)
+            if faults:
+                row["page_faults"] = faults[rank]
+            if samples:
+                row["samples"] = samples[rank]
             rows.append(row)
     return Tables(steps=pd.DataFrame(rows), ranks=pd.DataFrame(), collectives=pd.DataFrame(), phases=PHASES,
                   rank_hosts={0: "h", 1: "h"}, telemetry=telemetry)
@@ -72,6 +78,28 @@ def test_a_rank_that_did_more_work_or_slept_is_a_straggler_on_a_busy_host_too(ex
     found = by_kind(run_of(extra_cpu=extra_cpu, telemetry=busy_host_telemetry()))
     assert found["straggler"].ranks == [1] and found["straggler"].severity == "warning", why
     assert "hog (pid 4242) 90%" in found["host_contention"].explanation
+
+
+def test_a_rank_that_churns_memory_for_the_same_samples_is_not_a_straggler():
+    # Rank 1 burns its extra 40 ms itself, faulting in 12 MiB more each step than rank 0, for the same 32 samples.
+    found = by_kind(run_of(extra_cpu=EXCESS_MS, faults=(20, 3_060), samples=(32, 32)))
+    straggler = found["straggler"]
+    assert straggler.ranks == [1] and straggler.severity == "info" and straggler.metrics["memory_churn"] is True
+    assert "3,040 more page faults per step than they took (3,060 vs 20, 12 MiB)" in straggler.explanation
+    assert "the same work done more slowly" in straggler.explanation
+
+
+@pytest.mark.parametrize("changes,why", [
+    ({"samples": (32, 256)}, "eight times the samples: more work, however much it faults"),
+    ({"samples": None}, "no samples counted: the work cannot be shown to be the same"),
+    ({"extra_cpu": 0.0}, "no extra CPU time: it slept or waited, the faults are beside the point"),
+    ({"faults": (2_000, 3_060)}, "its peer faults nearly as much: the job's shape, not one rank's allocator"),
+    ({"faults": (20, 200)}, "a few hundred faults cost well under a millisecond"),
+])
+def test_churn_does_not_excuse_more_work_or_a_rank_that_waits(changes, why):
+    given = {"extra_cpu": EXCESS_MS, "faults": (20, 3_060), "samples": (32, 32), **changes}
+    straggler = by_kind(run_of(**given))["straggler"]
+    assert straggler.severity == "warning" and "memory_churn" not in straggler.metrics, why
 
 
 def test_a_data_stall_that_was_a_wait_for_a_cpu_is_information():

@@ -132,3 +132,19 @@ def test_the_hooks_never_break_the_program(capsys):
     os.close(counters._schedstat)  # a failure of the counters' own: they stand down, once, and say so
     assert counters.read() is None and counters.read() is None and counters.comm_begin() is None
     assert capsys.readouterr().err.count("diagtrain: step counters disabled: OSError") == 1
+
+
+@pytest.mark.parametrize("batch,samples", [
+    (torch.zeros(16, 3), 16),
+    ((torch.zeros(8, 3), torch.zeros(8)), 8),
+    ({"input_ids": torch.zeros(4, 128, dtype=torch.long), "labels": torch.zeros(4, 128)}, 4),
+    ([[torch.zeros(2, 5)]], 2),
+    (["a caption", "another"], None),  # no tensor to tell
+    (torch.tensor(3.0), None),  # a scalar is not a batch
+    ((), None),
+])
+def test_the_samples_of_a_batch(batch, samples):
+    counters = Counters()
+    counters.batch_loaded(batch)
+    counters.batch_loaded(batch)  # two batches in one step (gradient accumulation) add up
+    assert counters.take_samples() == (2 * samples if samples else None) and counters.take_samples() is None

@@ -8,6 +8,7 @@ The model block, and the faults people really have, switched on from the command
 from __future__ import annotations
 
 import argparse
+import ctypes
 import threading
 import time
 
@@ -40,6 +41,11 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hang-step", type=int, default=5)
     parser.add_argument("--crash-rank", type=int, default=-1, help="this rank raises in the loop")
     parser.add_argument("--crash-step", type=int, default=5)
+    parser.add_argument("--churn-rank", type=int, default=-1,
+                        help="this rank's malloc hands every buffer over 4 KiB back to the kernel (no fault: same work)")
+
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (glibc malloc.h)
 
 
 class Faults:
@@ -51,6 +57,12 @@ class Faults:
         if rank == args.hold_rank:
             # A cache or a list of activations kept "for debugging": touched so that it is resident.
             self.held.append(torch.ones(args.hold_mb * 2**20 // 4))
+        if rank == args.churn_rank:
+            # What glibc's moving mmap threshold does to one rank of a clean job now and then, made
+            # certain: every large buffer is a fresh mapping, its pages faulted in again each step.
+            libc = ctypes.CDLL(None)
+            libc.mallopt(M_MMAP_THRESHOLD, 4096)
+            libc.mallopt(M_TRIM_THRESHOLD, 0)
 
     def before_forward(self, step: int) -> None:
         """A slow rank (a noisy neighbour, a slower CPU), a rank that raises, one that blocks."""

@@ -47,7 +47,8 @@ def analyze(path: Path, out: Path, formats: list[str], workers: int,
 
 def run_detectors(t: tables.Tables, progress: Callable[[str], None], notes: list[dict] | None = None) -> list[Finding]:
     """Every registered detector; one that fails is reported (in the health ``notes`` too), never fatal.
-    A rank slowed by other processes on its host is not reported as a straggler or a late rank (contention.py)."""
+    A rank slowed by other processes on its host, or by its allocator's memory churn, is not reported as a
+    straggler or a late rank (contention.py)."""
     found = []
     for name, detect in detectors.all_detectors().items():
         try:
@@ -59,7 +60,7 @@ def run_detectors(t: tables.Tables, progress: Callable[[str], None], notes: list
                               "message": f"the {name} detector failed ({type(e).__name__}: {e}); its findings are "
                                          "missing from this report"})
     try:
-        found = contention.unless_starved(found, t)
+        found = contention.own_work_only(found, t)
     except Exception as e:  # noqa: BLE001 - the findings stand as the detectors made them
         progress(f"host contention check failed: {type(e).__name__}: {e}")
     return report.order(detectors.explained(found))

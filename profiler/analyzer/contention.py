@@ -1,16 +1,21 @@
 """Busy host or slow rank: did a rank do more work, or wait for a CPU other processes held?
 
-Two kinds of evidence, from what diagtrain records anyway:
+Three kinds of evidence, from what diagtrain records anyway:
 
 - per rank and step (steps.jsonl): ``cpu_ms``, the process's CPU time, and ``runq_ms``, the time its
   main thread was runnable but waiting for a CPU (Linux scheduler statistics). A rank that did
   more work burnt more CPU; a starved one waited in the run queue instead.
 - per host (telemetry): how busy its CPUs were, how much of that was not the job
   (``others_cpu_percent``) and which processes (rows of kind ``other``).
+- per rank and step: ``page_faults`` and ``samples``. A rank that burnt more CPU for the same
+  samples, with many more page faults than its peers, did the same work more slowly: its memory
+  allocator hands memory back to the kernel and faults it in again every step (glibc's malloc
+  does so for buffers above its mmap threshold, a threshold that moves with the process's history,
+  so one rank of a clean job can fall into it and its twin not).
 
 A straggler, a late rank or a data stall whose excess is mostly run-queue wait is host contention,
 not its own work: reported as info, beside a ``host_contention`` finding that names the other
-processes.
+processes. One whose excess is memory churn is reported as info and says so.
 """
 
 from __future__ import annotations
@@ -30,6 +35,12 @@ RUNQ_MIN_SHARE = 0.1  # ranks waiting this share of their steps for a CPU are co
 STARVED_SHARE = 0.5  # a rank's excess at least half run-queue wait (beyond its peers') was starvation ...
 WORK_SHARE = 0.5  # ... unless at least half of it is extra CPU time of its own: it did more work
 NAMED_PROCESSES = 5  # the busiest other processes named in a finding
+# Memory churn: at least this many more page faults per step than the peers (1 MiB of 4 KiB pages;
+# fewer cost well under a millisecond) ...
+CHURN_MIN_FAULTS = 256
+CHURN_RATIO = 2.0  # ... and at least this many times the peers': its allocator, not the job's shape
+MORE_SAMPLES = 1.05  # a rank loading this share more samples per step than its peers does more work
+PAGE_KIB = 4  # a minor page fault maps one 4 KiB page (x86-64, arm64 defaults)
 
 
 @dataclass
@@ -113,13 +124,33 @@ def starvation(tables: Tables, rank: int, steps: list[int], excess_ms: float) ->
     return f"its host's CPUs were saturated by other processes then{named} and its own CPU time was not higher"
 
 
-def unless_starved(findings: list[Finding], tables: Tables) -> list[Finding]:
-    """Stragglers, late ranks and data stalls whose excess was starvation for a CPU, lowered to info
-    and said so."""
-    return [_lowered(f, reason) if (reason := _starved(f, tables)) else f for f in findings]
+def churn(tables: Tables, rank: int, steps: list[int], excess_ms: float) -> str | None:
+    """Why ``rank``'s excess of ``excess_ms`` per step in ``steps`` is memory churn (the same work
+    done more slowly), in words, or None when it is not (more samples, no extra CPU time, few faults)."""
+    rows = tables.steps[tables.steps["step"].isin(steps)]
+    more_samples = _ratio_to_peers(rows, rank, "samples")
+    if more_samples is None or more_samples > MORE_SAMPLES:
+        return None  # more work, or no way to tell the work was the same
+    extra_cpu = _beyond_peers(rows, rank, "cpu_ms")
+    if extra_cpu is None or extra_cpu < WORK_SHARE * excess_ms:
+        return None  # not time it burnt itself (waiting, sleeping, starved)
+    mine, theirs = _median_of(rows, rank, "page_faults"), _median_of(rows, None, "page_faults", but=rank)
+    if mine is None or theirs is None or mine - theirs < CHURN_MIN_FAULTS or mine < CHURN_RATIO * theirs:
+        return None
+    return (f"its extra time was CPU time of its own, for the same samples as its peers, with {mine - theirs:,.0f} "
+            f"more page faults per step than they took ({mine:,.0f} vs {theirs:,.0f}, "
+            f"{(mine - theirs) * PAGE_KIB / 1024:,.0f} MiB); its memory allocator gives memory back to the kernel and "
+            "faults it in again every step")
 
 
-def _starved(finding: Finding, tables: Tables) -> str | None:
+def own_work_only(findings: list[Finding], tables: Tables) -> list[Finding]:
+    """Stragglers, late ranks and data stalls whose excess was not the rank's own work (starvation
+    for a CPU, memory churn), lowered to info and said so."""
+    return [_lowered(f, *why) if (why := _not_own_work(f, tables)) else f for f in findings]
+
+
+def _not_own_work(finding: Finding, tables: Tables) -> tuple[str, str, str] | None:
+    """(the reason in words, what that is, the metric that marks it), or None for the rank's own work."""
     if finding.severity == "info" or len(finding.ranks) != 1:
         return None
     if finding.kind == "straggler":
@@ -131,14 +162,21 @@ def _starved(finding: Finding, tables: Tables) -> str | None:
     else:
         return None
     steps = finding.steps or _profiled_steps(tables.steps)
-    return starvation(tables, finding.ranks[0], steps, excess) if excess and steps else None
+    if not (excess and steps):
+        return None
+    rank = finding.ranks[0]
+    if reason := starvation(tables, rank, steps, excess):
+        return reason, f"that is host contention (see host_contention), not rank {rank}'s own work", "starved"
+    if finding.kind == "straggler" and (reason := churn(tables, rank, steps, excess)):
+        return (reason, "the same work done more slowly, not more work (a steady allocator, e.g. jemalloc or "
+                "tcmalloc, or MALLOC_MMAP_THRESHOLD_ set high, keeps the memory)", "memory_churn")
+    return None
 
 
-def _lowered(finding: Finding, reason: str) -> Finding:
+def _lowered(finding: Finding, reason: str, meaning: str, marker: str) -> Finding:
     finding.severity = "info"
-    finding.explanation += (f" But {reason}: that is host contention (see host_contention), "
-                            f"not rank {finding.ranks[0]}'s own work.")
-    finding.metrics["starved"] = True
+    finding.explanation += f" But {reason}: {meaning}."
+    finding.metrics[marker] = True
     return finding
 
 
@@ -151,6 +189,20 @@ def _beyond_peers(rows: pd.DataFrame, rank: int, column: str) -> float | None:
     peers = table[table["rank"] != rank].groupby("step")[column].median()
     both = mine.index.intersection(peers.index)
     return float((mine[both] - peers[both]).median()) if len(both) else None
+
+
+def _median_of(rows: pd.DataFrame, rank: int | None, column: str, but: int | None = None) -> float | None:
+    """The median of ``column`` over ``rank``'s rows (None: every rank's but ``but``), None if unknown."""
+    if column not in rows:
+        return None
+    values = rows.loc[rows["rank"] == rank if rank is not None else rows["rank"] != but, column].dropna()
+    return float(values.median()) if len(values) else None
+
+
+def _ratio_to_peers(rows: pd.DataFrame, rank: int, column: str) -> float | None:
+    """``rank``'s median ``column`` over its peers' (None where unknown or zero)."""
+    mine, theirs = _median_of(rows, rank, column), _median_of(rows, None, column, but=rank)
+    return mine / theirs if mine is not None and theirs else None
 
 
 def _profiled_steps(steps: pd.DataFrame) -> list[int]:

@@ -308,7 +308,8 @@ def _counters(record: dict[str, Any]) -> dict[str, Any]:
     ``comm_ms`` there (time blocked in communication) becomes ``comm_wait_ms``: ``comm_ms`` is the traces' time in collectives."""
     columns = {"comm_wait_ms": _bounded(record.get("comm_ms"), MAX_STEP_MS),
                "comm_calls": _bounded(record.get("comm_calls"), math.inf),
-               "cpu_ms": _bounded(record.get("cpu_ms"), MAX_STEP_MS), "runq_ms": _bounded(record.get("runq_ms"), MAX_STEP_MS)}
+               "cpu_ms": _bounded(record.get("cpu_ms"), MAX_STEP_MS), "runq_ms": _bounded(record.get("runq_ms"), MAX_STEP_MS),
+               "page_faults": _bounded(record.get("page_faults"), math.inf)}
     waits = record.get("phase_comm_ms")
     if isinstance(waits, dict):
         columns.update({f"{k}_comm_wait_ms": _bounded(v, MAX_STEP_MS) for k, v in waits.items() if isinstance(k, str)})

@@ -38,7 +38,7 @@ class Tables:
     """Everything the detectors look at."""
 
     # rank, step, start, end (Unix s), wall_ms, <phase>_ms, peak_mem_bytes, the always-on counters
-    # (comm_wait_ms, <phase>_comm_wait_ms, comm_calls, cpu_ms, runq_ms; NaN where not measured), trace columns
+    # (comm_wait_ms, <phase>_comm_wait_ms, comm_calls, cpu_ms, runq_ms, page_faults; NaN where not measured), trace columns
     steps: pd.DataFrame
     ranks: pd.DataFrame  # one row per rank: the report's per-rank record
     collectives: pd.DataFrame  # matched across ranks (see collectives.match)
@@ -224,7 +224,7 @@ def read_step_records(folders: dict[int, Path], inputs: Inputs,
 
 
 # The always-on counters' columns in the steps table (run_files.read_steps); absent: not measured.
-COUNTER_COLUMNS = ("comm_wait_ms", "comm_calls", "cpu_ms", "runq_ms")
+COUNTER_COLUMNS = ("comm_wait_ms", "comm_calls", "cpu_ms", "runq_ms", "page_faults")
 
 
 def _join_steps(recorded: pd.DataFrame, traced: pd.DataFrame) -> pd.DataFrame:

@@ -19,7 +19,8 @@ from the program:
   backward). Communication inside a phase is also counted per phase.
 - **CPU**: the process's CPU time (all threads), and the main thread's wait for a CPU (its
   run-queue delay, from ``/proc``): what tells "this rank did more work" from "this rank was
-  starved by another process".
+  starved by another process". And the process's minor page faults: a rank whose allocator gives
+  memory back to the kernel and touches it again every step does the same work more slowly.
 
 Only the training thread counts (the main thread, or the one that runs the StepRecorder or steps
 the optimizer, for loops run in a thread of their own): a training step is spent there. Everything here is cheap (a few
@@ -41,6 +42,11 @@ from typing import Any, Callable
 
 from diagtrain.profiler.rank.after_import import call_after_import
 
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None  # type: ignore[assignment]
+
 FUNCTIONAL_COLLECTIVES = "torch.distributed._functional_collectives"
 NS_PER_S = 1e9
 # Global module hooks put every module call on torch's slower hooked path (~10 us a call). They
@@ -57,6 +63,7 @@ class Reading:
     comm_calls: int | None  # None: torch.distributed is not available
     cpu_s: float
     runq_s: float | None  # None: /proc/<pid>/task/<tid>/schedstat cannot be read here
+    page_faults: int | None = None  # minor page faults of the process; None: no getrusage here
 
     def since(self, before: Reading) -> dict[str, Any]:
         """The step record's counter fields for the interval from ``before`` to this reading."""
@@ -66,6 +73,8 @@ class Reading:
             fields["comm_calls"] = self.comm_calls - (before.comm_calls or 0)
         if self.runq_s is not None and before.runq_s is not None:
             fields["runq_ms"] = round((self.runq_s - before.runq_s) * 1e3, 3)
+        if self.page_faults is not None and before.page_faults is not None:
+            fields["page_faults"] = self.page_faults - before.page_faults
         return fields
 
 
@@ -142,6 +151,7 @@ class Counters:
         self._schedstat = _open_schedstat(threading.main_thread().native_id)
         self._p2p_first: list | None = None  # this step's first point-to-point call: [kind, peer]
         self._p2p: dict[str, dict[int, int]] = {"send": {}, "recv": {}}  # kind -> peer -> calls this step
+        self._samples = 0  # samples in the batches the training thread loaded this step
 
     # -- installation --------------------------------------------------------------------------
 
@@ -155,7 +165,7 @@ class Counters:
             torch.autograd.backward = _backward_wrapper(torch.autograd.backward, self, ddp_window=True)
             torch.autograd.grad = _backward_wrapper(torch.autograd.grad, self, ddp_window=False)
             iterator = torch.utils.data.dataloader._BaseDataLoaderIter
-            iterator.__next__ = _phase_wrapper(iterator.__next__, self, "data")
+            iterator.__next__ = _data_wrapper(iterator.__next__, self)
             if torch.distributed.is_available():
                 self._distributed = True
                 work = torch.distributed.distributed_c10d.Work
@@ -308,6 +318,16 @@ class Counters:
         self._p2p_first, self._p2p = None, {"send": {}, "recv": {}}
         return taken
 
+    def batch_loaded(self, batch: Any) -> None:
+        """The training thread took ``batch`` from a DataLoader: count its samples."""
+        if threading.get_ident() == self._main:
+            self._samples += _batch_size(batch) or 0
+
+    def take_samples(self) -> int | None:
+        """The samples loaded since the last take (the step's record field ``samples``), or None if none."""
+        taken, self._samples = self._samples, 0
+        return taken or None
+
     # -- reading -----------------------------------------------------------------------------------
 
     def read(self) -> Reading | None:
@@ -315,7 +335,7 @@ class Counters:
         if self.failed:
             return None
         try:
-            return Reading(self.comm_s, self._comm_calls(), time.process_time(), self._runq_s())
+            return Reading(self.comm_s, self._comm_calls(), time.process_time(), self._runq_s(), _page_faults())
         except Exception as e:  # noqa: BLE001
             self.fail(e)
             return None
@@ -339,6 +359,11 @@ class Counters:
             return None
         # "<ns on a CPU> <ns waiting on a run queue> <timeslices>"
         return int(os.pread(self._schedstat, 64, 0).split()[1]) / NS_PER_S
+
+
+def _page_faults() -> int | None:
+    """The process's minor page faults so far (None where there is no getrusage)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource is not None else None
 
 
 def _open_schedstat(thread_id: int | None) -> int | None:
@@ -393,6 +418,40 @@ def _phase_wrapper(original: Callable, counters: Counters, name: str) -> Callabl
             counters.phase_exit(name)
 
     return timed
+
+
+def _data_wrapper(original: Callable, counters: Counters) -> Callable:
+    """A DataLoader iterator's ``__next__``: timed as phase ``data``, its batch's samples counted."""
+    timed = _phase_wrapper(original, counters, "data")
+
+    @functools.wraps(original)
+    def next_batch(*args: Any, **kwargs: Any) -> Any:
+        batch = timed(*args, **kwargs)
+        try:
+            counters.batch_loaded(batch)
+        except Exception as e:  # noqa: BLE001
+            counters.fail(e)
+        return batch
+
+    return next_batch
+
+
+# A batch is a tensor, or containers of them (a tuple of inputs and labels, a dict of fields):
+# its size is the first dimension of the first tensor found this many containers deep.
+BATCH_NESTING = 4
+
+
+def _batch_size(batch: Any) -> int | None:
+    """The number of samples in a DataLoader batch, None where it holds no tensor to tell."""
+    for _ in range(BATCH_NESTING):
+        if isinstance(batch, dict):
+            batch = next(iter(batch.values()), None)
+        elif isinstance(batch, (list, tuple)):
+            batch = batch[0] if batch else None
+        else:
+            break
+    shape = getattr(batch, "shape", None)
+    return int(shape[0]) if shape else None
 
 
 def _backward_wrapper(original: Callable, counters: Counters, ddp_window: bool) -> Callable:

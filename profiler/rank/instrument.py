@@ -205,6 +205,7 @@ class StepRecorder:
         reading = COUNTERS.read()
         counters = reading.since(self._counted) if reading is not None and self._counted is not None else {}
         p2p = COUNTERS.take_p2p()
+        samples = COUNTERS.take_samples()
         record = {
             "schema_version": SCHEMA_VERSION,
             "rank": self.rank,
@@ -219,6 +220,7 @@ class StepRecorder:
             **({"p2p": p2p} if p2p else {}),
             "peak_mem_bytes": self._memory.read(),
             "mem_source": self._memory.source,
+            **({"samples": samples} if samples else {}),
             **metrics,
         }
         self.last_step_ms = record["duration_ms"]
