@@ -13,7 +13,6 @@ client's memory independent of the events per rank.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import shutil
@@ -23,7 +22,7 @@ from pathlib import Path
 
 from common import machine, save
 from measure import run_measured_detail
-from synthetic import trace_set
+from synthetic import trace_set, unpacked_mib
 
 WORKERS = 2  # this machine's cores: one rank per worker process either way
 LOCAL = """
@@ -59,7 +58,7 @@ RANKS_FOR_EVENTS = 8
 def measure(tmp: Path, ranks: int, events: int) -> list[dict]:
     """One point, the local pool and the Dask LocalCluster on the same traces (each into its own --out)."""
     folder = trace_set(tmp / f"r{ranks}-e{events}", ranks, events)
-    trace_mib = _unpacked_mib(folder / "rank0.json.gz")
+    trace_mib = unpacked_mib(folder / "rank0.json.gz")
     rows = []
     for way in ("local pool", "dask LocalCluster"):
         out, result = tmp / "out", tmp / "dask.json"
@@ -80,15 +79,6 @@ def measure(tmp: Path, ranks: int, events: int) -> list[dict]:
         rows.append(row)
     shutil.rmtree(folder)
     return rows
-
-
-def _unpacked_mib(trace: Path) -> float:
-    """Size of one trace's JSON once unpacked (what a parser holds at least once)."""
-    size = 0
-    with gzip.open(trace, "rb") as f:
-        while chunk := f.read(8 << 20):
-            size += len(chunk)
-    return size / 2**20
 
 
 def table(rows: list[dict]) -> str:

@@ -18,30 +18,41 @@ def write_trace(path: Path, rank: int, world: int, events: int, steps: int = 5, 
     rng = random.Random(seed + rank)
     launches = max(events // EVENTS_PER_LAUNCH, steps)
     per_step = launches // steps
-    lines, ts, corr = [], 1_000.0, 1
-    for step in range(steps):
-        step_start = ts
-        for i in range(per_step):
-            dur = rng.uniform(5, 50)
-            comm = i % 20 == 19
-            name = "ncclDevKernel_AllReduce_Sum_f32_RING_LL" if comm else f"void gemm_kernel_{i % 7}"
-            lines.append(f'{{"ph":"X","cat":"cpu_op","name":"aten::op{i % 11}","pid":1,"tid":1,"ts":{ts:.3f},"dur":{dur:.3f},"args":{{"External id":{corr}}}}}')
-            lines.append(f'{{"ph":"X","cat":"cuda_runtime","name":"cudaLaunchKernel","pid":1,"tid":1,"ts":{ts + 1:.3f},"dur":2.0,"args":{{"correlation":{corr}}}}}')
-            stream = 20 if comm else 7
-            args = (f'"stream":{stream},"correlation":{corr},"Collective name":"allreduce","In msg nelems":1048576,'
-                    f'"Group size":{world},"dtype":"Float","Process Group Name":"0","Process Group Description":"default_pg"'
-                    if comm else f'"stream":{stream},"correlation":{corr}')
-            lines.append(f'{{"ph":"X","cat":"kernel","name":"{name}","pid":0,"tid":{stream},"ts":{ts + 5:.3f},"dur":{dur * 0.8:.3f},"args":{{{args}}}}}')
-            ts += dur + rng.uniform(0, 5)
-            corr += 1
-        lines.append(f'{{"ph":"X","cat":"user_annotation","name":"ProfilerStep#{step + 1}","pid":1,"tid":1,"ts":{step_start:.3f},"dur":{ts - step_start:.3f}}}')
     info = {"backend": "nccl", "rank": rank, "world_size": world, "pg_count": 1,
             "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cuda:nccl", "pg_size": world,
                            "ranks": list(range(world))}]}
     header = f'{{"schemaVersion":1,"distributedInfo":{json.dumps(info)},"baseTimeNanoseconds":1790000000000000000,"traceEvents":['
+    ts, corr = 1_000.0, 1
     with gzip.open(path, "wt", compresslevel=1) as f:
-        f.write(header + ",\n".join(lines) + "]}")
+        f.write(header)
+        for step in range(steps):  # written a step at a time: a trace of gigabytes never sits in memory
+            lines, step_start = [], ts
+            for i in range(per_step):
+                dur = rng.uniform(5, 50)
+                comm = i % 20 == 19
+                name = "ncclDevKernel_AllReduce_Sum_f32_RING_LL" if comm else f"void gemm_kernel_{i % 7}"
+                lines.append(f'{{"ph":"X","cat":"cpu_op","name":"aten::op{i % 11}","pid":1,"tid":1,"ts":{ts:.3f},"dur":{dur:.3f},"args":{{"External id":{corr}}}}}')
+                lines.append(f'{{"ph":"X","cat":"cuda_runtime","name":"cudaLaunchKernel","pid":1,"tid":1,"ts":{ts + 1:.3f},"dur":2.0,"args":{{"correlation":{corr}}}}}')
+                stream = 20 if comm else 7
+                args = (f'"stream":{stream},"correlation":{corr},"Collective name":"allreduce","In msg nelems":1048576,'
+                        f'"Group size":{world},"dtype":"Float","Process Group Name":"0","Process Group Description":"default_pg"'
+                        if comm else f'"stream":{stream},"correlation":{corr}')
+                lines.append(f'{{"ph":"X","cat":"kernel","name":"{name}","pid":0,"tid":{stream},"ts":{ts + 5:.3f},"dur":{dur * 0.8:.3f},"args":{{{args}}}}}')
+                ts += dur + rng.uniform(0, 5)
+                corr += 1
+            lines.append(f'{{"ph":"X","cat":"user_annotation","name":"ProfilerStep#{step + 1}","pid":1,"tid":1,"ts":{step_start:.3f},"dur":{ts - step_start:.3f}}}')
+            f.write((",\n" if step else "") + ",\n".join(lines))
+        f.write("]}")
     return path
+
+
+def unpacked_mib(trace: Path) -> float:
+    """Size of a gzipped trace's JSON once unpacked (what a parser holds at least once), in MiB."""
+    size = 0
+    with gzip.open(trace, "rb") as f:
+        while chunk := f.read(8 << 20):
+            size += len(chunk)
+    return size / 2**20
 
 
 def trace_set(folder: Path, world: int, events: int) -> Path:

@@ -37,6 +37,22 @@ def test_the_first_window_comes_once_step_times_settle_with_a_lead_of_half_a_sec
     assert (window.first, window.last, window.reason) == (16, 18, "after warm-up")
 
 
+def test_on_one_host_the_window_starts_two_steps_ahead(tmp_path):
+    def placed(hosts: list[str]) -> AutoProfiler:
+        for rank, host in enumerate(hosts):
+            (tmp_path / "ranks" / str(rank)).mkdir(parents=True, exist_ok=True)
+            write_json_atomic(tmp_path / "ranks" / str(rank) / "rank.json",
+                              {"rank": rank, "world_size": len(hosts), "host": host})
+        profiler = decider([900, 60, 140, 50, 52, 51])
+        profiler.ranks, profiler.host = RankIndex(tmp_path), "host"
+        return profiler
+
+    # Every rank here: the request file is there as soon as it is written; a 10-step job still gets its trace.
+    assert placed(["host", "host"]).decide().first == 8
+    # A rank on another host reads it over a shared filesystem: half a second ahead.
+    assert placed(["host", "host", "other"]).decide().first == 16
+
+
 def test_a_job_that_never_settles_is_profiled_after_a_while():
     erratic = [900] + [50, 150] * MAX_WARMUP_STEPS
     assert decider(erratic[:MAX_WARMUP_STEPS - 1]).decide() is None

@@ -3,9 +3,10 @@
 The wrapper follows the step times the ranks append to their steps.jsonl and decides, once per
 window, which steps every rank profiles: one short window after warm-up (as soon as step times
 settle), and another when step time rises well above its recent median (a slowdown worth a
-trace), at most a few per run. A window starts far enough ahead (half a second of steps) for
-every rank to read the request at a step boundary before reaching it (see
-rank/profile_requests.py). With several hosts only the wrapper of rank 0's host decides.
+trace), at most a few per run. A window starts far enough ahead for every rank to read the request
+at a step boundary before reaching it (see rank/profile_requests.py): two steps when every rank
+runs on this host (the file is there as soon as it is written), half a second of steps when some
+read it over a shared filesystem. With several hosts only the wrapper of rank 0's host decides.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ MIN_WARMUP_STEPS = 3  # step 1 carries start-up; look at steps 2.. before callin
 SETTLED_STEPS = 3  # warm: this many consecutive step times ...
 SETTLED_SPREAD = 0.25  # ... within this share of their median
 MAX_WARMUP_STEPS = 20  # a job whose step time never settles is profiled after this many steps
-LEAD_S = 0.5  # a window starts this far ahead: the wrapper polls 4x a second, ranks read at step ends
-MIN_LEAD_STEPS = 2
+LEAD_S = 0.5  # a window starts this far ahead where ranks on other hosts read it over a shared filesystem
+# ... and this far where every rank is on this host: the wrapper's write and a rank's stat take milliseconds.
+LOCAL_LEAD_S = 0.05
+MIN_LEAD_STEPS = 2  # a rank reads the request at its next step boundary: the step after that is the first safe one
 HISTORY_STEPS = 20  # "recent median": the last unprofiled steps
 MIN_HISTORY_STEPS = 5  # a median of fewer steps is not a baseline
 SLOWDOWN_FACTOR = 1.5  # a step this much slower than the recent median ...
@@ -119,9 +122,16 @@ class AutoProfiler:
 
     def _window(self, seen: int, reason: str) -> Window:
         step_s = statistics.median([self.durations[s] for s in sorted(self.durations)[-SETTLED_STEPS:]]) / 1e3
-        lead = max(MIN_LEAD_STEPS, math.ceil(LEAD_S / step_s) if step_s > 0 else MIN_LEAD_STEPS)
+        lead_s = LOCAL_LEAD_S if self._whole_job_here() else LEAD_S
+        lead = max(MIN_LEAD_STEPS, math.ceil(lead_s / step_s) if step_s > 0 else MIN_LEAD_STEPS)
         first = seen + lead
         return Window(first, first + WINDOW_STEPS - 1, reason, time.time(), seen)
+
+    def _whole_job_here(self) -> bool:
+        """Every rank of the job runs on this host (False while that is not known)."""
+        here = self.ranks.on_host(self.host)
+        worlds = {info.get("world_size") for info in here.values()}
+        return len(worlds) == 1 and len(here) == next(iter(worlds))
 
     def _profiled(self, step: int) -> bool:
         return any(w.first <= step <= w.last for w in self.windows)
