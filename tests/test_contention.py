@@ -102,6 +102,22 @@ def test_churn_does_not_excuse_more_work_or_a_rank_that_waits(changes, why):
     assert straggler.severity == "warning" and "memory_churn" not in straggler.metrics, why
 
 
+def test_a_rank_slow_in_some_steps_only_is_a_straggler_on_a_quiet_host_not_on_a_busy_one():
+    def slow_from_step_5(telemetry: pd.DataFrame | None) -> Tables:
+        tables = run_of(extra_cpu=EXCESS_MS, telemetry=telemetry)
+        early = (tables.steps["rank"] == 1) & (tables.steps["step"] < 5)
+        tables.steps.loc[early, ["optimizer_ms", "wall_ms", "cpu_ms"]] -= EXCESS_MS
+        return tables
+
+    quiet = by_kind(slow_from_step_5(None))["straggler"]
+    assert quiet.severity == "error" and quiet.steps == list(range(5, STEPS + 1))  # 6 of the 9 steps after warm-up
+    busy = by_kind(slow_from_step_5(busy_host_telemetry()))["straggler"]
+    assert busy.severity == "info" and busy.metrics["busy_host"] is True
+    assert "slow in only 6 of the 9 steps it was seen in, on a host whose CPUs other processes kept busy " \
+           "(hog (pid 4242) 90%)" in busy.explanation
+    # Slow in every step on the busy host: it did the work itself, a straggler all the same (the test above).
+
+
 def test_a_data_stall_that_was_a_wait_for_a_cpu_is_information():
     tables = run_of()
     stalled = (tables.steps["rank"] == 1) & tables.steps["step"].isin([4, 8])

@@ -170,7 +170,24 @@ def _not_own_work(finding: Finding, tables: Tables) -> tuple[str, str, str] | No
     if finding.kind == "straggler" and (reason := churn(tables, rank, steps, excess)):
         return (reason, "the same work done more slowly, not more work (a steady allocator, e.g. jemalloc or "
                 "tcmalloc, or MALLOC_MMAP_THRESHOLD_ set high, keeps the memory)", "memory_churn")
+    if finding.kind == "straggler" and (reason := _intermittent_on_busy_host(tables, finding)):
+        return reason, "pauses a busy host gives any rank, not a rank slower at every step", "busy_host"
     return None
+
+
+def _intermittent_on_busy_host(tables: Tables, finding: Finding) -> str | None:
+    """Why a straggler seen in only some of its steps, on a host other processes kept busy, is
+    contention, in words; None where it was slow in every step seen or its host was quiet."""
+    seen = finding.metrics.get("steps_seen")
+    if not seen or len(finding.steps) >= seen:
+        return None  # slow in every step it could be seen in: a straggler, busy host or not
+    host = tables.rank_hosts.get(finding.ranks[0])
+    load = host_loads(tables).get(host) if host is not None else None
+    if load is None or not load.is_contended:
+        return None
+    named = f" ({load.named()})" if load.processes else ""
+    return (f"it was slow in only {len(finding.steps)} of the {seen} steps it was seen in, on a host whose CPUs "
+            f"other processes kept busy{named}")
 
 
 def _lowered(finding: Finding, reason: str, meaning: str, marker: str) -> Finding:

@@ -103,7 +103,7 @@ def _stragglers(steps: pd.DataFrame, phases: list[str]) -> list[Finding]:
                      "work_ratio": work,
                      "excess_ms": per_step, "threshold_ms": float(rows["threshold_ms"].median()), "phase": phase,
                      "step_time_median_ms": step_ms,
-                     "source": source},
+                     "source": source, "steps_seen": int(observed)},
             evidence=[{"type": "steps", "rank": int(rank), "step": int(s), "phase": p, "excess_ms": round(float(e), 3)}
                       for s, p, e in zip(rows["step"], rows["phase"], rows["excess_ms"])][:20],
             impact_ms=impact,
