@@ -115,6 +115,11 @@ def test_a_rank_slow_in_some_steps_only_is_a_straggler_on_a_quiet_host_not_on_a_
     assert busy.severity == "info" and busy.metrics["busy_host"] is True
     assert "slow in only 6 of the 9 steps it was seen in, on a host whose CPUs other processes kept busy " \
            "(hog (pid 4242) 90%)" in busy.explanation
+    # More ranks than cores: every rank waits for a CPU, other processes or not. One slow in some steps
+    # is still a straggler there (8 ranks of a 3D job on 2 cores).
+    crowded = slow_from_step_5(None)
+    crowded.steps["runq_ms"] += 30.0
+    assert by_kind(crowded)["straggler"].severity == "error"
     # Slow in every step on the busy host: it did the work itself, a straggler all the same (the test above).
 
 

@@ -59,9 +59,13 @@ class HostLoad:
     time_range: tuple[float, float] | None = None
 
     @property
+    def busy_with_others(self) -> bool:
+        """Other processes kept the host's CPUs saturated (telemetry), not the job's own ranks."""
+        return self.samples > 0 and self.contended / self.samples >= CONTENDED_SHARE
+
+    @property
     def is_contended(self) -> bool:
-        by_telemetry = self.samples > 0 and self.contended / self.samples >= CONTENDED_SHARE
-        return by_telemetry or (self.runq_share or 0.0) >= RUNQ_MIN_SHARE
+        return self.busy_with_others or (self.runq_share or 0.0) >= RUNQ_MIN_SHARE
 
     def named(self) -> str:
         """``python (pid 4242) 97%, ...``: the busiest other processes, in words."""
@@ -177,13 +181,14 @@ def _not_own_work(finding: Finding, tables: Tables) -> tuple[str, str, str] | No
 
 def _intermittent_on_busy_host(tables: Tables, finding: Finding) -> str | None:
     """Why a straggler seen in only some of its steps, on a host other processes kept busy, is
-    contention, in words; None where it was slow in every step seen or its host was quiet."""
+    contention, in words; None where it was slow in every step seen or its host was quiet. Run-queue
+    wait alone is not enough: more ranks than cores make it too, and one of them can still straggle."""
     seen = finding.metrics.get("steps_seen")
     if not seen or len(finding.steps) >= seen:
         return None  # slow in every step it could be seen in: a straggler, busy host or not
     host = tables.rank_hosts.get(finding.ranks[0])
     load = host_loads(tables).get(host) if host is not None else None
-    if load is None or not load.is_contended:
+    if load is None or not load.busy_with_others:
         return None
     named = f" ({load.named()})" if load.processes else ""
     return (f"it was slow in only {len(finding.steps)} of the {seen} steps it was seen in, on a host whose CPUs "
