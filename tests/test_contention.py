@@ -142,6 +142,15 @@ def test_without_run_queue_counters_a_host_saturated_by_others_lowers_the_stragg
     assert by_kind(run_of(counters=False))["straggler"].severity == "warning"  # a quiet host: no excuse
 
 
+def test_a_job_shorter_than_the_sampling_interval_is_judged_by_the_sample_after_its_steps():
+    tables = run_of(counters=False, telemetry=busy_host_telemetry())
+    # All ten steps within 0.45 s, between two 1 Hz samples: the one at 1000.5 s covers them.
+    tables.steps["start"] = 1000.0 + tables.steps["step"] * 0.04
+    tables.steps["end"] = tables.steps["start"] + 0.04
+    straggler = by_kind(tables)["straggler"]
+    assert straggler.severity == "info" and "saturated by other processes then" in straggler.explanation
+
+
 def test_other_processes_on_the_host_are_named_with_their_cpu(monkeypatch):
     # On a crowded machine a spinning process may get only a few percent of a core, behind many
     # others: name them all.

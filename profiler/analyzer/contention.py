@@ -35,6 +35,7 @@ RUNQ_MIN_SHARE = 0.1  # ranks waiting this share of their steps for a CPU are co
 STARVED_SHARE = 0.5  # a rank's excess at least half run-queue wait (beyond its peers') was starvation ...
 WORK_SHARE = 0.5  # ... unless at least half of it is extra CPU time of its own: it did more work
 NAMED_PROCESSES = 5  # the busiest other processes named in a finding
+DEFAULT_INTERVAL_S = 1.0  # telemetry's sampling interval where fewer than two samples tell it (run --telemetry-interval)
 # Memory churn: at least this many more page faults per step than the peers (1 MiB of 4 KiB pages;
 # fewer cost well under a millisecond) ...
 CHURN_MIN_FAULTS = 256
@@ -93,7 +94,12 @@ def _host_load(tables: Tables, host: str, ranks: list[int], steps: pd.DataFrame)
     t = tables.telemetry
     if t is None or t.empty or "others_cpu_percent" not in t or "host" not in t:
         return load
-    t = t[(t["host"] == host) & unix_seconds(t["time"]).between(*span)]
+    t = t[t["host"] == host]
+    times = unix_seconds(t["time"])
+    # A sample describes the interval before it: the one taken just after the last step covers it
+    # (a job of a few hundred milliseconds of steps has no sample inside them at 1 Hz).
+    interval = float(times[t["kind"] == "host"].drop_duplicates().sort_values().diff().median())
+    t = t[times.between(span[0], span[1] + (interval if interval > 0 else DEFAULT_INTERVAL_S))]
     samples = t[(t["kind"] == "host") & t["others_cpu_percent"].notna()]
     contended = samples[(samples["cpu_percent"] >= SATURATED_PERCENT) & (samples["others_cpu_percent"] >= OTHERS_MIN_PERCENT)]
     load.samples, load.contended = len(samples), len(contended)
