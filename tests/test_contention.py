@@ -115,6 +115,13 @@ def test_a_rank_slow_in_some_steps_only_is_a_straggler_on_a_quiet_host_not_on_a_
     assert busy.severity == "info" and busy.metrics["busy_host"] is True
     assert "slow in only 6 of the 9 steps it was seen in, on a host whose CPUs other processes kept busy " \
            "(hog (pid 4242) 90%)" in busy.explanation
+    # Not seen in the steps its only peer stalled on data (no one to compare it with): still every step seen.
+    stalled = run_of(extra_cpu=EXCESS_MS, telemetry=busy_host_telemetry())
+    stalled.phases = ["data", *PHASES]
+    stalled.steps["data_ms"] = 1.0
+    stalled.steps.loc[(stalled.steps["rank"] == 0) & stalled.steps["step"].isin([4, 8]), "data_ms"] = 80.0
+    straggler = by_kind(stalled)["straggler"]
+    assert straggler.severity != "info" and 4 not in straggler.steps and straggler.metrics["steps_seen"] == 7
     # More ranks than cores: every rank waits for a CPU, other processes or not. One slow in some steps
     # is still a straggler there (8 ranks of a 3D job on 2 cores).
     crowded = slow_from_step_5(None)
@@ -147,8 +154,8 @@ def test_a_job_shorter_than_the_sampling_interval_is_judged_by_the_sample_after_
     # All ten steps within 0.45 s, between two 1 Hz samples: the one at 1000.5 s covers them.
     tables.steps["start"] = 1000.0 + tables.steps["step"] * 0.04
     tables.steps["end"] = tables.steps["start"] + 0.04
-    straggler = by_kind(tables)["straggler"]
-    assert straggler.severity == "info" and "saturated by other processes then" in straggler.explanation
+    contention = by_kind(tables)["host_contention"]
+    assert contention.ranks == [0, 1] and "hog (pid 4242) 90%" in contention.explanation
 
 
 def test_other_processes_on_the_host_are_named_with_their_cpu(monkeypatch):

@@ -75,16 +75,17 @@ class HostLoad:
 
 def host_loads(tables: Tables, steps: pd.DataFrame | None = None) -> dict[str, HostLoad]:
     """Per host of the run, its CPU load while its ranks ran ``steps`` (default: the steady ones)."""
-    steps = steady(tables.steps) if steps is None else steps
     hosts: dict[str, list[int]] = {}
     for rank, host in tables.rank_hosts.items():
         if host is not None:
             hosts.setdefault(host, []).append(int(rank))
-    return {host: _host_load(tables, host, sorted(ranks), steps[steps["rank"].isin(ranks)])
+    whole_run = steps is None
+    steps = steady(tables.steps) if steps is None else steps
+    return {host: _host_load(tables, host, sorted(ranks), steps[steps["rank"].isin(ranks)], whole_run)
             for host, ranks in hosts.items() if not steps[steps["rank"].isin(ranks)].empty}
 
 
-def _host_load(tables: Tables, host: str, ranks: list[int], steps: pd.DataFrame) -> HostLoad:
+def _host_load(tables: Tables, host: str, ranks: list[int], steps: pd.DataFrame, whole_run: bool) -> HostLoad:
     span = (float(steps["start"].min()), float(steps["end"].max()))
     load = HostLoad(host, ranks, 0, 0, None, None, None, None, time_range=span)
     if {"runq_ms", "wall_ms"} <= set(steps.columns) and steps["runq_ms"].notna().any():
@@ -96,10 +97,12 @@ def _host_load(tables: Tables, host: str, ranks: list[int], steps: pd.DataFrame)
         return load
     t = t[t["host"] == host]
     times = unix_seconds(t["time"])
-    # A sample describes the interval before it: the one taken just after the last step covers it
-    # (a job of a few hundred milliseconds of steps has no sample inside them at 1 Hz).
+    # A sample describes the interval before it. Some steps are judged by the samples inside them; the
+    # whole run also by the one just after its last step (a run of a few hundred milliseconds of steps
+    # has no sample inside them at 1 Hz).
     interval = float(times[t["kind"] == "host"].drop_duplicates().sort_values().diff().median())
-    t = t[times.between(span[0], span[1] + (interval if interval > 0 else DEFAULT_INTERVAL_S))]
+    after = (interval if interval > 0 else DEFAULT_INTERVAL_S) if whole_run else 0.0
+    t = t[times.between(span[0], span[1] + after)]
     samples = t[(t["kind"] == "host") & t["others_cpu_percent"].notna()]
     contended = samples[(samples["cpu_percent"] >= SATURATED_PERCENT) & (samples["others_cpu_percent"] >= OTHERS_MIN_PERCENT)]
     load.samples, load.contended = len(samples), len(contended)
@@ -144,8 +147,11 @@ def churn(tables: Tables, rank: int, steps: list[int], excess_ms: float) -> str 
     extra_cpu = _beyond_peers(rows, rank, "cpu_ms")
     if extra_cpu is None or extra_cpu < WORK_SHARE * excess_ms:
         return None  # not time it burnt itself (waiting, sleeping, starved)
-    mine, theirs = _median_of(rows, rank, "page_faults"), _median_of(rows, None, "page_faults", but=rank)
-    if mine is None or theirs is None or mine - theirs < CHURN_MIN_FAULTS or mine < CHURN_RATIO * theirs:
+    faults = _medians(rows, rank, "page_faults")
+    if faults is None:
+        return None
+    mine, theirs = faults
+    if mine - theirs < CHURN_MIN_FAULTS or mine < CHURN_RATIO * theirs:
         return None
     return (f"its extra time was CPU time of its own, for the same samples as its peers, with {mine - theirs:,.0f} "
             f"more page faults per step than they took ({mine:,.0f} vs {theirs:,.0f}, "
@@ -219,18 +225,19 @@ def _beyond_peers(rows: pd.DataFrame, rank: int, column: str) -> float | None:
     return float((mine[both] - peers[both]).median()) if len(both) else None
 
 
-def _median_of(rows: pd.DataFrame, rank: int | None, column: str, but: int | None = None) -> float | None:
-    """The median of ``column`` over ``rank``'s rows (None: every rank's but ``but``), None if unknown."""
+def _medians(rows: pd.DataFrame, rank: int, column: str) -> tuple[float, float] | None:
+    """The median of ``column`` over ``rank``'s rows and over its peers' (None where either is unknown)."""
     if column not in rows:
         return None
-    values = rows.loc[rows["rank"] == rank if rank is not None else rows["rank"] != but, column].dropna()
-    return float(values.median()) if len(values) else None
+    known = rows.dropna(subset=[column])
+    mine, theirs = known.loc[known["rank"] == rank, column], known.loc[known["rank"] != rank, column]
+    return (float(mine.median()), float(theirs.median())) if len(mine) and len(theirs) else None
 
 
 def _ratio_to_peers(rows: pd.DataFrame, rank: int, column: str) -> float | None:
     """``rank``'s median ``column`` over its peers' (None where unknown or zero)."""
-    mine, theirs = _median_of(rows, rank, column), _median_of(rows, None, column, but=rank)
-    return mine / theirs if mine is not None and theirs else None
+    medians = _medians(rows, rank, column)
+    return medians[0] / medians[1] if medians and medians[1] else None
 
 
 def _profiled_steps(steps: pd.DataFrame) -> list[int]:

@@ -65,7 +65,7 @@ def detect(tables: Tables) -> list[Finding]:
 def _stragglers(steps: pd.DataFrame, phases: list[str]) -> list[Finding]:
     step_ms = float(steps["wall_ms"].median())
     threshold = max(MIN_EXCESS_MS, MIN_EXCESS_SHARE * step_ms)
-    slow = _excess(steps, phases, threshold, step_ms)  # rank, step, phase, excess_ms, value_ms, peer_ms
+    slow, compared = _excess(steps, phases, threshold, step_ms)  # rank, step, phase, excess_ms, value_ms, peer_ms
     findings = []
     for rank, rows in slow.groupby("rank"):
         # A pattern in one kind of evidence (traces or phase records), not one step of each.
@@ -103,12 +103,19 @@ def _stragglers(steps: pd.DataFrame, phases: list[str]) -> list[Finding]:
                      "work_ratio": work,
                      "excess_ms": per_step, "threshold_ms": float(rows["threshold_ms"].median()), "phase": phase,
                      "step_time_median_ms": step_ms,
-                     "source": source, "steps_seen": int(observed)},
+                     "source": source, "steps_seen": _seen(compared, int(rank), steps, source)},
             evidence=[{"type": "steps", "rank": int(rank), "step": int(s), "phase": p, "excess_ms": round(float(e), 3)}
                       for s, p, e in zip(rows["step"], rows["phase"], rows["excess_ms"])][:20],
             impact_ms=impact,
         ))
     return findings
+
+
+def _seen(compared: set[tuple[int, int]], rank: int, steps: pd.DataFrame, source: str) -> int:
+    """The steps in which ``rank`` was compared with a peer (profiled ones for trace evidence): a step
+    where it was the only rank left after a stall cannot show it slow."""
+    profiled = set(steps.loc[steps["profiled"], "step"]) if "profiled" in steps and source == "trace" else None
+    return sum(1 for r, s in compared if r == rank and (profiled is None or s in profiled))
 
 
 def _work_ratio(steps: pd.DataFrame, rank: int, slow_steps: pd.Series) -> float | None:
@@ -159,8 +166,10 @@ def _usual(quantities: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return by_rank.median(), by_rank.agg(scale)
 
 
-def _excess(steps: pd.DataFrame, phases: list[str], threshold: float, step_ms: float) -> pd.DataFrame:
-    """Each rank's excess over its peers per step, from traces where profiled, else from phases."""
+def _excess(steps: pd.DataFrame, phases: list[str], threshold: float,
+            step_ms: float) -> tuple[pd.DataFrame, set[tuple[int, int]]]:
+    """Each rank's excess over its peers per step, from traces where profiled, else from phases; and the
+    (rank, step) pairs compared with a peer at all."""
     quantities = _quantities(steps, phases)
     usual, noise = _usual(quantities)
     excluded = [f"{p} phase" for p in EXCLUDED_PHASES if f"{p} phase" in quantities]
@@ -168,7 +177,7 @@ def _excess(steps: pd.DataFrame, phases: list[str], threshold: float, step_ms: f
     traced = excluded + [c for c in quantities.columns
                          if not c.endswith(" phase") and c not in ("rank", "step", OWN_TIME)]
     phased = [c for c in quantities.columns if c.endswith(" phase")] + [c for c in quantities.columns if c == OWN_TIME]
-    rows = []
+    rows, compared = [], set()
     for step, group in quantities.groupby("step"):
         profiled = steps.loc[group.index, "profiled"].all() if "profiled" in steps else False
         # From traces, the first part in which a rank stands out; from phases, the earliest phase
@@ -187,8 +196,10 @@ def _excess(steps: pd.DataFrame, phases: list[str], threshold: float, step_ms: f
             if found:
                 rows += found
                 break
+        if len(group) >= 2:
+            compared |= {(int(r), int(step)) for r in group["rank"]}
     return pd.DataFrame(rows, columns=["rank", "step", "phase", "excess_ms", "value_ms", "peer_ms", "source",
-                                       "threshold_ms"])
+                                       "threshold_ms"]), compared
 
 
 def _over_peers(step: int, ranks: pd.Series, values: pd.Series, label: str, usual: pd.Series, noise: pd.Series,
