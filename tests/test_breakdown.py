@@ -65,3 +65,35 @@ def test_interval_union_and_overlap():
     other = (np.array([3.0, 11.0]), np.array([5.5, 20.0]))
     assert iv.intersection_length(merged, other) == pytest.approx(1.0 + 0.5 + 1.0)
     assert iv.length(iv.clip(merged, 1.0, 11.0)) == pytest.approx(3.0 + 1.0 + 1.0)
+
+
+def _unit_cover(intervals: iv.Intervals, horizon: int) -> np.ndarray:
+    """Which unit cells [t, t+1) of [0, horizon) the integer intervals cover: the slow, obvious answer."""
+    covered = np.zeros(horizon, dtype=bool)
+    for s, e in zip(*intervals):
+        covered[int(s):int(e)] = True
+    return covered
+
+
+def test_interval_arithmetic_agrees_with_counting_cells():
+    """Union, overlap and clipping against cell counting, on random integer intervals: touching, nested,
+    empty and identical ones, given sorted (the fast path: no reordering) and shuffled."""
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        sets = []
+        for _ in range(2):
+            starts = rng.integers(0, 200, rng.integers(1, 40)).astype(float)
+            ends = starts + rng.integers(0, 15, len(starts))
+            order = rng.permutation(len(starts))
+            merged, first = iv.merge_with_first(starts[order], ends[order])
+            ranked = np.lexsort((-(ends - starts), starts))  # by start, longest first: the order spans use
+            in_order, first_sorted = iv.merge_with_first(starts[ranked], ends[ranked])
+            assert all(np.array_equal(x, y) for x, y in zip(merged, in_order))
+            # each merged interval names an input that opens it
+            assert np.array_equal(starts[order][first], merged[0]) and np.array_equal(starts[ranked][first_sorted], merged[0])
+            assert iv.length(merged) == _unit_cover((starts, ends), 220).sum()
+            sets.append(merged)
+        a, b = sets
+        assert iv.intersection_length(a, b) == (_unit_cover(a, 220) & _unit_cover(b, 220)).sum()
+        lo, hi = sorted(rng.integers(0, 220, 2))
+        assert iv.length(iv.clip(a, lo, hi)) == _unit_cover(a, 220)[lo:hi].sum()

@@ -8,8 +8,11 @@ import json
 import os
 import shutil
 import socket
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ from diagtrain.profiler.analyzer.analyze import analyze
 from diagtrain.profiler.cli import main
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "hta"
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 USAGE = 2
 DASK_START_S = 60  # a scheduler or worker on a busy 2-core machine is up in seconds; this is for a stuck one
 
@@ -91,6 +95,55 @@ def test_a_bad_rank_is_reported_and_the_others_come_back(user_run, cluster, tmp_
     assert all("cannot read" in s["reason"] for s in report["skipped"] if s["path"] in {str(t) for t in bad})
     [rank0] = [r for r in report["ranks"] if r["rank"] == 0]
     assert rank0["compute_us"] > 0  # rank 0's traces were read on the cluster all the same
+
+
+# A rank of a million events takes seconds to load even on a quiet machine; the other rank, a
+# tenth of a second: while the big one is the only task running, it is the one to kill.
+BIG_RANK_EVENTS, SMALL_RANK_EVENTS = 1_000_000, 20_000
+KILL_WAIT_S = 60  # for the big task to start on a busy 2-core machine
+
+
+def test_a_worker_killed_mid_task_is_replaced_and_no_rank_is_lost(tmp_path):
+    sys.path.insert(0, str(BENCHMARKS))
+    from synthetic import write_trace
+
+    run = tmp_path / "run"
+    run.mkdir()
+    write_trace(run / "rank0.json.gz", 0, 2, BIG_RANK_EVENTS)
+    write_trace(run / "rank1.json.gz", 1, 2, SMALL_RANK_EVENTS)
+    done: dict = {}
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c:
+        analysis = threading.Thread(target=lambda: done.update(report=analyze(
+            run, tmp_path / "dask", ["json"], workers=2, scheduler=c.scheduler_address)))
+        analysis.start()
+        killed = kill_the_worker_of_the_last_running_load(c)
+        analysis.join(timeout=300)
+        # Tasks whose worker died under them: the scheduler ran them again elsewhere.
+        retried = c.scheduler.task_prefixes["load_rank"].suspicious
+    assert killed and not analysis.is_alive() and "report" in done
+    assert retried == 1  # the kill landed mid-task
+    report = json.loads((tmp_path / "dask" / "report.json").read_text())
+    assert [r["rank"] for r in report["ranks"]] == [0, 1] and not report["skipped"]
+    local = analyze(run, tmp_path / "local", ["json"], workers=1)
+    assert report == json.loads(json.dumps(local))
+
+
+def kill_the_worker_of_the_last_running_load(c: LocalCluster) -> int | None:
+    """SIGKILL the worker process running the only load_rank task left while another has finished;
+    its pid, or None if none was seen running."""
+    deadline = time.monotonic() + KILL_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            tasks = [t for t in list(c.scheduler.tasks.values()) if t.prefix.name == "load_rank"]
+        except RuntimeError:  # the scheduler's dict changed under us: look again
+            continue
+        running = [t for t in tasks if t.state == "processing" and t.processing_on is not None]
+        if len(tasks) == 2 and len(running) == 1 and any(t.state == "memory" for t in tasks):
+            pid = running[0].processing_on.pid
+            os.kill(pid, signal.SIGKILL)
+            return pid
+        time.sleep(0.01)
+    return None
 
 
 def free_port() -> int:

@@ -14,6 +14,8 @@ import re
 import numpy as np
 import pandas as pd
 
+from diagtrain.profiler.util.frames import set_column
+
 # What each Kineto event category is (libkineto's ActivityType names). Compared lower-case: traces
 # written before late 2021 spell four of them "Kernel", "Runtime", "Memcpy" and "Memset".
 DEVICE_CATEGORIES = frozenset({
@@ -78,14 +80,16 @@ def classify(frame: pd.DataFrame, stream_arg: np.ndarray) -> tuple[list[dict[str
     names = frame["name"]
     has_stream = stream_arg >= 0
     device = (role == _DEVICE) & (has_stream | (stream_only == 0))
-    name_kind = np.select([name_matches(names, COMM_KERNEL), name_matches(names, MEMORY_KERNEL, search=True),
-                           name_matches(names, SYNC_KERNEL, search=True)],
-                          [_CODE[COMM], _CODE[MEMORY], _CODE[SYNC]], default=_CODE[COMPUTE])
-    comm_host = name_matches(names, COMM_HOST_OP)
+    # Per distinct name, then per event by its code: one byte an event, not a temporary per rule.
+    per_name = np.select([_name_hits(names, COMM_KERNEL), _name_hits(names, MEMORY_KERNEL, search=True),
+                          _name_hits(names, SYNC_KERNEL, search=True)],
+                         [_CODE[COMM], _CODE[MEMORY], _CODE[SYNC]], default=_CODE[COMPUTE]).astype(np.int8)
+    name_kind = _per_event(names, per_name, _CODE[COMPUTE])
+    comm_host = _per_event(names, _name_hits(names, COMM_HOST_OP), False)
     kind = np.select([device & (fixed >= 0), device, role == _UNKNOWN, role != _HOST, comm_host],
                      [fixed, name_kind, _CODE[UNCLASSIFIED], _CODE[MARKER], _CODE[COMM]], default=_CODE[CPU])
-    frame["stream"] = np.where(device, np.where(has_stream, stream_arg, STREAMLESS_LANE), -1)
-    frame["kind"] = pd.Categorical.from_codes(kind.astype(np.int8), categories=KINDS)
+    set_column(frame, "stream", np.where(device, np.where(has_stream, stream_arg, STREAMLESS_LANE), -1))
+    frame["kind"] = pd.Categorical.from_codes(kind, categories=KINDS)
     notes = _unclassified_notes(frame, cat_codes, role == _UNKNOWN, has_stream)
     notes += _hta_departures(frame, kind, device, has_stream)
     ranges = int((role == _RANGE).sum())
@@ -105,7 +109,7 @@ def _canonical_categories(frame: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
     cats = frame["cat"].cat
     canonical = [_canonical(c) for c in cats.categories]
     unique = list(dict.fromkeys(canonical))
-    remap = np.array([unique.index(c) for c in canonical] + [-1], dtype=np.int64)
+    remap = np.array([unique.index(c) for c in canonical] + [-1], dtype=np.int32)
     codes = remap[cats.codes.to_numpy()]
     frame["cat"] = pd.Categorical.from_codes(codes, categories=unique) if unique else frame["cat"]
     return codes, unique
@@ -146,7 +150,9 @@ def _hta_departures(frame: pd.DataFrame, kind: np.ndarray, device: np.ndarray,
     """Where these events count unlike in HTA 0.5, which takes any event with a stream argument for a
     kernel and any kernel name without "Sync", "Memcpy", "Memset" or "nccl...Kernel" for compute."""
     known = kind != _CODE[UNCLASSIFIED]
-    hta_compute = has_stream & ~np.logical_or.reduce([name_matches(frame["name"], p) for p in HTA_NOT_COMPUTE])
+    names = frame["name"]
+    hta_compute = has_stream & ~_per_event(names, np.logical_or.reduce([_name_hits(names, p) for p in HTA_NOT_COMPUTE]),
+                                           False)
     ours_compute = kind == _CODE[COMPUTE]
     notes = []
 
@@ -208,13 +214,23 @@ def kind_in(events: pd.DataFrame, *kinds: str) -> np.ndarray:
 def name_matches(names: pd.Series, pattern: re.Pattern, search: bool = False) -> np.ndarray:
     """Which events' (categorical) names match ``pattern`` (at the start, or anywhere with ``search``):
     each distinct name is matched once, and remembered (the ranks of a job share their names)."""
-    test = pattern.search if search else pattern.match
     if not isinstance(names.dtype, pd.CategoricalDtype):
+        test = pattern.search if search else pattern.match
         return np.array([test(str(n)) is not None for n in names], dtype=bool)
+    return _per_event(names, _name_hits(names, pattern, search), False)
+
+
+def _name_hits(names: pd.Series, pattern: re.Pattern, search: bool = False) -> np.ndarray:
+    """Whether each of the categorical ``names``' distinct names matches ``pattern`` (remembered)."""
+    test = pattern.search if search else pattern.match
     known = _MATCHES.setdefault((pattern, search), {})
     if len(known) > _MATCHES_KEPT:
         known.clear()
-    hits = np.array([known[n] if n in known else known.setdefault(n, test(str(n)) is not None)
+    return np.array([known[n] if n in known else known.setdefault(n, test(str(n)) is not None)
                      for n in names.cat.categories], dtype=bool)
-    codes = names.cat.codes.to_numpy()
-    return np.where(codes >= 0, hits[codes], False) if len(hits) else np.zeros(len(names), dtype=bool)
+
+
+def _per_event(names: pd.Series, per_name: np.ndarray, missing: object) -> np.ndarray:
+    """``per_name`` (one value per distinct name) for each event, ``missing`` where an event has no name."""
+    table = np.append(per_name, np.array(missing, dtype=per_name.dtype))  # code -1 (no name) takes the last
+    return table[names.cat.codes.to_numpy()]

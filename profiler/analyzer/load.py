@@ -48,6 +48,8 @@ from diagtrain.profiler.analyzer.work_segments import COLUMNS as SEGMENT_COLUMNS
 from diagtrain.profiler.analyzer.work_segments import rank_segments
 from diagtrain.profiler.run_dir import write_bytes_atomic, write_json_atomic
 from diagtrain.profiler.util.bounded_read import display
+from diagtrain.profiler.util.frames import with_columns
+from diagtrain.profiler.util.heap import release_freed_memory
 
 TRACE_PATTERNS = ("*.json", "*.json.gz")
 OWN_FILES = {"report.json", "manifest.json", "trainer.json", "injected.json"}  # diagtrain's, not traces
@@ -303,6 +305,7 @@ def load_rank(item: RankInput, cache_root: Path) -> RankResult:
         whole = asdict(bd.gpu_breakdown(first.events)) if timed else {}
     else:
         whole = asdict(bd.cpu_breakdown(events, (events["ts"].min(), events["end"].max())))
+    release_freed_memory()  # each stage's temporaries, before the next stage's: the worker's peak is one stage's
     result = RankResult(
         key=item.key, rank=rank, rank_source=source, files=[display(t.path) for t in traces],
         backend=first.backend, world_size=first.world_size, on_gpu=on_gpu,
@@ -314,8 +317,11 @@ def load_rank(item: RankInput, cache_root: Path) -> RankResult:
         p2p=summarize_p2p(events, pd.concat([_epoch(c, t.epoch_offset_us) for t, c in zip(traces, comm)],
                                             ignore_index=True)),
     )
-    spans = pd.concat([timeline.spans(t.events, on_gpu).pipe(_shift, t.epoch_offset_us) for t in traces],
-                      ignore_index=True)
+    del events, comm
+    release_freed_memory()
+    spans = _joined([timeline.spans(t.events, on_gpu).pipe(_shift, t.epoch_offset_us) for t in traces])
+    del traces, first  # the events: only the rank's results are written
+    release_freed_memory()
     _write_cache(cache, signature, result, spans)
     return result
 
@@ -335,7 +341,11 @@ _THREAD_COLUMNS = ["tid", "ts", "end", "stream"]  # what the pause before a gloo
 
 def _epoch_events(traces: list[TraceFile]) -> pd.DataFrame:
     """The columns the breakdowns read, of every trace of the rank, on the Unix clock."""
-    frames = [_epoch(t.events[_STEP_COLUMNS], t.epoch_offset_us) for t in traces]
+    return _joined([_epoch(t.events[_STEP_COLUMNS], t.epoch_offset_us) for t in traces])
+
+
+def _joined(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """One table of the rank's windows: the only one as it is (most ranks have one)."""
     return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
 
 
@@ -343,7 +353,7 @@ def _epoch(frame: pd.DataFrame, offset_us: int) -> pd.DataFrame:
     """``frame``'s events on the Unix clock (epoch µs; exact: offsets are whole µs)."""
     if not offset_us:
         return frame
-    return frame.assign(ts=frame["ts"].to_numpy() + offset_us, end=frame["end"].to_numpy() + offset_us)
+    return with_columns(frame, ts=frame["ts"].to_numpy() + offset_us, end=frame["end"].to_numpy() + offset_us)
 
 
 def _matmul_work(traces: list[TraceFile]) -> pd.DataFrame | None:

@@ -31,37 +31,53 @@ def spans(events: pd.DataFrame, on_gpu: bool) -> pd.DataFrame:
     names = events["name"].cat
     categories = names.categories if IDLE in names.categories else names.categories.append(pd.Index([IDLE]))
     dictionary = pd.CategoricalDtype(categories)  # one dictionary for every kind, checked once
-    codes = names.codes.to_numpy()[rows][order]
-    frames = []
+    codes = names.codes.to_numpy()[rows[order]]
+    codes_dtype = codes.dtype
+    del rows, order
+    parts: dict[str, list[np.ndarray]] = {"start_us": [], "end_us": [], "kind": [], "name": []}
+
+    def add(kind: str, s: np.ndarray, e: np.ndarray, name_codes: np.ndarray) -> None:
+        kind_codes = np.full(len(s), SPAN_KINDS.index(kind), dtype=np.int8)
+        for column, values in zip(parts, (s, e, kind_codes, name_codes)):
+            parts[column].append(values)
+
     for kind in (COMPUTE, COMM, MEMORY):
-        mask = kinds == kind
+        mask = kinds == SPAN_KINDS.index(kind)
         (s, e), first = iv.merge_with_first(starts[mask], ends[mask])
-        frames.append(_frame(s, e, kind, pd.Categorical.from_codes(codes[mask][first], dtype=dictionary)))
+        add(kind, s, e, codes[mask][first])
+    del codes, kinds
     idle_s, idle_e = _idle(events, iv.merge(starts, ends), on_gpu)
-    idle_codes = np.full(len(idle_s), categories.get_loc(IDLE))
-    frames.append(_frame(idle_s, idle_e, IDLE, pd.Categorical.from_codes(idle_codes, dtype=dictionary)))
-    return pd.concat(frames, ignore_index=True)
+    add(IDLE, idle_s, idle_e, np.full(len(idle_s), categories.get_loc(IDLE), dtype=codes_dtype))
+    return _frame(parts, dictionary)
 
 
 _SPAN_KINDS = pd.CategoricalDtype(SPAN_KINDS)
 
 
-def _frame(starts: np.ndarray, ends: np.ndarray, kind: str, names: pd.Categorical) -> pd.DataFrame:
-    kinds = pd.Categorical.from_codes(np.full(len(starts), SPAN_KINDS.index(kind), dtype=np.int8), dtype=_SPAN_KINDS)
-    return pd.DataFrame({"start_us": starts, "end_us": ends, "kind": kinds, "name": names})
+def _frame(parts: dict[str, list[np.ndarray]], names: pd.CategoricalDtype) -> pd.DataFrame:
+    """The spans' columns, joined a column at a time (the pieces of one let go before the next)."""
+    columns = {}
+    for column, pieces in parts.items():
+        columns[column] = np.concatenate(pieces)
+        pieces.clear()
+    return pd.DataFrame({"start_us": columns["start_us"], "end_us": columns["end_us"],
+                         "kind": pd.Categorical.from_codes(columns["kind"], dtype=_SPAN_KINDS),
+                         "name": pd.Categorical.from_codes(columns["name"], dtype=names)}, copy=False)
 
 
 def _active(events: pd.DataFrame, on_gpu: bool) -> tuple[np.ndarray, np.ndarray]:
     """The rows of the events that count as work (kernels on GPU, compute and communication host
-    ops on CPU), and the kind each is drawn as."""
+    ops on CPU), and the kind each is drawn as (its index in ``SPAN_KINDS``)."""
     if on_gpu:
         rows = np.flatnonzero((events["stream"] >= 0).to_numpy() & kind_in(events, COMPUTE, COMM, MEMORY))
-        return rows, np.asarray(events["kind"].cat.categories)[events["kind"].cat.codes.to_numpy()[rows]]
+        to_span = np.array([SPAN_KINDS.index(k) if k in SPAN_KINDS else -1 for k in events["kind"].cat.categories],
+                           dtype=np.int8)
+        return rows, to_span[events["kind"].cat.codes.to_numpy()[rows]]
     host = np.flatnonzero((events["stream"] < 0).to_numpy())
     is_compute, is_comm = host_categories(events[["kind", "cat"]].iloc[host])
     work = is_compute | is_comm
     # On CPU every op is "cpu" in the trace's kinds; name the two the breakdown counts.
-    return host[work], np.where(is_comm[work], COMM, COMPUTE)
+    return host[work], np.where(is_comm[work], SPAN_KINDS.index(COMM), SPAN_KINDS.index(COMPUTE)).astype(np.int8)
 
 
 def _idle(events: pd.DataFrame, busy: iv.Intervals, on_gpu: bool) -> iv.Intervals:
@@ -79,4 +95,6 @@ def _idle(events: pd.DataFrame, busy: iv.Intervals, on_gpu: bool) -> iv.Interval
         keep = gap_ends > gap_starts
         starts.append(gap_starts[keep])
         ends.append(gap_ends[keep])
+    if len(starts) == 2:
+        return starts[1], ends[1]  # one window: its gaps as they are
     return np.concatenate(starts), np.concatenate(ends)

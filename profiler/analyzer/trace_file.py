@@ -34,6 +34,8 @@ from diagtrain.profiler.analyzer.dialects import (  # noqa: F401 - the event kin
 from diagtrain.profiler.analyzer.flops import MATMULS
 from diagtrain.profiler.analyzer.inputs import MAX_TRACE_BYTES
 from diagtrain.profiler.util.bounded_read import InputError, display, read_blocks
+from diagtrain.profiler.util.frames import set_column, with_columns
+from diagtrain.profiler.util.heap import release_freed_memory
 
 Number = int | float | str | None  # real traces disagree on the types of these fields
 
@@ -189,7 +191,7 @@ class TraceFile:
                 values[found] = kept.columns[column][at[found]]
             columns[column] = values
         frame = self.events.iloc[rows]
-        return frame.assign(**{k: pd.Series(v, index=frame.index, dtype=v.dtype, copy=False) for k, v in columns.items()})
+        return with_columns(frame, **columns)
 
 
 def device_time_known(events: pd.DataFrame) -> bool:
@@ -357,9 +359,9 @@ class _Columns:
         args = list(map(attrgetter("args"), events))
         for column in ("ts", "dur"):
             self.parts[column].append(np.fromiter(map(attrgetter(column), events), np.float64, n))
-        self.parts["tid"].append(_integers(list(map(attrgetter("tid"), events))))
+        self.parts["tid"].append(_narrow(_integers(list(map(attrgetter("tid"), events)))))
         for column in ("correlation", "stream"):
-            self.parts[column].append(_integers(list(map(attrgetter(column), args))))
+            self.parts[column].append(_narrow(_integers(list(map(attrgetter(column), args)))))
         names = self.names.encode(list(map(attrgetter("name"), events)))
         self.parts["name"].append(names)
         self.parts["cat"].append(self.categories.encode(list(map(attrgetter("cat"), events))))
@@ -407,9 +409,13 @@ class _Columns:
             "cat": pd.Categorical.from_codes(sort("cat"), categories=self.categories.values),
             "ts": ts, "dur": dur, "tid": _narrow(sort("tid")), "correlation": sort("correlation"),
         }, copy=False)
-        notes, device_ranges = classify(frame, sort("stream"))
-        frame["end"] = ts + dur
-        return frame, notes, device_ranges, self._arguments(order)
+        stream, arguments = sort("stream"), self._arguments(order)
+        del order
+        notes, device_ranges = classify(frame, stream)
+        del stream
+        set_column(frame, "end", ts + dur)
+        release_freed_memory()  # classify's temporaries, before the tables' own
+        return frame, notes, device_ranges, arguments
 
     def _arguments(self, order: np.ndarray) -> Arguments:
         """The kept arguments, keyed by each event's row in the sorted table."""
@@ -431,9 +437,12 @@ class _Columns:
         """One column's pieces as one array; the pieces are let go."""
         parts = self.parts[column]
         self.parts[column] = []
-        if parts:
-            return np.concatenate(parts) if len(parts) > 1 else parts[0]
-        return np.empty(0, np.float64 if column in ("ts", "dur") else np.int64)
+        if len(parts) > 1:
+            whole = np.concatenate(parts)
+            del parts[:]
+            release_freed_memory()  # the pieces are holes the whole column, mapped apart, never reuses
+            return whole
+        return parts[0] if parts else np.empty(0, np.float64 if column in ("ts", "dur") else np.int64)
 
 
 _HOST_COLLECTIVE, _MATMUL = 1, 2  # what of an op's shapes is read
@@ -470,8 +479,9 @@ def _integers(values: list[Any]) -> np.ndarray:
 
 
 def _narrow(values: np.ndarray) -> np.ndarray:
-    """int64 ids as int32 when they fit (thread ids and lanes nearly always do): 4 bytes an event less."""
-    if len(values) and np.iinfo(np.int32).min <= values.min() and values.max() <= np.iinfo(np.int32).max:
+    """int64 ids as int32 when they fit (thread ids, lanes and correlations nearly always do): 4 bytes
+    an event less."""
+    if values.dtype == np.int64 and len(values) and np.iinfo(np.int32).min <= values.min() <= values.max() <= np.iinfo(np.int32).max:
         return values.astype(np.int32)
     return values
 

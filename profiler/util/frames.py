@@ -1,0 +1,28 @@
+"""Numpy arrays as pandas columns without a copy.
+
+pandas 3 (copy-on-write) copies an array given to ``frame[name] = array`` or ``frame.assign``, so that
+the caller cannot change the frame through it later. The analyzer's arrays are new and never written
+after, and at millions of events each such copy is a whole column of extra peak memory in a worker
+(measured with benchmarks/worker_memory.py): the columns that grow with events are set through here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+
+def set_column(frame: pd.DataFrame, name: str, values: Any) -> None:
+    """``frame[name] = values``, taking the array (or Categorical) as it is."""
+    frame[name] = _series(frame, values)
+
+
+def with_columns(frame: pd.DataFrame, **columns: Any) -> pd.DataFrame:
+    """``frame.assign(**columns)``, taking the arrays as they are."""
+    return frame.assign(**{name: _series(frame, values) for name, values in columns.items()})
+
+
+def _series(frame: pd.DataFrame, values: Any) -> pd.Series:
+    # The array's own dtype: an object array of strings and None stays so (not pandas' str with NaN).
+    return pd.Series(values, index=frame.index, dtype=getattr(values, "dtype", None), copy=False)
