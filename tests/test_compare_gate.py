@@ -187,6 +187,16 @@ def test_among_ranks_the_phase_that_added_most_time_comes_first():
     assert [(r.metric, r.scope) for r in c.regressions][:2] == [("forward", "rank 1"), ("forward", "rank 0")]
 
 
+def test_the_rank_a_finding_singles_out_comes_before_ranks_a_finding_names_together():
+    # Rank 0 waits for rank 1 and adds more time; a new busy-host finding names both ranks, the
+    # straggler (lowered to info on that busy host) names rank 1 alone: rank 1 is the cause.
+    base = [summary(f"b{i}", 100.0, 20.0, 10 * i) for i in (1, 2, 3)]
+    new = summary("new", 180.0, 60.0, 40, forward0_ms=80.0,
+                  findings_=[finding("host_contention", [0, 1], "info"), finding("straggler", [1], "info")])
+    c = regression.compare(base, new, 5.0)
+    assert [(r.metric, r.scope) for r in c.regressions][:2] == [("forward", "rank 1"), ("forward", "rank 0")]
+
+
 def test_runs_too_short_to_judge_are_inconclusive_never_a_pass():
     short = [{**s, "samples": {"step time": s["samples"]["step time"][:1]},
               "per_rank": {r: {m: v[:1] for m, v in metrics.items()} for r, metrics in s["per_rank"].items()}}

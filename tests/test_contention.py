@@ -103,9 +103,9 @@ def test_churn_does_not_excuse_more_work_or_a_rank_that_waits(changes, why):
 
 
 def test_a_rank_slow_in_some_steps_only_is_a_straggler_on_a_quiet_host_not_on_a_busy_one():
-    def slow_from_step_5(telemetry: pd.DataFrame | None) -> Tables:
+    def slow_from_step_5(telemetry: pd.DataFrame | None, first: int = 5) -> Tables:
         tables = run_of(extra_cpu=EXCESS_MS, telemetry=telemetry)
-        early = (tables.steps["rank"] == 1) & (tables.steps["step"] < 5)
+        early = (tables.steps["rank"] == 1) & (tables.steps["step"] < first)
         tables.steps.loc[early, ["optimizer_ms", "wall_ms", "cpu_ms"]] -= EXCESS_MS
         return tables
 
@@ -115,6 +115,9 @@ def test_a_rank_slow_in_some_steps_only_is_a_straggler_on_a_quiet_host_not_on_a_
     assert busy.severity == "info" and busy.metrics["busy_host"] is True
     assert "slow in only 6 of the 9 steps it was seen in, on a host whose CPUs other processes kept busy " \
            "(hog (pid 4242) 90%)" in busy.explanation
+    # Slow in all but one of 9 steps is steady: a pause of the busy host does not make that.
+    steady = by_kind(slow_from_step_5(busy_host_telemetry(), first=3))["straggler"]
+    assert steady.severity == "error" and steady.steps == list(range(3, STEPS + 1)) and "busy_host" not in steady.metrics
     # Not seen in the steps its only peer stalled on data (no one to compare it with): still every step seen.
     stalled = run_of(extra_cpu=EXCESS_MS, telemetry=busy_host_telemetry())
     stalled.phases = ["data", *PHASES]

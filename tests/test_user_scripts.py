@@ -152,6 +152,19 @@ def test_process_groups_and_mesh_of_a_2d_job(tmp_path):
     assert warnings_of(report) == []  # a clean job: no bandwidth or lateness warnings on gloo
 
 
+def test_a_rank_that_sleeps_before_an_fsdp_forward_is_a_straggler_not_a_slow_path(tmp_path):
+    # FSDP's all-gather is the first thing the forward does, so the sleep lies right before that call,
+    # but outside the FSDP pre-forward op that issues it: the rank's own time, not its path to the call.
+    run = tmp_path / "run"
+    report = user_run(run, 4, "tp_fsdp_2d.py", "--slow-rank", "2", "--slow-ms", "100", profile="3-4", steps="5")
+    c = build_tables(run).collectives
+    gathers = c[(c["rank"] == 2) & (c["op"] == "all_gather") & c["issue_gap_us"].notna()]
+    assert len(gathers) >= 8 and gathers["issue_gap_us"].max() < 20_000, gathers["issue_gap_us"].describe()
+    [f] = findings(report, "straggler")
+    assert f["ranks"] == [2] and f["metrics"]["excess_ms"] == pytest.approx(100, rel=0.35)
+    assert not [f for f in findings(report, "slow_collective") if 2 in f["ranks"]]
+
+
 def test_a_slow_rank_in_ddp_is_a_straggler(slow_rank_ddp):
     _, report = slow_rank_ddp
     [f] = findings(report, "straggler")

@@ -15,6 +15,7 @@ from collections import deque
 import numpy as np
 import pandas as pd
 
+from diagtrain.profiler.analyzer.dialects import STEP_ANNOTATION, name_matches
 from diagtrain.profiler.analyzer.intervals import merge
 
 CALL_PREFIX = "c10d::"
@@ -78,21 +79,45 @@ def gaps_before(calls: pd.DataFrame, host: pd.DataFrame) -> np.ndarray:
     pause before a collective is often followed by a small op of the call's own preparation (a
     comm hook sleeps, then divides the gradient, then calls all_reduce). Ops that enclose the call
     (still running when it starts) do not count: a hook runs inside the autograd op that fires it.
+    Only the pause inside the innermost op enclosing the call counts (step annotations aside): a
+    rank that sleeps before its module's forward starts its step late (its own time), although
+    FSDP's all-gather is the first thing that forward does.
     """
     gaps = np.full(len(calls), np.nan)
     if calls.empty or "tid" not in host:
         return gaps
+    ordinary = ~name_matches(host["name"], STEP_ANNOTATION) if "name" in host else np.ones(len(host), dtype=bool)
     for tid, rows in calls.groupby("tid"):
-        ops = host[host["tid"] == tid]
+        on_thread = (host["tid"] == tid).to_numpy()
+        ops = host[on_thread]
         order = np.argsort(ops["end"].to_numpy(), kind="stable")
         ends, starts = ops["end"].to_numpy()[order], ops["ts"].to_numpy()[order]
+        enclosers = _Enclosers(ops[ordinary[on_thread]])
         positions = calls.index.get_indexer(rows.index)
-        for position, at in zip(positions, rows["ts"].to_numpy()):
+        for position, at, until in zip(positions, rows["ts"].to_numpy(), rows["end"].to_numpy()):
             done = np.searchsorted(ends, at, side="right")
             if done == 0:
                 continue
             lo = max(0, done - RECENT_OPS)
             (busy_starts, busy_ends) = merge(starts[lo:done], ends[lo:done])
-            idle = np.append(busy_starts[1:] - busy_ends[:-1], at - busy_ends[-1])
+            idle_from = np.append(busy_ends, at)[:-1]
+            idle_to = np.append(busy_starts[1:], at)
+            since = enclosers.innermost(at, until, since=float(busy_starts[0]))
+            idle = np.clip(idle_to - np.maximum(idle_from, since), 0.0, None)
             gaps[position] = float(idle[-GAPS_BEFORE_CALL:].sum())
     return gaps
+
+
+class _Enclosers:
+    """One thread's ops by start: which began before a call and outlast it."""
+
+    def __init__(self, ops: pd.DataFrame) -> None:
+        order = np.argsort(ops["ts"].to_numpy(), kind="stable")
+        self.starts, self.ends = ops["ts"].to_numpy()[order], ops["end"].to_numpy()[order]
+
+    def innermost(self, at: float, until: float, since: float) -> float:
+        """The start of the latest op that began in [since, at) and ends after ``until``; -inf if none
+        (one that began before ``since`` encloses all the gaps looked at)."""
+        lo, hi = np.searchsorted(self.starts, [since, at], side="left")
+        outlasting = np.flatnonzero(self.ends[lo:hi] >= until)
+        return float(self.starts[lo + outlasting[-1]]) if len(outlasting) else -np.inf

@@ -336,7 +336,7 @@ def _segments(events: pd.DataFrame, rank: int, on_gpu: bool, timed: bool) -> pd.
 
 
 _STEP_COLUMNS = ["name", "cat", "ts", "dur", "end", "stream", "kind"]  # what the step and rank breakdowns read
-_THREAD_COLUMNS = ["tid", "ts", "end", "stream"]  # what the pause before a gloo call reads
+_THREAD_COLUMNS = ["tid", "ts", "end", "stream", "name"]  # what the pause before a gloo call reads
 
 
 def _epoch_events(traces: list[TraceFile]) -> pd.DataFrame:

@@ -111,9 +111,9 @@ class Comparison:
         return [f for f in self.findings if f.change == change]
 
     def _ordered(self, verdict: str) -> list[MetricResult]:
-        blamed = {r for f in self.findings if f.change in ("new", "worse") for r in f.ranks}
+        blamed = _blame(self.findings)
         return sorted((r for r in self.results if r.verdict == verdict),
-                      key=lambda r: (_scope_rank(r.scope, blamed), *_weight(r)))
+                      key=lambda r: (*_scope_rank(r.scope, blamed), *_weight(r)))
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "verdict": self.verdict, "regression": bool(self.regressions),
@@ -259,11 +259,25 @@ def band_medians(runs: list[list[float]]) -> list[float]:
     return [float(np.median(r)) for r in runs if len(r)]
 
 
-def _scope_rank(scope: str, blamed: set[int]) -> int:
-    """Root cause first: a rank a new or worse finding names, other ranks, collectives, then the run."""
+def _blame(findings: list[by_cause.FindingChange]) -> dict[int, tuple[int, int]]:
+    """Each rank a new or worse finding names, with how strongly (lower first): the most severe, then the
+    most specific finding naming it. A new straggler on rank 1 outranks busy-host information on ranks 0-1."""
+    blame: dict[int, tuple[int, int]] = {}
+    for f in findings:
+        if f.change in ("new", "worse"):
+            strength = (-by_cause.SEVERITIES.index(f.severity), len(f.ranks))
+            for rank in f.ranks:
+                blame[rank] = min(blame.get(rank, strength), strength)
+    return blame
+
+
+def _scope_rank(scope: str, blamed: dict[int, tuple[int, int]]) -> tuple[int, int, int]:
+    """Root cause first: the ranks new or worse findings name (most strongly first), other ranks,
+    collectives, then the run."""
     if scope.startswith("rank "):
-        return 0 if int(scope.split()[1]) in blamed else 1
-    return 3 if scope == "run" else 2
+        rank = int(scope.split()[1])
+        return (0, *blamed[rank]) if rank in blamed else (1, 0, 0)
+    return (3, 0, 0) if scope == "run" else (2, 0, 0)
 
 
 def _weight(r: MetricResult) -> tuple[int, float]:
