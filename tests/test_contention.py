@@ -152,6 +152,19 @@ def test_without_run_queue_counters_a_host_saturated_by_others_lowers_the_stragg
     assert by_kind(run_of(counters=False))["straggler"].severity == "warning"  # a quiet host: no excuse
 
 
+def test_without_run_queue_counters_a_busy_host_excuses_a_few_times_slower_not_far_slower():
+    # The straggler above is 3.7x its peer's optimizer time: lowered. A data wait 200x its peer's
+    # (a slow dataset item) is no wait for a CPU, saturated host or not.
+    tables = run_of(counters=False, telemetry=busy_host_telemetry())
+    tables.phases = ["data", *PHASES]
+    tables.steps["data_ms"] = 1.0
+    tables.steps.loc[tables.steps["rank"] == 0, "optimizer_ms"] += EXCESS_MS  # no straggler this time
+    stalled = (tables.steps["rank"] == 1) & tables.steps["step"].isin([4, 8])
+    tables.steps.loc[stalled, "data_ms"] = 200.0
+    stall = by_kind(tables)["dataloader_stall"]
+    assert stall.ranks == [1] and stall.severity == "warning" and "starved" not in stall.metrics
+
+
 def test_a_job_shorter_than_the_sampling_interval_is_judged_by_the_sample_after_its_steps():
     tables = run_of(counters=False, telemetry=busy_host_telemetry())
     # All ten steps within 0.45 s, between two 1 Hz samples: the one at 1000.5 s covers them.

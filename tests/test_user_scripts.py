@@ -161,7 +161,8 @@ def test_a_rank_that_sleeps_before_an_fsdp_forward_is_a_straggler_not_a_slow_pat
     gathers = c[(c["rank"] == 2) & (c["op"] == "all_gather") & c["issue_gap_us"].notna()]
     assert len(gathers) >= 8 and gathers["issue_gap_us"].max() < 20_000, gathers["issue_gap_us"].describe()
     [f] = findings(report, "straggler")
-    assert f["ranks"] == [2] and f["metrics"]["excess_ms"] == pytest.approx(100, rel=0.35)
+    # The sleep, give or take a busy host's pauses (94-130 ms beside two CPU hogs).
+    assert f["ranks"] == [2] and 70 <= f["metrics"]["excess_ms"] <= 200
     assert not [f for f in findings(report, "slow_collective") if 2 in f["ranks"]]
 
 

@@ -34,6 +34,10 @@ CONTENDED_SHARE = 0.25  # ... in this share of the samples taken while the job s
 RUNQ_MIN_SHARE = 0.1  # ranks waiting this share of their steps for a CPU are contended, telemetry or not
 STARVED_SHARE = 0.5  # a rank's excess at least half run-queue wait (beyond its peers') was starvation ...
 WORK_SHARE = 0.5  # ... unless at least half of it is extra CPU time of its own: it did more work
+# Without run-queue counters, a saturated host excuses a rank only this many times slower than its
+# peers at most: sharing the cores with other busy processes stretched work 2-4x here (two CPU hogs
+# on 2 cores); a data wait of 205 ms against 0.7 ms was a slow dataset, not a wait for a CPU.
+STARVED_MAX_STRETCH = 10.0
 NAMED_PROCESSES = 5  # the busiest other processes named in a finding
 DEFAULT_INTERVAL_S = 1.0  # telemetry's sampling interval where fewer than two samples tell it (run --telemetry-interval)
 # Memory churn: at least this many more page faults per step than the peers (1 MiB of 4 KiB pages;
@@ -120,9 +124,11 @@ def _host_load(tables: Tables, host: str, ranks: list[int], steps: pd.DataFrame,
     return load
 
 
-def starvation(tables: Tables, rank: int, steps: list[int], excess_ms: float) -> str | None:
-    """Why ``rank``'s excess of ``excess_ms`` per step in ``steps`` is host contention, in words,
-    or None when it is its own (more CPU time than its peers, or no sign of starvation)."""
+def starvation(tables: Tables, rank: int, steps: list[int], excess_ms: float,
+               stretch: float | None = None) -> str | None:
+    """Why ``rank``'s excess of ``excess_ms`` per step in ``steps`` (``stretch`` times its peers' time,
+    where known) is host contention, in words, or None when it is its own (more CPU time than its
+    peers, or no sign of starvation)."""
     rows = tables.steps[tables.steps["step"].isin(steps)]
     extra_cpu = _beyond_peers(rows, rank, "cpu_ms")
     if extra_cpu is not None and extra_cpu >= WORK_SHARE * excess_ms:
@@ -132,6 +138,8 @@ def starvation(tables: Tables, rank: int, steps: list[int], excess_ms: float) ->
         if extra_runq < STARVED_SHARE * excess_ms:
             return None
         return f"it waited {extra_runq:.1f} ms per step longer than its peers for a CPU"
+    if stretch is not None and stretch >= STARVED_MAX_STRETCH:
+        return None  # far slower than a wait for a CPU makes it
     host = tables.rank_hosts.get(rank)
     load = host_loads(tables, rows).get(host) if host is not None else None
     if load is None or not load.is_contended:
@@ -184,7 +192,7 @@ def _not_own_work(finding: Finding, tables: Tables) -> tuple[str, str, str] | No
     if not (excess and steps):
         return None
     rank = finding.ranks[0]
-    if reason := starvation(tables, rank, steps, excess):
+    if reason := starvation(tables, rank, steps, excess, _stretch(finding)):
         return reason, f"that is host contention (see host_contention), not rank {rank}'s own work", "starved"
     if finding.kind == "straggler" and (reason := churn(tables, rank, steps, excess)):
         return (reason, "the same work done more slowly, not more work (a steady allocator, e.g. jemalloc or "
@@ -192,6 +200,12 @@ def _not_own_work(finding: Finding, tables: Tables) -> tuple[str, str, str] | No
     if finding.kind == "straggler" and (reason := _intermittent_on_busy_host(tables, finding)):
         return reason, "pauses a busy host gives any rank, not a rank slower at every step", "busy_host"
     return None
+
+
+def _stretch(finding: Finding) -> float | None:
+    """How many times its peers' time the rank took (observed over expected), where the finding says."""
+    observed, expected = finding.metrics.get("observed_ms"), finding.metrics.get("expected_ms")
+    return observed / expected if observed and expected and expected > 0 else None
 
 
 def _intermittent_on_busy_host(tables: Tables, finding: Finding) -> str | None:
