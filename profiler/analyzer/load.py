@@ -224,6 +224,8 @@ def _worth_a_pool(inputs: list[RankInput], workers: int) -> bool:
             except OSError:
                 pass  # its loader reports it
     return size >= POOL_MIN_BYTES
+
+
 class _Pool(ProcessPoolExecutor):
     """Workers that leave Ctrl-C to the analysis, which stops them at once (not after every queued rank)."""
 
