@@ -171,7 +171,7 @@ def align(tables: Tables) -> None:
         tables.telemetry["time"] = (time + pd.to_timedelta(shifts, unit="s")) if time.dtype.kind == "M" else time + shifts
     if not tables.collectives.empty:
         c = tables.collectives
-        c["last_rank"] = last_to_arrive(c.where(c["ranks_seen"] > 1)) if "ranks_seen" in c else c["last_rank"]
+        c["last_rank"] = last_to_arrive(c, c["ranks_seen"] > 1) if "ranks_seen" in c else c["last_rank"]
 
 
 def _shift_host_record(record: dict[str, Any], shift: float) -> None:

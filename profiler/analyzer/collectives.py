@@ -18,6 +18,7 @@ import pandas as pd
 from diagtrain.profiler.analyzer import host_calls
 from diagtrain.profiler.analyzer.dialects import COMM
 from diagtrain.profiler.run_dir import group_key
+from diagtrain.profiler.util.frames import set_column
 
 DTYPE_BYTES = {"float": 4, "float32": 4, "c10::half": 2, "half": 2, "float16": 2, "c10::bfloat16": 2,
                "bfloat16": 2, "double": 8, "float64": 8, "int": 4, "int32": 4, "long int": 8, "int64": 8,
@@ -219,7 +220,9 @@ def match(collectives: pd.DataFrame) -> pd.DataFrame:
         return collectives.assign(group=[], arrived_ts=[], transfer_us=[], wait_us=[], last_rank=[], ranks_seen=[],
                                   algbw_gbps=[], busbw_gbps=[])
     table = collectives.copy()
-    table["group"], table["group_ranks"] = shared_groups(table["pg"], table["group_ranks"])
+    keys, members = shared_groups(table["pg"], table["group_ranks"])
+    set_column(table, "group", keys)  # object: pandas' str dtype would copy each key's bytes per row
+    set_column(table, "group_ranks", members)
     p2p = table["is_p2p"].fillna(False).astype(bool) if "is_p2p" in table else pd.Series(False, index=table.index)
     # A rank arrives when it calls the collective; the work may start later on gloo's thread.
     table["arrived_ts"] = table["issued_ts"].fillna(table["ts"]) if "issued_ts" in table else table["ts"]
@@ -231,15 +234,15 @@ def match(collectives: pd.DataFrame) -> pd.DataFrame:
     complete = ~p2p & (size > 1) & (table["ranks_seen"] >= size)
     table["transfer_us"] = by["dur"].transform("min").where(complete)
     table["wait_us"] = table["dur"] - table["transfer_us"]
-    table["last_rank"] = last_to_arrive(table.where(table["ranks_seen"] > 1))
+    table["last_rank"] = last_to_arrive(table, table["ranks_seen"] > 1)
     table["algbw_gbps"] = table["bytes"] / (table["transfer_us"] * 1e3)  # bytes/µs/1e3 = GB/s
     factor = np.array([BUS_FACTOR.get(op, lambda n: 1.0)(n) if n > 0 else 1.0 for op, n in zip(table["op"], size)])
     table["busbw_gbps"] = table["algbw_gbps"] * factor
     return table
 
 
-def shared_groups(pgs: pd.Series, members: pd.Series) -> tuple[list[str], list[tuple[int, ...]]]:
-    """Per row, its group key and members, one object per distinct group for all rows.
+def shared_groups(pgs: pd.Series, members: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, its group key and members (object arrays), one object per distinct group for all rows.
 
     Rows of one rank share a members tuple (rank_collectives), so the key is built once per rank and
     group, not per row: at 1,024 ranks a key per row would hold gigabytes of identical strings.
@@ -255,12 +258,24 @@ def shared_groups(pgs: pd.Series, members: pd.Series) -> tuple[list[str], list[t
             by_object[(pg, id(ranks))] = found
         keys.append(found[0])
         shared.append(found[1])
-    return keys, shared
+    # fromiter: each tuple one element (np.array would make rows of a 2-D array of them)
+    return np.fromiter(keys, dtype=object, count=len(keys)), np.fromiter(shared, dtype=object, count=len(shared))
 
 
-def last_to_arrive(table: pd.DataFrame) -> pd.Series:
-    """Per row, the rank of its collective that arrived last (NaN for rows without a group key)."""
-    rows = table.dropna(subset=["group", "arrived_ts"])
-    key = ["group", "op", "seq"]
-    last = rows.sort_values("arrived_ts").groupby(key, sort=False)["rank"].last()
-    return pd.Series(table.set_index(key).index.map(last).to_numpy(), index=table.index, dtype=float)
+def last_to_arrive(table: pd.DataFrame, shared: pd.Series) -> pd.Series:
+    """Per row, the rank of its collective that arrived last (NaN for rows not ``shared`` by several
+    ranks, or without a group key). Works on group codes: a frame of the rows' key strings would copy
+    each key (all of a group's members) per row."""
+    out = np.full(len(table), np.nan)
+    rows = np.flatnonzero(shared.to_numpy(dtype=bool) & table["group"].notna().to_numpy()
+                          & table["arrived_ts"].notna().to_numpy())
+    codes = table.iloc[rows].groupby(["group", "op", "seq"], sort=False).ngroup().to_numpy(dtype=float)
+    rows, codes = rows[~np.isnan(codes)], codes[~np.isnan(codes)].astype(np.int64)  # no sequence: no match
+    if len(rows):
+        subset = table.iloc[rows]
+        order = np.lexsort((subset["arrived_ts"].to_numpy(), codes))  # by collective, then arrival
+        ends = np.flatnonzero(np.r_[codes[order][1:] != codes[order][:-1], True])  # each one's last arrival
+        last = np.empty(codes.max() + 1)
+        last[codes[order][ends]] = subset["rank"].to_numpy()[order][ends]
+        out[rows] = last[codes]
+    return pd.Series(out, index=table.index)

@@ -1,0 +1,45 @@
+"""Collectives matched across ranks: who arrived last, and a group's key held once for all its rows
+(at 1,024 ranks a key names 1,024 members, and a copy per row held gigabytes)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from diagtrain.profiler.analyzer.collectives import last_to_arrive, match
+
+RANKS = 64
+CALLS = 50
+
+
+def rank_rows(rank: int, members: tuple[int, ...]) -> pd.DataFrame:
+    """One rank's all-reduces as rank_collectives gives them: its rows share one members tuple.
+    Rank (seq % RANKS) arrives last at collective ``seq``, 1 ms after the others."""
+    seq = np.arange(CALLS)
+    late = (seq % RANKS) == rank
+    return pd.DataFrame({
+        "rank": rank, "pg": "0", "pg_desc": "default_pg", "group_ranks": [members] * CALLS, "op": "all_reduce",
+        "seq": seq, "ts": seq * 100.0 + late * 1000.0, "dur": 2000.0 - late * 1000.0, "bytes": 4096.0,
+        "issued_ts": np.nan, "issue_gap_us": np.nan, "is_p2p": False})
+
+
+def test_a_groups_key_is_one_object_for_all_its_rows_and_the_last_rank_is_found():
+    members = tuple(range(RANKS))
+    table = match(pd.concat([rank_rows(r, members) for r in range(RANKS)], ignore_index=True))
+    # A pointer per row to one key (and one members tuple) per group, not the key's bytes per row.
+    assert table["group"].dtype == object and len({id(k) for k in table["group"]}) == 1
+    assert len({id(m) for m in table["group_ranks"]}) == 1 and table["group_ranks"].iloc[0] == members
+    assert table.memory_usage(deep=False)["group"] == 8 * len(table)
+    assert (table["last_rank"] == table["seq"] % RANKS).all()
+    assert (table["ranks_seen"] == RANKS).all() and (table["transfer_us"] == 1000.0).all()
+
+
+def test_last_to_arrive_leaves_out_rows_that_cannot_be_matched():
+    t = pd.DataFrame({"group": np.array(["a", "a", "a", "b", "b", None, "c", "d"], dtype=object), "op": "x",
+                      "seq": [1, 1, 1, 2, 2, 3, np.nan, 4], "arrived_ts": [5.0, 9.0, 7.0, 1.0, np.nan, 3.0, 4.0, 2.0],
+                      "rank": [0, 1, 2, 0, 1, 0, 1, 3]})
+    shared = pd.Series([True] * 7 + [False])
+    last = last_to_arrive(t, shared).tolist()
+    # b: rank 1's arrival is unknown; no group, no sequence number, one rank alone: no last rank.
+    assert last[:4] == [1.0, 1.0, 1.0, 0.0] and all(np.isnan(x) for x in last[4:])
+    assert last_to_arrive(t.iloc[:0], shared.iloc[:0]).empty
