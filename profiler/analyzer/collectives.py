@@ -269,13 +269,14 @@ def last_to_arrive(table: pd.DataFrame, shared: pd.Series) -> pd.Series:
     out = np.full(len(table), np.nan)
     rows = np.flatnonzero(shared.to_numpy(dtype=bool) & table["group"].notna().to_numpy()
                           & table["arrived_ts"].notna().to_numpy())
-    codes = table.iloc[rows].groupby(["group", "op", "seq"], sort=False).ngroup().to_numpy(dtype=float)
-    rows, codes = rows[~np.isnan(codes)], codes[~np.isnan(codes)].astype(np.int64)  # no sequence: no match
+    subset = table.iloc[rows]
+    codes = subset.groupby(["group", "op", "seq"], sort=False).ngroup().to_numpy(dtype=float)
+    keyed = ~np.isnan(codes)  # no sequence number: no match
+    rows, codes = rows[keyed], codes[keyed].astype(np.int64)
     if len(rows):
-        subset = table.iloc[rows]
-        order = np.lexsort((subset["arrived_ts"].to_numpy(), codes))  # by collective, then arrival
+        order = np.lexsort((subset["arrived_ts"].to_numpy()[keyed], codes))  # by collective, then arrival
         ends = np.flatnonzero(np.r_[codes[order][1:] != codes[order][:-1], True])  # each one's last arrival
         last = np.empty(codes.max() + 1)
-        last[codes[order][ends]] = subset["rank"].to_numpy()[order][ends]
+        last[codes[order][ends]] = subset["rank"].to_numpy()[keyed][order][ends]
         out[rows] = last[codes]
     return pd.Series(out, index=table.index)

@@ -81,12 +81,12 @@ def gaps_before(calls: pd.DataFrame, host: pd.DataFrame) -> np.ndarray:
     (still running when it starts) do not count: a hook runs inside the autograd op that fires it.
     Only the pause inside the innermost op enclosing the call counts (step annotations aside): a
     rank that sleeps before its module's forward starts its step late (its own time), although
-    FSDP's all-gather is the first thing that forward does.
+    FSDP's all-gather is the first thing that forward does. ``host``: the host ops (tid, ts, end, name).
     """
     gaps = np.full(len(calls), np.nan)
     if calls.empty or "tid" not in host:
         return gaps
-    ordinary = ~name_matches(host["name"], STEP_ANNOTATION) if "name" in host else np.ones(len(host), dtype=bool)
+    ordinary = ~name_matches(host["name"], STEP_ANNOTATION)
     for tid, rows in calls.groupby("tid"):
         on_thread = (host["tid"] == tid).to_numpy()
         ops = host[on_thread]
@@ -100,10 +100,8 @@ def gaps_before(calls: pd.DataFrame, host: pd.DataFrame) -> np.ndarray:
                 continue
             lo = max(0, done - RECENT_OPS)
             (busy_starts, busy_ends) = merge(starts[lo:done], ends[lo:done])
-            idle_from = np.append(busy_ends, at)[:-1]
-            idle_to = np.append(busy_starts[1:], at)
             since = enclosers.innermost(at, until, since=float(busy_starts[0]))
-            idle = np.clip(idle_to - np.maximum(idle_from, since), 0.0, None)
+            idle = np.clip(np.append(busy_starts[1:], at) - np.maximum(busy_ends, since), 0.0, None)
             gaps[position] = float(idle[-GAPS_BEFORE_CALL:].sum())
     return gaps
 
