@@ -57,12 +57,15 @@ def state_table(run: RunData) -> tuple[list[dict[str, Any]], list[dict[str, str]
     rows = [{"rank": r["rank"], "expected_parameters": round(r["expected_parameters"]),
              "held_parameters": r["held_parameters"], "expected_state_mib": round(r["expected_state_bytes"] / MIB, 3),
              "held_state_mib": None if r["held_state_bytes"] is None else round(r["held_state_bytes"] / MIB, 3),
-             "expected_peak_mib": round(r["expected_peak_bytes"] / MIB, 1),
-             "peak_mib": None if r["peak_bytes"] is None else round(r["peak_bytes"] / MIB, 1),
+             "expected_peak_mib": _mib(r["expected_peak_bytes"]), "peak_mib": _mib(r["peak_bytes"]),
              "match": "" if r["held_parameters"] is None else
              ("yes" if round(r["held_parameters"]) == round(r["expected_parameters"]) else "NO")}
             for r in s["state"]]
     return rows, [{"name": v, "id": k} for k, v in STATE_COLUMNS.items()]
+
+
+def _mib(n: float | None) -> float | None:
+    return None if n is None else round(n / MIB, 1)
 
 
 def collectives_table(run: RunData) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:

@@ -166,7 +166,9 @@ def test_watchdog_kinds_and_progress():
     assert [e.kind for e in events] == [
         "nccl_watchdog_timeout", "nccl_watchdog_progress", "nccl_watchdog_timeout", "nccl_watchdog_progress",
         "nccl_watchdog_timeout", "nccl_watchdog_progress", "nccl_watchdog_progress", "nccl_failed",
-        "nccl_watchdog_timeout", "watchdog_stuck"]
+        "nccl_watchdog_timeout", "cpp_terminate", "watchdog_stuck"]
+    # The watchdog's exception ends the process through std::terminate.
+    assert events[9].fields == {"exception": "c10::DistBackendError"} and events[9].line_no == 17
     progress = events[1].fields
     assert (progress["pg_id"], progress["pg_guid"], progress["pg_desc"], progress["rank"]) == (0, "0", "default_pg", 0)
     assert (progress["failed_seq"], progress["last_enqueued"], progress["last_completed"]) == (7220, 7220, 7219)
@@ -211,9 +213,10 @@ def test_legacy_watchdog_wordings():
 def test_gloo_and_c10d_errors():
     events = errors("stderr_gloo_c10d.log")
     assert [e.kind for e in events] == [
-        "gloo_timeout", "gloo_peer_closed", "size_mismatch", "gloo_peer_closed",
+        "gloo_timeout", "gloo_peer_closed", "cpp_terminate", "size_mismatch", "gloo_peer_closed",
         "collective_mismatch", "monitored_barrier", "monitored_barrier"]
-    timeout, closed, size, reset, mismatch, one, many = events
+    timeout, closed, terminate, size, reset, mismatch, one, many = events
+    assert terminate.fields == {"exception": "gloo::EnforceNotMet"}
     assert (timeout.fields["timeout_ms"], timeout.fields["operation"], timeout.fields["rank"]) == (8000, "recv", 1)
     assert timeout.fields["source"] == "unbound_buffer.cc:78"
     assert (closed.fields["peer"], closed.fields["rank"]) == ("[127.0.0.1]:30601", 0)

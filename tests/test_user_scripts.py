@@ -21,6 +21,8 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "benchmarks" / "user_scripts"
 STEPS = "6"
 PROFILE = "3-5"
 ACTIONABLE = ("warning", "error", "critical")
+BLOCKS_2D_PARAMS = 4 * (256 * 1024 + 1024 + 1024 * 256 + 256)  # tp_fsdp_2d.py: four Blocks of width 256
+DDP_LOADER_PARAMS = (256 + 1) * 1024 + (1024 + 1) * 1024 + (1024 + 1) * 256 + 256 + 1  # ddp_loader.py's MLP
 
 
 def user_run(out: Path, nproc: int, script: str, *args: str, profile: str = PROFILE, steps: str = STEPS) -> dict:
@@ -164,6 +166,12 @@ def test_a_rank_that_sleeps_before_an_fsdp_forward_is_a_straggler_not_a_slow_pat
     # The sleep, give or take a busy host's pauses (94-130 ms beside two CPU hogs).
     assert f["ranks"] == [2] and 70 <= f["metrics"]["excess_ms"] <= 200
     assert not [f for f in findings(report, "slow_collective") if 2 in f["ranks"]]
+    # The model check reads the layout off the run: the DeviceMesh from its process groups, FSDP from
+    # the all-gathers, the size from one TP shard's gradients (TP's own all-reduces add a little).
+    e = report["expected"]
+    assert {k: e["model"]["dims"][k] for k in ("dp", "tp", "pp", "zero")} == {"dp": 2, "tp": 2, "pp": 1, "zero": 3}
+    assert 1.0 <= e["model"]["parameters"] / BLOCKS_2D_PARAMS <= 1.15
+    assert [r["expected_peak_bytes"] for r in e["state"]] == [None] * 4  # no activations from a guessed shape
 
 
 def test_a_slow_rank_in_ddp_is_a_straggler(slow_rank_ddp):
@@ -173,6 +181,14 @@ def test_a_slow_rank_in_ddp_is_a_straggler(slow_rank_ddp):
     assert f["metrics"]["excess_ms"] == pytest.approx(80, rel=0.35)
     # Late at every all-reduce, but from its own work before them: not a slow collective.
     assert not findings(report, "slow_collective")
+
+
+def test_the_model_check_of_a_plain_ddp_script(slow_rank_ddp):
+    e = slow_rank_ddp[1]["expected"]
+    assert e["model"]["layout"] == "DP-2, replicated (DDP)" and not e["exact_layout"]
+    # Its gradient all-reduces, give or take the script's scalar all-reduce of the loss.
+    assert 0 <= e["model"]["parameters"] - DDP_LOADER_PARAMS <= 4
+    assert [r["expected_parameters"] for r in e["state"]] == pytest.approx([e["model"]["parameters"]] * 2)  # replicated
 
 
 def test_transfer_time_excludes_waiting_for_the_last_rank(slow_rank_ddp):

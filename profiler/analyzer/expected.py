@@ -51,7 +51,8 @@ def check(tables: Tables, spans_of: Callable[[int], pd.DataFrame | None] = lambd
     ``spans_of(rank)`` gives a rank's timeline spans on the common clock (for the pipeline bubble)."""
     if tables.steps.empty:
         return None, []
-    run = {"world_size": tables.world_size, "mesh": tables.manifest.get("mesh"),
+    # A plain script records no mesh: the one its DeviceMesh process groups show stands in for it.
+    run = {"world_size": tables.world_size, "mesh": tables.manifest.get("mesh") or tables.structure.mesh or None,
            "strategy": tables.manifest.get("strategy")}
     coll = tables.collectives if not tables.collectives.empty else pd.DataFrame()
     try:
@@ -60,8 +61,10 @@ def check(tables: Tables, spans_of: Callable[[int], pd.DataFrame | None] = lambd
         return {"available": False, "reason": str(e)}, []
     m = plan_measured.measure(rm, tables.steps, coll, tables.parameters, spans_of)
     exact = tables.trainer is not None  # the layout is known, not assumed
-    section = {"available": True, "exact_layout": exact, "model": _model(rm), "notes": rm.notes,
-               "state": _state(rm, m), "collectives": _collectives(rm, coll, tables, exact),
+    notes = rm.notes if exact else [*rm.notes, "no peak estimate: activations depend on the batch and sequence, "
+                                                  "which the run does not record"]
+    section = {"available": True, "exact_layout": exact, "model": _model(rm), "notes": notes,
+               "state": _state(rm, m, exact), "collectives": _collectives(rm, coll, tables, exact),
                "bubble": _bubble(rm, m), "step": _step(rm, m)}
     return section, findings(section, tables, exact)
 
@@ -76,7 +79,9 @@ def _model(rm: plan_measured.RunModel) -> dict[str, Any]:
 # -- model state and memory ------------------------------------------------------------------------
 
 
-def _state(rm: plan_measured.RunModel, m: plan_measured.Measured) -> list[dict[str, Any]]:
+def _state(rm: plan_measured.RunModel, m: plan_measured.Measured, exact: bool) -> list[dict[str, Any]]:
+    """Per rank, parameters, model state and peak: expected and measured. No peak is estimated for an
+    assumed layout: its activations come from a guessed shape and batch, and they dominate the peak."""
     rows = []
     for rank in range(rm.world_size):
         h = plan_held(rm.model, rm.layout, rank, rm.layers_per_stage)
@@ -86,7 +91,8 @@ def _state(rm: plan_measured.RunModel, m: plan_measured.Measured) -> list[dict[s
         rows.append({"rank": rank, "expected_parameters": expected, "held_parameters": held,
                      "expected_state_bytes": mem.model_state,
                      "held_state_bytes": held * rm.precision.state_bytes if held is not None else None,
-                     "expected_peak_bytes": mem.total, "expected_memory": mem.parts(),
+                     "expected_peak_bytes": mem.total if exact else None,
+                     "expected_memory": mem.parts() if exact else None,
                      "peak_bytes": m.peak_bytes.get(rank)})
     return rows
 
@@ -353,11 +359,11 @@ def markdown(section: dict[str, Any] | None) -> list[str]:
     lines += ["| rank | parameters expected | held | state expected (MiB) | held (MiB) | peak estimate (MiB) | peak (MiB) |",
               "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in section["state"][:MAX_ROWS]:
-        lines.append("| {} | {:,.0f} | {} | {:.2f} | {} | {:.1f} | {} |".format(
+        lines.append("| {} | {:,.0f} | {} | {:.2f} | {} | {} | {} |".format(
             r["rank"], r["expected_parameters"], "" if r["held_parameters"] is None else f"{r['held_parameters']:,}",
             r["expected_state_bytes"] / 2**20,
             "" if r["held_state_bytes"] is None else f"{r['held_state_bytes'] / 2**20:.2f}",
-            r["expected_peak_bytes"] / 2**20, "" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:.1f}"))
+            _mib(r["expected_peak_bytes"]), _mib(r["peak_bytes"])))
     lines.append("")
     if section["collectives"]:
         lines += ["| rank | group | op | bytes | calls/step expected | measured | transfer per call, median (ms) "
@@ -384,6 +390,10 @@ def markdown(section: dict[str, Any] | None) -> list[str]:
 
 
 MAX_ROWS = 64  # rows per table in report.md (all of them stay in report.json)
+
+
+def _mib(n: float | None) -> str:
+    return "" if n is None else f"{n / 2**20:.1f}"
 
 
 def _num(x: float | None) -> str:

@@ -423,7 +423,12 @@ _RULES = (
         r"|Received data size doesn't match expected size")),
     _Rule("collective_mismatch", re.compile(r"Detected mismatch between collectives on ranks"), _fingerprints),
     _Rule("monitored_barrier", re.compile(r"failed to pass monitoredBarrier in (?P<timeout_ms>\d+) ms"), _rank_list),
+    # The process itself dying: libstdc++'s last words before abort(), and faulthandler's.
+    _Rule("cpp_terminate", re.compile(r"terminate called (?:without an active exception"
+                                      r"|after throwing an instance of '(?P<exception>[^']+)')")),
+    _Rule("fatal_python_error", re.compile(r"Fatal Python error: (?P<error>\w[\w ]*)")),
 )
+PROCESS_DEATHS = ("cpp_terminate", "fatal_python_error")  # kinds of line printed only as the process dies
 
 
 def _common_fields(text: str) -> dict[str, Any]:

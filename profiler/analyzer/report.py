@@ -20,7 +20,7 @@ MAX_RANK_ROWS = 64  # longer rank tables are cut in the Markdown report (all ran
 
 
 # The verdicts on why a run stopped (detectors/hang.py): read first whatever their severity.
-STOP_KINDS = ("hang", "crash", "interrupted")
+STOP_KINDS = ("hang", "crash", "crash_at_exit", "interrupted")
 
 
 def order(findings: list[Finding]) -> list[Finding]:

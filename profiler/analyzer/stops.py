@@ -15,6 +15,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from diagtrain.profiler.analyzer.logs import PROCESS_DEATHS
 from diagtrain.profiler.analyzer.tables import Tables
 
 # Errors a rank raises because a peer went away, not because of a fault of its own; the most telling
@@ -41,6 +42,7 @@ WRAPPER_FAILED = "wrapper_failed"  # diagtrain's wrapper itself failed and stopp
 SIGNALLED = "signalled"  # a rank ended on SIGINT or SIGTERM (its own record)
 KILLED = "killed"  # a rank ended with no record at all (SIGKILL, a C++ abort)
 EXCEPTION = "exception"  # a rank raised, or called sys.exit with a failure code
+EXIT_CRASH = "exit_crash"  # a rank's script ended well, then its process died while Python shut down
 CONNECTION = "connection"  # a rank raised because a peer went away
 BY_SIGNAL = (HOST_INTERRUPTED, SIGNALLED)
 
@@ -89,6 +91,7 @@ def collect(tables: Tables) -> list[Stop]:
             if stop is not None:
                 found.append(stop)
     if tables.manifest.get("status") == "failed":
+        found += _exit_crashes(tables)
         # A rank with no exit record died abruptly (a C++ abort, SIGKILL): its last step is when it was last seen.
         for rank in sorted(set(tables.rank_hosts) - set(tables.exits) - lost_ranks):
             found.append(Stop(KILLED, _last_seen(tables, rank), [rank], tables.rank_hosts.get(rank),
@@ -130,6 +133,28 @@ def _rank_stop(tables: Tables, rank: int, record: dict) -> Stop | None:
     if reason == "sys.exit" and record.get("code") not in (0, None):
         return Stop(EXCEPTION, detail=f"sys.exit({record.get('code')})", **common)
     return None
+
+
+def _exit_crashes(tables: Tables) -> list[Stop]:
+    """Ranks whose script ended with code 0 and whose process then died: the exit record is written
+    at exit, before the interpreter's teardown, so only the stderr lines after it say so. When every
+    rank's script ended well and none of them says more, the failure is still in the teardown."""
+    ended_well = {r: e for r, e in tables.exits.items() if e and e.get("code") == 0}
+    found = []
+    for rank, record in sorted(ended_well.items()):
+        deaths = [e for e in tables.log_events.get(rank, []) if e.kind in PROCESS_DEATHS]
+        if deaths:
+            found.append(Stop(EXIT_CRASH, record.get("time"), [rank], tables.rank_hosts.get(rank),
+                              "; ".join(dict.fromkeys(e.text.strip() for e in deaths[:3])), code=0,
+                              evidence=[{"type": "exit", "rank": rank, "code": 0, "reason": record.get("reason")},
+                                        *({"type": "log", "rank": rank, "file": "stderr.log", "line": e.line_no,
+                                           "text": e.text[:300]} for e in deaths[:3])]))
+    if not found and ended_well and set(ended_well) == set(tables.rank_hosts):
+        times = [e["time"] for e in ended_well.values() if e.get("time") is not None]
+        found.append(Stop(EXIT_CRASH, max(times, default=None), sorted(ended_well), detail="", code=0,
+                          evidence=[{"type": "exit", "rank": r, "code": 0, "reason": e.get("reason")}
+                                    for r, e in sorted(ended_well.items())][:12]))
+    return found
 
 
 def _last_seen(tables: Tables, rank: int) -> float | None:

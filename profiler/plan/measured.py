@@ -30,6 +30,9 @@ WARMUP_STEPS = 1  # step 1 carries start-up (process groups, allocator growth): 
 # The reference trainers' TP plan converts the input of each of wq, wk, wv and w1 on its own.
 REFERENCE_TP_BACKWARD_REDUCES = 4
 GRAD_BYTES_ASSUMED = 4  # a foreign run's size is read off its gradient all-reduces: fp32 gradients assumed
+# FSDP gathers every weight at least once a step (twice when it reshards after forward); half the
+# model's bytes leaves room for weights it keeps unsharded (a root module's, an embedding).
+SHARDED_GATHER_SHARE = 0.5
 
 
 class RunInputError(ValueError):
@@ -81,15 +84,22 @@ def describe(run: dict[str, Any], trainer: dict | None, total_params: float | No
     if dims["pp"] * dims["dp"] * dims["tp"] != world:
         dims = {"pp": 1, "dp": world, "tp": 1}
         notes.append(f"no mesh recorded: assumed plain data parallelism over the {world} ranks")
+    profiled = with_steps(collectives, steps)
     params = total_params
     if params is None:
-        params = _params_from_gradients(with_steps(collectives, steps))
-        notes.append(f"size read off the gradient all-reduces of one step: {params:,.0f} parameters "
-                     f"({GRAD_BYTES_ASSUMED}-byte gradients assumed)")
+        # A rank reduces the gradients of its own tensor-parallel shard and pipeline stage only.
+        shards = dims["tp"] * dims["pp"]
+        params = _params_from_gradients(profiled) * shards
+        notes.append(f"size read off the gradient reductions of one step: {params:,.0f} parameters "
+                     f"({GRAD_BYTES_ASSUMED}-byte gradients assumed"
+                     f"{f', one rank holding 1/{shards} of them' if shards > 1 else ''})")
     model = shape_for(params)
     notes.append(f"shape assumed from the nearest well-known model: {model.layers} layers, hidden {model.hidden}, "
                  f"sequence {model.seq_len} (pass --layers/--hidden/--seq to correct)")
     zero = 3 if (run.get("strategy") or "").lower() in ("fsdp", "zero3") else 0
+    if not zero and run.get("strategy") is None and _gathers_weights(profiled, params):
+        zero = 3
+        notes.append("every step all-gathers as many bytes as the model holds: assumed fully sharded (FSDP, ZeRO-3)")
     layout = Layout(dp=dims["dp"], tp=dims["tp"], pp=dims["pp"], zero=zero)
     return RunModel(model, layout, FP32, impl, world, strategy=run.get("strategy"), notes=notes)
 
@@ -123,15 +133,30 @@ def total_parameters(parameters: dict[int, dict]) -> float | None:
 
 
 def _params_from_gradients(collectives: pd.DataFrame) -> float:
-    """Parameters of a plain data-parallel run: its gradient all-reduces in one profiled step."""
+    """Parameters of a data-parallel run: the gradients it reduces in one profiled step (DDP's
+    all-reduces, FSDP's reduce-scatters over the whole buffer)."""
     if collectives.empty or "step" not in collectives:
         raise RunInputError("no parameters.json and no profiled collectives to size the model from")
-    ar = collectives[(collectives["op"] == "all_reduce") & (collectives["rank"] == collectives["rank"].min())]
-    per_step = ar.groupby("step")["bytes"].sum()
-    if per_step.empty or not per_step.max() > 0:
+    per_step = _bytes_per_step(collectives, ("all_reduce", "reduce_scatter"))
+    if not per_step > 0:
         raise RunInputError("no parameters.json and no gradient all-reduce in the profiled steps to size the model "
                             "from")
-    return float(per_step.median()) / GRAD_BYTES_ASSUMED
+    return per_step / GRAD_BYTES_ASSUMED
+
+
+def _gathers_weights(collectives: pd.DataFrame, params: float) -> bool:
+    """Whether one rank all-gathers at least the model's weights every profiled step: FSDP's signature
+    (a DDP job's all-gathers are of metrics, far smaller)."""
+    if collectives.empty or "step" not in collectives:
+        return False
+    return _bytes_per_step(collectives, ("all_gather",)) >= SHARDED_GATHER_SHARE * params * GRAD_BYTES_ASSUMED
+
+
+def _bytes_per_step(collectives: pd.DataFrame, ops: tuple[str, ...]) -> float:
+    """The median over profiled steps of the bytes one rank (the lowest) moved in ``ops``."""
+    mine = collectives[collectives["op"].isin(ops) & (collectives["rank"] == collectives["rank"].min())]
+    per_step = mine.groupby("step")["bytes"].sum()
+    return float(per_step.median()) if len(per_step) else 0.0
 
 
 # -- what the run measured ----------------------------------------------------------------------

@@ -83,9 +83,11 @@ def start() -> None:
     _point_collective_logs(folder)
     _tee_output(folder)
     write_json_atomic(folder / "rank.json", describe_rank(rank))
-    _ExitRecorder(folder).install()
+    recorder = _ExitRecorder(folder)
+    recorder.install()
     # A C++ abort (gloo's EnforceNotMet, a CUDA error) skips atexit; this at least puts the
     # Python stacks of every thread into stderr.log.
+    recorder.user_faulthandler = faulthandler.is_enabled()
     faulthandler.enable(all_threads=True)
     from diagtrain.profiler.rank import state_dump, step_hooks
 
@@ -206,6 +208,7 @@ class _ExitRecorder:
         # must not cut the exit record, the dumps or a window's trace export short.
         self.stopping = False
         self.exiting = False  # the exit record and dumps are being written
+        self.user_faulthandler = False  # the job turned faulthandler on itself: leave it on at exit
 
     def install(self) -> None:
         self._sys_exit = sys.exit
@@ -274,3 +277,7 @@ class _ExitRecorder:
                                                           **({"warnings": warnings} if warnings else {})})
         except OSError as e:
             trouble.warn(self.folder, "exit.json", f"exit.json not written ({trouble.reason(e)})")
+        # What runs after this is the interpreter's teardown, where a Python stack says nothing, and
+        # faulthandler's all-threads dump of a C++ abort there crashes itself: SIGABRT became SIGSEGV.
+        if not self.user_faulthandler:
+            faulthandler.disable()

@@ -2,7 +2,10 @@
 
 Environment knobs for the tests: STEPS, STEP_SLEEP (seconds per step), FAIL_RANK and FAIL_STEP
 (that rank raises at that step), PAUSE_RANK, PAUSE_STEP and PAUSE_S (that rank sleeps before that
-step's work, while its peers wait in the step's all-reduce), EXIT_CODE (exit with it at the end).
+step's work, while its peers wait in the step's all-reduce), EXIT_CODE (exit with it at the end),
+TEARDOWN_CRASH_RANK (that rank's process calls C++'s std::terminate while Python shuts down, after
+the script ended: what gloo's threads do when a process group outlives the script; with
+TEARDOWN_SILENT=1 it is killed there instead, saying nothing).
 """
 
 import os
@@ -38,4 +41,23 @@ print(f"user script: rank {rank} finished; NCCL_DEBUG_FILE={os.environ.get('NCCL
 print(f"user script: rank {rank} says goodbye on stderr", file=sys.stderr, flush=True)
 if distributed:
     dist.destroy_process_group()
+
+
+class TerminateAtTeardown:
+    """Aborts through libstdc++ when the interpreter's teardown frees it (a global: after atexit)."""
+
+    def __init__(self) -> None:
+        import ctypes
+        import signal
+
+        silent = os.environ.get("TEARDOWN_SILENT") == "1"
+        # std::terminate(), or SIGKILL; bound now: modules are half torn down when __del__ runs.
+        self.die = (lambda: os.kill(os.getpid(), signal.SIGKILL)) if silent else ctypes.CDLL("libstdc++.so.6")._ZSt9terminatev
+
+    def __del__(self) -> None:
+        self.die()
+
+
+if rank == int(os.environ.get("TEARDOWN_CRASH_RANK", -1)):
+    freed_last = TerminateAtTeardown()
 sys.exit(int(os.environ.get("EXIT_CODE", "0")))

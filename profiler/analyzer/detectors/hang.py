@@ -1,4 +1,4 @@
-"""hang, crash, host_lost, interrupted and collective_mismatch: why a job stopped, in one sentence.
+"""hang, crash, crash_at_exit, host_lost, interrupted and collective_mismatch: why a job stopped, in one sentence.
 
 When something stopped first (stops.py, every host on one clock): a rank that died (its exception
 and line, or the signal that killed it), a host lost or stopped by a signal, is the cause, and the
@@ -57,6 +57,8 @@ def detect(tables: Tables) -> list[Finding]:
             findings.append(_interrupted(tables, cause, record, stalled_s))
     elif cause.kind in (stops.HOST_LOST, stops.WRAPPER_FAILED):
         findings.append(_host_lost(tables, cause, record))
+    elif cause.kind == stops.EXIT_CRASH:
+        findings.append(_exit_crash(tables, cause))
     elif cause.kind in stops.BY_SIGNAL:
         # Ranks stopped mid-step, some inside a collective their peers had not reached: not a hang.
         findings.append(_interrupted(tables, cause, record, stalled_s))
@@ -148,6 +150,28 @@ def _crash(tables: Tables, cause: stops.Stop, record: list[stops.Stop], blocked:
         metrics={"exit_code": cause.code, "waiting_in": waiting.op if waiting else None, "cause": cause.kind},
         evidence=_stop_evidence(cause, record) + (_evidence(tables, waiting) if waiting else []),
         time_range=_instant(cause),
+    )
+
+
+def _exit_crash(tables: Tables, cause: stops.Stop) -> Finding:
+    """The training finished; a process died after its script ended, and the launcher called the job failed."""
+    many = len(cause.ranks) > 1
+    who = f"rank{'s' if many else ''} {_list(cause.ranks)}{_on_hosts(tables, cause.ranks)}"
+    steps = tables.steps.loc[tables.steps["rank"].isin(cause.ranks), "step"] if not tables.steps.empty else []
+    done = f" after step {int(max(steps))}" if len(steps) else ""
+    said = f": {cause.detail[:300]}" if cause.detail else " without a message (every rank's script ended with code 0)"
+    return Finding(
+        kind="crash_at_exit", severity="error", ranks=cause.ranks,
+        explanation=(f"the training finished, but the job failed on its way out: {who}'s script ended with code 0"
+                     f"{done}, then {'their processes' if many else 'its process'} died while Python shut "
+                     f"down{said}. The launcher counted that as a failure (exit code "
+                     f"{tables.manifest.get('exit_code')}); everything the ranks recorded before it is complete."),
+        suggestion=("Free what holds a process group before the script ends: a DDP or FSDP model or an optimizer "
+                    "kept in a global outlives `dist.destroy_process_group()`, and gloo's or NCCL's C++ threads then "
+                    "die during the interpreter's teardown. Delete them (`del model, optimizer`) before destroying "
+                    "the group, or keep them inside a `main()` function that returns first."),
+        metrics={"exit_code": tables.manifest.get("exit_code"), "cause": cause.kind},
+        evidence=cause.evidence[:12], time_range=_instant(cause),
     )
 
 

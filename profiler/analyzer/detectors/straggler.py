@@ -91,7 +91,8 @@ def _stragglers(steps: pd.DataFrame, phases: list[str]) -> list[Finding]:
             explanation=(
                 f"rank {rank} is a straggler in steps {ranges(rows['step'])}: {phase} "
                 f"{rows['value_ms'].median():.1f} ms, {per_step:.1f} ms more than its peers' "
-                f"{rows['peer_ms'].median():.1f} ms; ranks {ranges(others)} wait for it at the next collective."
+                f"{rows['peer_ms'].median():.1f} ms; rank{'s' if len(others) > 1 else ''} {ranges(others)} "
+                f"wait{'' if len(others) > 1 else 's'} for it at the next collective."
                 + (f" It does the same work as they do ({work:.2f}x their matrix-multiply FLOPs): its compute is "
                    "slower, not larger (other processes on its host, a slower or throttled device)." if same_work else "")
             ),
