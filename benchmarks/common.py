@@ -12,6 +12,14 @@ from importlib import metadata
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# For the snippets the benchmarks run in fresh processes: the process's own peak RSS. Not getrusage's
+# ru_maxrss, which Linux keeps across fork and exec: a child of a parent holding 1.5 GiB (a trace it
+# just wrote) reported 1.5 GiB whatever it used itself. VmHWM is the peak of this address space only.
+PEAK_MIB_CODE = """
+def peak_mib():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+"""
 
 
 def machine() -> dict:

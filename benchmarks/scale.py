@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import machine, save
+from common import PEAK_MIB_CODE, machine, save
 from measure import run_measured_detail
 from synthetic import trace_set, unpacked_mib
 
@@ -31,14 +31,11 @@ from diagtrain.profiler.cli import main
 sys.exit(main(["analyze", {folder!r}, "--out", {out!r}, "--format", "json", "--quiet", "--workers", "{workers}"]))
 """
 # The client (this process, with the LocalCluster's scheduler in it) and each worker report their own
-# peak RSS (getrusage: the true peak, not a sample); the workers are fresh processes for each point.
-ON_DASK = """
-import json, resource, sys
+# peak RSS (VmHWM: the true peak, not a sample); the workers are fresh processes for each point.
+ON_DASK = PEAK_MIB_CODE + """
+import json, sys
 from distributed import Client, LocalCluster
 from diagtrain.profiler.cli import main
-
-def peak_mib():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 with LocalCluster(n_workers={workers}, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \\
         Client(cluster) as client:
@@ -103,7 +100,7 @@ the local pool ({WORKERS} worker processes, the default) and a Dask `LocalCluste
 worker processes of one thread each, started inside the measured process (`--scheduler`; the
 scheduler runs in the client process, so "client peak" includes it). Peak MiB (all processes) and
 largest process are sampled with psutil every 20 ms; client and worker peaks are each process's own
-peak RSS (getrusage). The load average (1 min) is recorded because the machine was shared with
+peak RSS (VmHWM). The load average (1 min) is recorded because the machine was shared with
 other jobs during the measurement: compare the two ways of one point, not seconds across recordings.
 "trace MiB" is one rank's trace unpacked (JSON). "local pool" is the default without --scheduler: the
 ranks load in this process one after the other while their traces total under 4 MiB compressed

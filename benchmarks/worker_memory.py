@@ -24,15 +24,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import machine, save
+from common import PEAK_MIB_CODE, machine, save
 from synthetic import unpacked_mib, write_trace
 
 EVENTS = (1_000_000, 4_000_000, 12_000_000)  # about 0.2, 0.7 and 2 GiB of JSON
 TARGET_RATIO = 1.5  # issue 18: worker peak above its base / decoded columns
-WORKER = """
-import json, resource, sys
+WORKER = PEAK_MIB_CODE + """
+import json, sys
 from pathlib import Path
 from diagtrain.profiler.analyzer import load
+import pyarrow.parquet  # every worker writes Parquet: its import is part of a worker's base, not a trace's cost
 
 def rss_mib():
     with open("/proc/self/status") as f:
@@ -41,11 +42,11 @@ def rss_mib():
 inputs, _ = load.discover(Path({folder!r}))
 base = rss_mib()
 result = load.load_rank(inputs[0], Path({cache!r}))
-print(json.dumps({{"base_mib": base, "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+print(json.dumps({{"base_mib": base, "peak_mib": peak_mib(),
                   "steps": len(result.steps)}}))
 """
-DECODER = """
-import json, resource, sys
+DECODER = PEAK_MIB_CODE + """
+import json, sys
 from pathlib import Path
 from diagtrain.profiler.analyzer import trace_file
 
@@ -55,7 +56,7 @@ kept = trace.arguments
 arguments = 0 if kept is None else int(kept.rows.nbytes + sum(
     __import__("pandas").Series(v).memory_usage(deep=True) for v in kept.columns.values()))
 print(json.dumps({{"events": len(trace.events), "columns_mib": (events + arguments) / 2**20,
-                  "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
+                  "peak_mib": peak_mib()}}))
 """
 
 
@@ -95,7 +96,7 @@ def markdown(m: dict, rows: list[dict]) -> str:
 One synthetic GPU-shaped rank per size (benchmarks/synthetic.py). "worker": a fresh process running
 `load.load_rank`, the task a pool or Dask worker runs for one rank (decode, step breakdown,
 collectives, summary, cache files); its base is its RSS after imports, its peak the true peak RSS
-(getrusage). "decoded columns": the events table and kept arguments that `trace_file.read_trace`
+of its own address space (VmHWM; getrusage's counter carries the parent's over exec). "decoded columns": the events table and kept arguments that `trace_file.read_trace`
 returns (deep sizes). Target: growth (peak - base) at most {TARGET_RATIO}x the decoded columns.
 
 {chr(10).join(lines)}

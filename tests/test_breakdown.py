@@ -75,6 +75,27 @@ def _unit_cover(intervals: iv.Intervals, horizon: int) -> np.ndarray:
     return covered
 
 
+def test_outermost_order_sorts_only_where_events_start_together():
+    ts, dur = np.array([0.0, 1.0, 1.0, 3.0, 2.0]), np.array([9.0, 1.0, 4.0, 1.0, 1.0])
+    # Rows 1 and 2 start together: the longer (2) first; row 4 starts before row 3.
+    rows = np.array([0, 1, 2, 3, 4])
+    assert rows[iv.outermost_order(rows, ts, dur)].tolist() == [0, 2, 1, 4, 3]
+    assert iv.outermost_order(np.array([0, 1, 4, 3]), ts, dur) is None  # in time order, no ties: as they are
+
+
+def test_step_times_keep_the_trace_precision(tmp_path):
+    """A rank's steps are found on the trace's own clock and moved to epoch µs after: computed on
+    epoch µs (~1.7e15, where a float64 steps by 0.25 µs) the step took 210,109.25 µs."""
+    from diagtrain.profiler.analyzer import load
+
+    shutil.copy(TRACES / "cpu_only_gloo_rank34.json.gz", tmp_path)
+    inputs, _ = load.discover(tmp_path)
+    [step] = load.load_rank(inputs[0], tmp_path / "cache").steps.itertuples()
+    # The ProfilerStep's "dur" in the file, within a nanosecond (its times are ~1.2e12 µs from the base).
+    assert step.wall_us == pytest.approx(210_109.162, abs=1e-3)
+    assert step.start_us == pytest.approx(1_719_853_884_000_000 + 1_212_075_529_876.817, abs=1)  # on the Unix clock
+
+
 def test_interval_arithmetic_agrees_with_counting_cells():
     """Union, overlap and clipping against cell counting, on random integer intervals: touching, nested,
     empty and identical ones, given sorted (the fast path: no reordering) and shuffled."""

@@ -34,6 +34,16 @@ def merge_with_first(starts: np.ndarray, ends: np.ndarray, gap: float = 0.0) -> 
     return (s[new_group], np.maximum.reduceat(e, firsts)), firsts if order is None else order[firsts]
 
 
+def outermost_order(rows: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> np.ndarray | None:
+    """The order that puts events ``rows`` in time order, the longest first among those that start
+    together (so that merging names each interval after its outermost event); None where they already
+    are in time order with no two starting together (kernels, mostly): no sort, and no copies."""
+    starts = ts[rows]
+    if (starts[1:] > starts[:-1]).all():
+        return None
+    return np.lexsort((-dur[rows], starts))
+
+
 def length(iv: Intervals) -> float:
     """Total length of disjoint intervals."""
     return float((iv[1] - iv[0]).sum())

@@ -295,7 +295,7 @@ def load_rank(item: RankInput, cache_root: Path) -> RankResult:
     traces, impossible, skipped = _read_traces(item)
     first = traces[0]
     rank, source, notes = _rank_of(first, item)
-    events = _epoch_events(traces)
+    events, base_us = _rank_events(traces)
     fr = _flight_recorder(item)
     on_gpu = any(t.on_gpu for t in traces)
     timed = device_time_known(events)
@@ -307,21 +307,23 @@ def load_rank(item: RankInput, cache_root: Path) -> RankResult:
         whole = asdict(bd.gpu_breakdown(first.events)) if timed else {}
     else:
         whole = asdict(bd.cpu_breakdown(events, (events["ts"].min(), events["end"].max())))
+    work = _matmul_work(traces, base_us)
     release_freed_memory()  # each stage's temporaries, before the next stage's: the worker's peak is one stage's
     result = RankResult(
         key=item.key, rank=rank, rank_source=source, files=[display(t.path) for t in traces],
         backend=first.backend, world_size=first.world_size, on_gpu=on_gpu,
         record_shapes=all(t.record_shapes for t in traces), profile_memory=all(t.profile_memory for t in traces),
         pg_config=first.pg_config, host_name=first.host_name, breakdown=whole,
-        steps=step_breakdown(events, rank, on_gpu, timed, _matmul_work(traces)), collectives=collectives,
-        health=_health(events, impossible), warnings=notes, notes=[n for t in traces for n in t.notes],
-        skipped=skipped, segments=_segments(events, rank, on_gpu, timed),
-        p2p=summarize_p2p(events, pd.concat([_epoch(c, t.epoch_offset_us) for t, c in zip(traces, comm)],
+        steps=_on_epoch(step_breakdown(events, rank, on_gpu, timed, work), base_us),
+        collectives=collectives, health=_health(events, impossible), warnings=notes,
+        notes=[n for t in traces for n in t.notes], skipped=skipped,
+        segments=_on_epoch(_segments(events, rank, on_gpu, timed), base_us),
+        p2p=summarize_p2p(events, pd.concat([_moved(c, t.epoch_offset_us - base_us) for t, c in zip(traces, comm)],
                                             ignore_index=True)),
     )
     del events, comm
     release_freed_memory()
-    spans = _joined([timeline.spans(t.events, on_gpu).pipe(_shift, t.epoch_offset_us) for t in traces])
+    spans = _joined([timeline.spans(t.events, on_gpu, t.epoch_offset_us) for t in traces])
     del traces, first  # the events: only the rank's results are written
     release_freed_memory()
     _write_cache(cache, signature, result, spans)
@@ -341,9 +343,19 @@ _STEP_COLUMNS = ["name", "cat", "ts", "dur", "end", "stream", "kind"]  # what th
 _THREAD_COLUMNS = ["tid", "ts", "end", "stream", "name"]  # what the pause before a gloo call reads
 
 
-def _epoch_events(traces: list[TraceFile]) -> pd.DataFrame:
-    """The columns the breakdowns read, of every trace of the rank, on the Unix clock."""
-    return _joined([_epoch(t.events[_STEP_COLUMNS], t.epoch_offset_us) for t in traces])
+def _rank_events(traces: list[TraceFile]) -> tuple[pd.DataFrame, int]:
+    """The columns the breakdowns read, of every trace of the rank, on one clock: µs after the first
+    trace's epoch offset (returned). One window, most ranks, is then its own columns, uncopied: an
+    epoch copy of the times would be 16 bytes an event held through every stage."""
+    base_us = traces[0].epoch_offset_us
+    return _joined([_moved(t.events[_STEP_COLUMNS], t.epoch_offset_us - base_us) for t in traces]), base_us
+
+
+def _on_epoch(table: pd.DataFrame, base_us: int) -> pd.DataFrame:
+    """A per-step table's ``start_us`` and ``end_us`` moved from the rank's clock to the Unix one."""
+    if not base_us or table.empty:
+        return table
+    return table.assign(start_us=table["start_us"] + base_us, end_us=table["end_us"] + base_us)
 
 
 def _joined(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -351,22 +363,22 @@ def _joined(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
 
 
-def _epoch(frame: pd.DataFrame, offset_us: int) -> pd.DataFrame:
-    """``frame``'s events on the Unix clock (epoch µs; exact: offsets are whole µs)."""
-    if not offset_us:
+def _moved(frame: pd.DataFrame, by_us: int) -> pd.DataFrame:
+    """``frame``'s events ``by_us`` later (exact: offsets are whole µs); ``frame`` itself when by nothing."""
+    if not by_us:
         return frame
-    return with_columns(frame, ts=frame["ts"].to_numpy() + offset_us, end=frame["end"].to_numpy() + offset_us)
+    return with_columns(frame, ts=frame["ts"].to_numpy() + by_us, end=frame["end"].to_numpy() + by_us)
 
 
-def _matmul_work(traces: list[TraceFile]) -> pd.DataFrame | None:
-    """The rank's matrix multiplies with recorded shapes: start (epoch µs) and FLOPs; None when no
-    trace recorded any (the work is then unknown)."""
+def _matmul_work(traces: list[TraceFile], base_us: int) -> pd.DataFrame | None:
+    """The rank's matrix multiplies with recorded shapes: start (µs after ``base_us``) and FLOPs; None
+    when no trace recorded any (the work is then unknown)."""
     frames = []
     for t in traces:
         shaped = t.shaped_events()
         flops = matmul_flops(shaped)
         counted = flops > 0
-        frames.append(pd.DataFrame({"ts": shaped["ts"].to_numpy()[counted] + t.epoch_offset_us,
+        frames.append(pd.DataFrame({"ts": shaped["ts"].to_numpy()[counted] + (t.epoch_offset_us - base_us),
                                     "flops": flops[counted]}))
     work = pd.concat(frames, ignore_index=True) if frames else None
     return work if work is not None and len(work) else None
@@ -375,10 +387,6 @@ def _matmul_work(traces: list[TraceFile]) -> pd.DataFrame | None:
 def spans_path(cache_root: Path, result: RankResult) -> Path:
     """Where the worker wrote this rank's timeline spans."""
     return cache_root / result.key / "spans.parquet"
-
-
-def _shift(spans: pd.DataFrame, offset_us: int) -> pd.DataFrame:
-    return spans.assign(start_us=spans["start_us"] + offset_us, end_us=spans["end_us"] + offset_us)
 
 
 def step_breakdown(events: pd.DataFrame, rank: int, on_gpu: bool, timed: bool = True,

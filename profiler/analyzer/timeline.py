@@ -21,19 +21,22 @@ IDLE = "idle"
 SPAN_KINDS = (COMPUTE, COMM, MEMORY, IDLE)
 
 
-def spans(events: pd.DataFrame, on_gpu: bool) -> pd.DataFrame:
-    """The spans of one trace's events: start_us, end_us, kind, name; sorted by start within a kind."""
+def spans(events: pd.DataFrame, on_gpu: bool, offset_us: int = 0) -> pd.DataFrame:
+    """The spans of one trace's events: start_us, end_us (``offset_us`` later than the events: the
+    trace's epoch offset), kind, name; sorted by start within a kind."""
     rows, kinds = _active(events, on_gpu)
-    starts, ends = events["ts"].to_numpy()[rows], events["end"].to_numpy()[rows]
     # Outermost first among events that start together, so a span takes the enclosing op's name.
-    order = np.lexsort((-events["dur"].to_numpy()[rows], starts))
-    starts, ends, kinds = starts[order], ends[order], kinds[order]
+    order = iv.outermost_order(rows, events["ts"].to_numpy(), events["dur"].to_numpy())
+    if order is not None:
+        rows, kinds = rows[order], kinds[order]
+    del order
+    starts, ends = events["ts"].to_numpy()[rows], events["end"].to_numpy()[rows]
     names = events["name"].cat
     categories = names.categories if IDLE in names.categories else names.categories.append(pd.Index([IDLE]))
     dictionary = pd.CategoricalDtype(categories)  # one dictionary for every kind, checked once
-    codes = names.codes.to_numpy()[rows[order]]
+    codes = names.codes.to_numpy()[rows]
     codes_dtype = codes.dtype
-    del rows, order
+    del rows
     parts: dict[str, list[np.ndarray]] = {"start_us": [], "end_us": [], "kind": [], "name": []}
 
     def add(kind: str, s: np.ndarray, e: np.ndarray, name_codes: np.ndarray) -> None:
@@ -48,18 +51,21 @@ def spans(events: pd.DataFrame, on_gpu: bool) -> pd.DataFrame:
     del codes, kinds
     idle_s, idle_e = _idle(events, iv.merge(starts, ends), on_gpu)
     add(IDLE, idle_s, idle_e, np.full(len(idle_s), categories.get_loc(IDLE), dtype=codes_dtype))
-    return _frame(parts, dictionary)
+    return _frame(parts, dictionary, offset_us)
 
 
 _SPAN_KINDS = pd.CategoricalDtype(SPAN_KINDS)
 
 
-def _frame(parts: dict[str, list[np.ndarray]], names: pd.CategoricalDtype) -> pd.DataFrame:
-    """The spans' columns, joined a column at a time (the pieces of one let go before the next)."""
+def _frame(parts: dict[str, list[np.ndarray]], names: pd.CategoricalDtype, offset_us: int) -> pd.DataFrame:
+    """The spans' columns, joined a column at a time (the pieces of one let go before the next), the
+    times moved by ``offset_us`` in place (merged first, in the trace's own finer time)."""
     columns = {}
     for column, pieces in parts.items():
         columns[column] = np.concatenate(pieces)
         pieces.clear()
+    columns["start_us"] += offset_us
+    columns["end_us"] += offset_us
     return pd.DataFrame({"start_us": columns["start_us"], "end_us": columns["end_us"],
                          "kind": pd.Categorical.from_codes(columns["kind"], dtype=_SPAN_KINDS),
                          "name": pd.Categorical.from_codes(columns["name"], dtype=names)}, copy=False)

@@ -104,7 +104,7 @@ class _Trace(msgspec.Struct, gc=False):
 
 
 _HEADER = msgspec.json.Decoder(_Trace)
-BLOCK_BYTES = 4 << 20  # decompressed bytes decoded at a time: ~20-60k events, a few MiB of structs
+BLOCK_BYTES = 2 << 20  # decompressed bytes decoded at a time: ~10-30k events, a few MiB of structs
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _WHITESPACE = frozenset(b" \t\r\n")
 _CUT_TRIES = 4  # cuts tried per piece before decoding the document whole (a string holding "}, {" fools one)
@@ -266,8 +266,11 @@ def _read_in_blocks(path: Path) -> tuple[_Trace, _Columns]:
     del head
     columns = _Columns()
     for block in blocks:
-        buffer += block
-        buffer = _add_whole_events(buffer, columns)
+        # An unpacked block can be many times BLOCK_BYTES (gzip's output of one input chunk), and a
+        # piece's structs take ~3x its JSON while it is decoded: pieces of at most a block.
+        for at in range(0, len(block), BLOCK_BYTES):
+            buffer += memoryview(block)[at:at + BLOCK_BYTES]
+            buffer = _add_whole_events(buffer, columns)
     buffer = _add_whole_events(buffer, columns)
     # The rest: the last event, the array's "]", and the header's keys after it.
     end = buffer.find(b"]", 1)
@@ -400,7 +403,7 @@ class _Columns:
         """The events sorted by start, classified (see dialects.classify), how they were read, and
         the arguments of the few events that have them."""
         ts = self._take("ts")
-        order = np.argsort(ts, kind="stable")
+        order = _narrow(np.argsort(ts, kind="stable"))  # int32 below 2**31 events: 4 bytes an event less, held long
         sort = lambda column: self._take(column)[order]  # noqa: E731 - one column at a time: peak memory
         ts = ts[order]
         dur = sort("dur")
@@ -421,17 +424,21 @@ class _Columns:
         """The kept arguments, keyed by each event's row in the sorted table."""
         if not self.sparse:
             return Arguments(np.empty(0, np.int64), {})
-        position = np.empty(len(order), dtype=np.int64)
-        position[order] = np.arange(len(order))
-        rows = position[[s[0] for s in self.sparse]]
-        by_row = np.argsort(rows, kind="stable")
+        # Where the few events with arguments went, without inverting the whole order (two int64
+        # arrays of every event): mark them, and read the marks in sorted order.
+        read_at = np.array([s[0] for s in self.sparse], dtype=np.int64)  # increasing: added in file order
+        marked = np.zeros(len(order), dtype=bool)
+        marked[read_at] = True
+        rows = np.flatnonzero(marked[order])
+        del marked
+        by_row = np.searchsorted(read_at, order[rows])  # each sorted row's entry in self.sparse
         columns = {}
         for i, column in enumerate(ARGUMENT_COLUMNS, 1):
             # fromiter: shapes are nested lists, which np.array would turn into more dimensions.
             values = np.fromiter((s[i] for s in self.sparse), count=len(self.sparse),
                                  dtype=np.float64 if column in _NUMERIC_ARGUMENTS else object)
             columns[column] = values[by_row]
-        return Arguments(rows[by_row], columns)
+        return Arguments(rows, columns)
 
     def _take(self, column: str) -> np.ndarray:
         """One column's pieces as one array; the pieces are let go."""

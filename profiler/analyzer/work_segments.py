@@ -36,10 +36,8 @@ def rank_segments(events: pd.DataFrame, rank: int, on_gpu: bool, timed: bool = T
         work = ~host & kind_in(events, COMPUTE, MEMORY)
     else:
         work = host & kind_in(events, CPU) & (events["cat"] == "cpu_op").to_numpy()
-    (seg_s, seg_e), _ = iv.merge_with_first(ts[work], end[work], gap=COALESCE_GAP_US)
-    busy_s, busy_e = iv.merge(ts[work], end[work])
-    owner = np.searchsorted(seg_s, busy_s, side="right") - 1
-    busy = np.bincount(owner, weights=busy_e - busy_s, minlength=len(seg_s)) if len(seg_s) else np.empty(0)
+    work = np.flatnonzero(work)
+    seg_s, seg_e, busy = _coalesced(ts[work], end[work])
 
     step_rows = np.flatnonzero(steps_mask)
     order = np.argsort(ts[step_rows])
@@ -55,12 +53,13 @@ def rank_segments(events: pd.DataFrame, rank: int, on_gpu: bool, timed: bool = T
     phase_at = _labeller(ts[phase_mask], end[phase_mask],
                          [n[len(PHASE_PREFIX):] for n in _names_at(names, np.flatnonzero(phase_mask))])
     # The operator a segment runs in: ops and user annotations (the profiler's own span is neither).
-    label_mask = (host & ~steps_mask & ~phase_mask & ~kind_in(events, COMM) & _category_in(events["cat"], LABEL_CATEGORIES)
-                  if not on_gpu else work)
-    rows = np.flatnonzero(label_mask)
-    outer = np.lexsort((-events["dur"].to_numpy()[rows], ts[rows]))
-    (lab_s, lab_e), first = iv.merge_with_first(ts[rows][outer], end[rows][outer])
-    op_at = _labeller(lab_s, lab_e, list(_names_at(names, rows[outer][first])))
+    rows = work if on_gpu else np.flatnonzero(
+        host & ~steps_mask & ~phase_mask & ~kind_in(events, COMM) & _category_in(events["cat"], LABEL_CATEGORIES))
+    del host, steps_mask, phase_mask
+    order = iv.outermost_order(rows, ts, events["dur"].to_numpy())
+    rows = rows if order is None else rows[order]
+    (lab_s, lab_e), first = iv.merge_with_first(ts[rows], end[rows])
+    op_at = _labeller(lab_s, lab_e, _names_at(names, rows[first]))
     # The gap before a segment starts at the previous segment's end, or at its step's start.
     prev_end = np.concatenate([[-np.inf], seg_e[:-1]])
     new_step = np.concatenate([[True], at[1:] != at[:-1]])
@@ -68,6 +67,15 @@ def rank_segments(events: pd.DataFrame, rank: int, on_gpu: bool, timed: bool = T
     return pd.DataFrame({"rank": rank, "step": step_no[at], "start_us": seg_s, "end_us": seg_e, "busy_us": busy,
                          "phase": phase_at(seg_s), "gap_phase": phase_at(gap_start), "op": op_at(seg_s)},
                         columns=COLUMNS)
+
+
+def _coalesced(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Work intervals (sorted by start) coalesced across short gaps: start, end and busy time of each."""
+    (seg_s, seg_e), _ = iv.merge_with_first(starts, ends, gap=COALESCE_GAP_US)
+    busy_s, busy_e = iv.merge(starts, ends)
+    owner = np.searchsorted(seg_s, busy_s, side="right") - 1
+    busy = np.bincount(owner, weights=busy_e - busy_s, minlength=len(seg_s)) if len(seg_s) else np.empty(0)
+    return seg_s, seg_e, busy
 
 
 def _names_at(names: pd.Series, rows: np.ndarray) -> np.ndarray:
@@ -101,6 +109,7 @@ def _labeller(starts: np.ndarray, ends: np.ndarray, labels: list[str]):
     order = np.argsort(starts, kind="stable")
     starts, ends = np.asarray(starts, dtype=float)[order], np.asarray(ends, dtype=float)[order]
     names = np.asarray(labels, dtype=object)[order]
+    del order
 
     def label(times: np.ndarray) -> np.ndarray:
         if not len(starts):

@@ -21,7 +21,8 @@ from typing import Any
 GZIP_MAGIC = b"\x1f\x8b"
 _GZIP_WBITS = 31  # zlib's window bits for the gzip container
 _IN_CHUNK = 1 << 20  # compressed bytes fed to zlib at a time (slices, never copies of the rest)
-_OUT_CHUNK = 8 << 20  # unpacked bytes produced at a time, so a bomb is stopped within one chunk
+_OUT_CHUNK = 2 << 20  # unpacked bytes produced at a time: a bomb is stopped within one chunk, and a
+# reader decoding as the chunks come holds one at a time
 # JSON traces pack 10-15x (the shared HTA traces, our own); a file unpacking 100x past the floor
 # is a decompression bomb, refused long before its unpacked size is reached.
 MAX_GZIP_RATIO = 100
