@@ -137,9 +137,12 @@ def _rank_stop(tables: Tables, rank: int, record: dict) -> Stop | None:
 
 def _exit_crashes(tables: Tables) -> list[Stop]:
     """Ranks whose script ended with code 0 and whose process then died: the exit record is written
-    at exit, before the interpreter's teardown, so only the stderr lines after it say so. When every
-    rank's script ended well and none of them says more, the failure is still in the teardown."""
+    at exit, before the interpreter's teardown, so only the stderr lines after it say so. When none
+    says more, and no other rank failed on its own (every other one was stopped by the launcher's
+    SIGTERM, and none vanished), the failure is still in the teardown of the ranks that ended well."""
     ended_well = {r: e for r, e in tables.exits.items() if e and e.get("code") == 0}
+    others = [e for r, e in tables.exits.items() if r not in ended_well]
+    only_stopped = all(e and e.get("reason") == "terminated" for e in others) and set(tables.exits) >= set(tables.rank_hosts)
     found = []
     for rank, record in sorted(ended_well.items()):
         deaths = [e for e in tables.log_events.get(rank, []) if e.kind in PROCESS_DEATHS]
@@ -149,7 +152,7 @@ def _exit_crashes(tables: Tables) -> list[Stop]:
                               evidence=[{"type": "exit", "rank": rank, "code": 0, "reason": record.get("reason")},
                                         *({"type": "log", "rank": rank, "file": "stderr.log", "line": e.line_no,
                                            "text": e.text[:300]} for e in deaths[:3])]))
-    if not found and ended_well and set(ended_well) == set(tables.rank_hosts):
+    if not found and ended_well and only_stopped:
         times = [e["time"] for e in ended_well.values() if e.get("time") is not None]
         found.append(Stop(EXIT_CRASH, max(times, default=None), sorted(ended_well), detail="", code=0,
                           evidence=[{"type": "exit", "rank": r, "code": 0, "reason": e.get("reason")}
