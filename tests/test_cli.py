@@ -21,6 +21,14 @@ def test_help_explains_the_train_command():
     assert "--strategy {ddp,fsdp,tp,pp,3d}" in proc.stdout and "straggler:rank=R" in proc.stdout
 
 
+def test_the_command_line_starts_without_pandas_or_torch():
+    """`diagtrain --help` and the start of `diagtrain run` import neither: half a second and more each."""
+    code = ("import sys; from diagtrain.profiler.cli import build_parser; build_parser(); "
+            "print(sorted({'pandas', 'pyarrow', 'torch'} & set(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
 def test_no_command_is_a_usage_error():
     proc = diagtrain()
     assert proc.returncode == USAGE and "required" in proc.stderr

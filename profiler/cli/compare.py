@@ -13,7 +13,6 @@ from pathlib import Path
 
 from rich.console import Console
 
-from diagtrain.profiler.compare import regression
 from diagtrain.profiler.compare.noise import RECOMMENDED_RUNS
 from diagtrain.profiler.compare.report import FORMATS, headline, render
 from diagtrain.profiler.run_dir import write_bytes_atomic, write_json_atomic
@@ -57,7 +56,8 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
 def run_compare(args: argparse.Namespace, argv: list[str]) -> int:
     """Compare NEW against BASE; the exit code is the verdict."""
-    from diagtrain.profiler.compare import summary as run_summary  # pandas: only once the command runs
+    from diagtrain.profiler.compare import regression  # pandas: only once the command runs
+    from diagtrain.profiler.compare import summary as run_summary
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
@@ -92,6 +92,7 @@ def run_compare(args: argparse.Namespace, argv: list[str]) -> int:
 
 def run_baseline(args: argparse.Namespace, argv: list[str]) -> int:
     """Store the runs' summaries as one baseline file."""
+    from diagtrain.profiler.compare import regression
     from diagtrain.profiler.compare import summary as run_summary
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+from typing import TYPE_CHECKING
 from xml.sax.saxutils import quoteattr
 
-from diagtrain.profiler.compare import regression
 from diagtrain.profiler.compare.findings import FindingChange
+
+if TYPE_CHECKING:  # regression needs pandas: `diagtrain --help` and `run` need only FORMATS from here
+    from diagtrain.profiler.compare import regression
 
 FORMATS = ("md", "json", "junit")
 
@@ -25,7 +28,9 @@ def headline(c: regression.Comparison) -> str:
     if c.inconclusive:
         return f"inconclusive: {_count(c.inconclusive, 'metric')} changed, but {runs} cannot tell code from machine noise"
     if not c.judged:
-        return f"inconclusive: no metric has enough steps to be judged (at least {regression.MIN_SAMPLES} per run)"
+        from diagtrain.profiler.compare.regression import MIN_SAMPLES
+
+        return f"inconclusive: no metric has enough steps to be judged (at least {MIN_SAMPLES} per run)"
     return f"no regression beyond the noise of {runs}"
 
 
