@@ -95,8 +95,9 @@ def markdown(m: dict, rows: list[dict]) -> str:
 {m['date']}, {m['cpu_count']} cores, {m['memory_gib']} GiB, Python {m['python']}. Command: `{m['command']}`.
 One synthetic GPU-shaped rank per size (benchmarks/synthetic.py). "worker": a fresh process running
 `load.load_rank`, the task a pool or Dask worker runs for one rank (decode, step breakdown,
-collectives, summary, cache files); its base is its RSS after imports, its peak the true peak RSS
-of its own address space (VmHWM; getrusage's counter carries the parent's over exec). "decoded columns": the events table and kept arguments that `trace_file.read_trace`
+collectives, summary, cache files); its base is its RSS after imports (pyarrow's included), its
+peak the true peak RSS of its own address space (VmHWM; getrusage's counter carries the parent's
+over exec). "decoded columns": the events table and kept arguments that `trace_file.read_trace`
 returns (deep sizes). Target: growth (peak - base) at most {TARGET_RATIO}x the decoded columns.
 
 {chr(10).join(lines)}

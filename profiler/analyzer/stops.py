@@ -142,7 +142,8 @@ def _exit_crashes(tables: Tables) -> list[Stop]:
     SIGTERM, and none vanished), the failure is still in the teardown of the ranks that ended well."""
     ended_well = {r: e for r, e in tables.exits.items() if e and e.get("code") == 0}
     others = [e for r, e in tables.exits.items() if r not in ended_well]
-    only_stopped = all(e and e.get("reason") == "terminated" for e in others) and set(tables.exits) >= set(tables.rank_hosts)
+    only_stopped = (all(e and e.get("reason") == "terminated" for e in others)
+                    and set(tables.exits) >= set(tables.rank_hosts))
     found = []
     for rank, record in sorted(ended_well.items()):
         deaths = [e for e in tables.log_events.get(rank, []) if e.kind in PROCESS_DEATHS]
