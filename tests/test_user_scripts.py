@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from conftest import diagtrain_run, torchrun
+from diagtrain.dashboard import data as dashboard_data
+from diagtrain.dashboard import expected as dashboard_expected
 from diagtrain.profiler.analyzer import load, tables
 from diagtrain.profiler.analyzer.analyze import analyze
 
@@ -172,6 +174,8 @@ def test_a_rank_that_sleeps_before_an_fsdp_forward_is_a_straggler_not_a_slow_pat
     assert {k: e["model"]["dims"][k] for k in ("dp", "tp", "pp", "zero")} == {"dp": 2, "tp": 2, "pp": 1, "zero": 3}
     assert 1.0 <= e["model"]["parameters"] / BLOCKS_2D_PARAMS <= 1.15
     assert [r["expected_peak_bytes"] for r in e["state"]] == [None] * 4  # no activations from a guessed shape
+    rows, _ = dashboard_expected.state_table(dashboard_data.load(run))  # the Expected tab shows the gap, not a crash
+    assert [r["expected_peak_mib"] for r in rows] == [None] * 4 and all(r["peak_mib"] > 0 for r in rows)
 
 
 def test_a_slow_rank_in_ddp_is_a_straggler(slow_rank_ddp):
