@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from diagtrain.profiler.analyzer import intervals as iv
@@ -81,6 +82,31 @@ def test_outermost_order_sorts_only_where_events_start_together():
     rows = np.array([0, 1, 2, 3, 4])
     assert rows[iv.outermost_order(rows, ts, dur)].tolist() == [0, 2, 1, 4, 3]
     assert iv.outermost_order(np.array([0, 1, 4, 3]), ts, dur) is None  # in time order, no ties: as they are
+
+
+def test_kernels_that_overlap_on_their_stream_are_counted_per_stream():
+    from diagtrain.profiler.analyzer.dialects import KINDS
+    from diagtrain.profiler.analyzer.load import _health
+
+    # Stream 7: [0, 6) then [5, 8) overlap, [9, 12) does not; stream 20: [6, 9) then [7, 8) overlap. The
+    # last row, a window joined out of time order, overlaps nothing on stream 7.
+    events = pd.DataFrame({"stream": [7, 7, 20, 20, 7, 7], "ts": [0.0, 5.0, 6.0, 7.0, 9.0, -3.0],
+                           "end": [6.0, 8.0, 9.0, 8.0, 12.0, -1.0],
+                           "kind": pd.Categorical(["compute"] * 6, categories=KINDS)})
+    assert _health(events, 0) == ["2 kernels start before the previous kernel on their stream ends"]
+
+
+def test_the_kernels_hta_keeps_are_those_launched_before_the_last_step():
+    from diagtrain.profiler.analyzer.breakdown import gpu_kernels
+
+    for trace in ("nccl_2rank_rank0", "sampled_128rank_rank0"):
+        events = read_trace(TRACES / f"{trace}.json.gz").events
+        host = events["stream"] < 0
+        last_step = events.loc[host & events["name"].astype(str).str.startswith("ProfilerStep"), "ts"].max()
+        launched = set(events.loc[host & (events["correlation"] >= 0) & (events["ts"] < last_step), "correlation"])
+        expected = (events["stream"] >= 0) & events["correlation"].isin(launched)
+        assert 0 < len(gpu_kernels(events)) < (events["stream"] >= 0).sum()  # some left out: the check means something
+        assert gpu_kernels(events).index.tolist() == events.index[expected].tolist()
 
 
 def test_step_times_keep_the_trace_precision(tmp_path):

@@ -39,6 +39,9 @@ class Breakdown:
         return self.comm_us - self.exposed_comm_us
 
 
+DENSE_IDS = 4  # correlation ids up to this many times the events are looked up in a table (else isin)
+
+
 def gpu_kernels(events: pd.DataFrame) -> pd.DataFrame:
     """GPU events whose launch happened before the last ProfilerStep began (HTA's filter)."""
     return events[_kernel_rows(events)]
@@ -53,7 +56,15 @@ def _kernel_rows(events: pd.DataFrame) -> np.ndarray:
         return device
     correlation = events["correlation"].to_numpy()
     launched = correlation[host & (correlation >= 0) & (ts < ts[steps].max())]
-    return device & np.isin(correlation, launched)
+    if not len(launched) or correlation.max() > DENSE_IDS * len(correlation):
+        return device & np.isin(correlation, launched)
+    # Correlation ids count up from 0: a table of them is a byte an id, where isin makes a whole
+    # int64 copy of every event's id.
+    table = np.zeros(int(correlation.max()) + 1, dtype=bool)
+    table[launched] = True
+    kept = device & (correlation >= 0)
+    kept[kept] = table[correlation[kept]]
+    return kept
 
 
 def gpu_breakdown(events: pd.DataFrame) -> Breakdown:
@@ -64,8 +75,8 @@ def gpu_breakdown(events: pd.DataFrame) -> Breakdown:
     kind = events["kind"].cat.codes.to_numpy()[rows]
     kinds = list(events["kind"].cat.categories)
     # HTA rounds fractional timestamps inward (start up, end down) before merging.
-    starts = np.ceil(ts) if ts.dtype.kind == "f" else ts
-    ends = np.floor(end) if end.dtype.kind == "f" else end
+    starts = np.ceil(ts, out=ts) if ts.dtype.kind == "f" else ts  # in place: the gathers are copies
+    ends = np.floor(end, out=end) if end.dtype.kind == "f" else end
     del ts, end
     is_compute, is_comm = kind == kinds.index(COMPUTE), kind == kinds.index(COMM)
     busy = iv.merge(starts, ends)

@@ -29,7 +29,7 @@ def merge_with_first(starts: np.ndarray, ends: np.ndarray, gap: float = 0.0) -> 
     running_end = np.maximum.accumulate(e)
     new_group = np.empty(len(s), dtype=bool)
     new_group[0] = True
-    new_group[1:] = s[1:] > running_end[:-1] + gap
+    new_group[1:] = s[1:] > (running_end[:-1] + gap if gap else running_end[:-1])
     firsts = np.flatnonzero(new_group)
     return (s[new_group], np.maximum.reduceat(e, firsts)), firsts if order is None else order[firsts]
 
