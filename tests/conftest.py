@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from diagtrain.profiler.analyzer.logs import PROCESS_DEATHS, parse_errors
+
 # A trainer job that has not finished by then is stuck; the suite must not wait forever.
 JOB_TIMEOUT_S = 240
 
@@ -109,10 +111,6 @@ def diagtrain_run(out: Path, *args: str, env: dict | None = None, check: bool = 
     return run
 
 
-# What libstdc++ and faulthandler print as a process dies in C++.
-TEARDOWN_DEATH = re.compile(r"terminate called without an active exception|Fatal Python error: (?:Aborted|Segmentation)")
-
-
 def died_in_teardown(run: Run) -> bool:
     """Every rank's script ended with code 0 and a rank then died in C++ as Python shut down: the rare
     teardown crash of torch's gloo threads (pytorch/pytorch#179291), not a failure of what a test checks."""
@@ -123,8 +121,8 @@ def died_in_teardown(run: Run) -> bool:
         return False
     if len(exits) != world or any(e.get("code") != 0 for e in exits.values()):
         return False
-    try:
-        return any(TEARDOWN_DEATH.search(run.text(int(r), "stderr.log")) for r in exits)
+    try:  # the analyzer's own reading of a rank's last words (libstdc++'s, faulthandler's)
+        return any(e.kind in PROCESS_DEATHS for r in exits for e in parse_errors(run.text(int(r), "stderr.log").splitlines()))
     except OSError:
         return False
 

@@ -56,11 +56,12 @@ def _kernel_rows(events: pd.DataFrame) -> np.ndarray:
         return device
     correlation = events["correlation"].to_numpy()
     launched = correlation[host & (correlation >= 0) & (ts < ts[steps].max())]
-    if not len(launched) or correlation.max() > DENSE_IDS * len(correlation):
+    highest = int(correlation.max())
+    if not len(launched) or highest > DENSE_IDS * len(correlation):
         return device & np.isin(correlation, launched)
     # Correlation ids count up from 0: a table of them is a byte an id, where isin makes a whole
     # int64 copy of every event's id.
-    table = np.zeros(int(correlation.max()) + 1, dtype=bool)
+    table = np.zeros(highest + 1, dtype=bool)
     table[launched] = True
     kept = device & (correlation >= 0)
     kept[kept] = table[correlation[kept]]

@@ -23,7 +23,7 @@ def merge_with_first(starts: np.ndarray, ends: np.ndarray, gap: float = 0.0) -> 
         return (np.empty(0), np.empty(0)), np.empty(0, dtype=np.int64)
     s, e = np.asarray(starts, dtype=np.float64), np.asarray(ends, dtype=np.float64)
     # Events come sorted by start from their table: no order to take, nor copies in it.
-    order = None if (s[1:] >= s[:-1]).all() else np.argsort(s, kind="stable")
+    order = None if in_order(s) else np.argsort(s, kind="stable")
     if order is not None:
         s, e = s[order], e[order]
     running_end = np.maximum.accumulate(e)
@@ -32,6 +32,11 @@ def merge_with_first(starts: np.ndarray, ends: np.ndarray, gap: float = 0.0) -> 
     new_group[1:] = s[1:] > (running_end[:-1] + gap if gap else running_end[:-1])
     firsts = np.flatnonzero(new_group)
     return (s[new_group], np.maximum.reduceat(e, firsts)), firsts if order is None else order[firsts]
+
+
+def in_order(values: np.ndarray) -> bool:
+    """Whether ``values`` never decrease (events from a table sorted by start, merged intervals)."""
+    return bool((values[1:] >= values[:-1]).all())
 
 
 def outermost_order(rows: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> np.ndarray | None:

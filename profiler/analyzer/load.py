@@ -314,10 +314,10 @@ def load_rank(item: RankInput, cache_root: Path) -> RankResult:
         backend=first.backend, world_size=first.world_size, on_gpu=on_gpu,
         record_shapes=all(t.record_shapes for t in traces), profile_memory=all(t.profile_memory for t in traces),
         pg_config=first.pg_config, host_name=first.host_name, breakdown=whole,
-        steps=_on_epoch(step_breakdown(events, rank, on_gpu, timed, work), base_us),
+        steps=_moved(step_breakdown(events, rank, on_gpu, timed, work), base_us, _STEP_TIMES),
         collectives=collectives, health=_health(events, impossible), warnings=notes,
         notes=[n for t in traces for n in t.notes], skipped=skipped,
-        segments=_on_epoch(_segments(events, rank, on_gpu, timed), base_us),
+        segments=_moved(_segments(events, rank, on_gpu, timed), base_us, _STEP_TIMES),
         p2p=summarize_p2p(events, pd.concat([_moved(c, t.epoch_offset_us - base_us) for t, c in zip(traces, comm)],
                                             ignore_index=True)),
     )
@@ -351,23 +351,20 @@ def _rank_events(traces: list[TraceFile]) -> tuple[pd.DataFrame, int]:
     return _joined([_moved(t.events[_STEP_COLUMNS], t.epoch_offset_us - base_us) for t in traces]), base_us
 
 
-def _on_epoch(table: pd.DataFrame, base_us: int) -> pd.DataFrame:
-    """A per-step table's ``start_us`` and ``end_us`` moved from the rank's clock to the Unix one."""
-    if not base_us or table.empty:
-        return table
-    return table.assign(start_us=table["start_us"] + base_us, end_us=table["end_us"] + base_us)
-
-
 def _joined(frames: list[pd.DataFrame]) -> pd.DataFrame:
     """One table of the rank's windows: the only one as it is (most ranks have one)."""
     return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
 
 
-def _moved(frame: pd.DataFrame, by_us: int) -> pd.DataFrame:
-    """``frame``'s events ``by_us`` later (exact: offsets are whole µs); ``frame`` itself when by nothing."""
-    if not by_us:
+_EVENT_TIMES, _STEP_TIMES = ("ts", "end"), ("start_us", "end_us")  # the time columns of events, of per-step tables
+
+
+def _moved(frame: pd.DataFrame, by_us: int, columns: tuple[str, str] = _EVENT_TIMES) -> pd.DataFrame:
+    """``frame`` with its time ``columns`` ``by_us`` later (exact: offsets are whole µs); ``frame`` itself
+    when by nothing. The rank's clock to the Unix one, or one window's onto another's."""
+    if not by_us or frame.empty:
         return frame
-    return with_columns(frame, ts=frame["ts"].to_numpy() + by_us, end=frame["end"].to_numpy() + by_us)
+    return with_columns(frame, **{c: frame[c].to_numpy() + by_us for c in columns})
 
 
 def _matmul_work(traces: list[TraceFile], base_us: int) -> pd.DataFrame | None:
@@ -496,13 +493,14 @@ def _health(events: pd.DataFrame, impossible: int) -> list[str]:
         notes.append(f"{impossible} events with impossible times (negative, longer than a week, or not a number) "
                      "were left out")
     # Kernels on one stream run one after the other; copies need not (MTIA streams have several DMA engines).
-    stream, ts, end = events["stream"].to_numpy(), events["ts"].to_numpy(), events["end"].to_numpy()
-    kernel = (stream >= 0) & (stream != STREAMLESS_LANE) & kind_in(events, COMPUTE, COMM)
+    stream = events["stream"].to_numpy()
+    kernels = np.flatnonzero((stream >= 0) & (stream != STREAMLESS_LANE) & kind_in(events, COMPUTE, COMM))
+    lanes = stream[kernels]
     overlapping = 0
-    for lane in np.unique(stream[kernel]):  # a stream at a time: its kernels are in time order already
-        rows = np.flatnonzero(kernel & (stream == lane))
-        starts, ends = ts[rows], end[rows]
-        if not (starts[1:] >= starts[:-1]).all():  # windows joined out of time order
+    for lane in np.unique(lanes):  # a stream at a time: its kernels are in time order already
+        rows = kernels[lanes == lane]
+        starts, ends = events["ts"].to_numpy()[rows], events["end"].to_numpy()[rows]
+        if not iv.in_order(starts):  # windows joined out of time order
             order = np.argsort(starts, kind="stable")
             starts, ends = starts[order], ends[order]
         overlapping += int((starts[1:] < ends[:-1] - 1e-3).sum())

@@ -403,7 +403,7 @@ class _Columns:
         """The events sorted by start, classified (see dialects.classify), how they were read, and
         the arguments of the few events that have them."""
         ts = self._take("ts")
-        order = _narrow(np.argsort(ts, kind="stable"))  # int32 below 2**31 events: 4 bytes an event less, held long
+        order = _narrow(np.argsort(ts, kind="stable"))  # int32 below 2**31 events: held long, 4 bytes less
         sort = lambda column: self._take(column)[order]  # noqa: E731 - one column at a time: peak memory
         ts = ts[order]
         dur = sort("dur")

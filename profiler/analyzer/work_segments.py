@@ -106,8 +106,9 @@ def _starts_with(names: pd.Series, prefix: str) -> np.ndarray:
 
 def _labeller(starts: np.ndarray, ends: np.ndarray, labels: list[str]):
     """A function from times to the label of the (disjoint) interval holding each, ``""`` outside them all."""
-    starts, ends, names = np.asarray(starts, dtype=float), np.asarray(ends, dtype=float), np.asarray(labels, dtype=object)
-    if not (starts[1:] >= starts[:-1]).all():  # merged intervals come in order: no copies for them
+    starts, ends = np.asarray(starts, dtype=float), np.asarray(ends, dtype=float)
+    names = np.asarray(labels, dtype=object)
+    if not iv.in_order(starts):  # merged intervals come in order: no copies for them
         order = np.argsort(starts, kind="stable")
         starts, ends, names = starts[order], ends[order], names[order]
 
