@@ -111,6 +111,12 @@ def diagtrain_run(out: Path, *args: str, env: dict | None = None, check: bool = 
     return run
 
 
+def on_training(findings: list[dict]) -> list[dict]:
+    """The findings about the training: all but crash_at_exit, which says how a process ended, and
+    which torch's rare teardown crash (see died_in_teardown) adds to any run at random."""
+    return [f for f in findings if f["kind"] != "crash_at_exit"]
+
+
 def died_in_teardown(run: Run) -> bool:
     """Every rank's script ended with code 0 and a rank then died in C++ as Python shut down: the rare
     teardown crash of torch's gloo threads (pytorch/pytorch#179291), not a failure of what a test checks."""
@@ -122,7 +128,8 @@ def died_in_teardown(run: Run) -> bool:
     if len(exits) != world or any(e.get("code") != 0 for e in exits.values()):
         return False
     try:  # the analyzer's own reading of a rank's last words (libstdc++'s, faulthandler's)
-        return any(e.kind in PROCESS_DEATHS for r in exits for e in parse_errors(run.text(int(r), "stderr.log").splitlines()))
+        return any(e.kind in PROCESS_DEATHS
+                   for r in exits for e in parse_errors(run.text(int(r), "stderr.log").splitlines()))
     except OSError:
         return False
 

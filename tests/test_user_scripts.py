@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import diagtrain_run, torchrun
+from conftest import diagtrain_run, on_training, torchrun
 from diagtrain.dashboard import data as dashboard_data
 from diagtrain.dashboard import expected as dashboard_expected
 from diagtrain.profiler.analyzer import load, tables
@@ -35,11 +35,12 @@ def user_run(out: Path, nproc: int, script: str, *args: str, profile: str = PROF
 
 
 def findings(report: dict, kind: str, actionable: bool = True) -> list[dict]:
-    return [f for f in report["findings"] if f["kind"] == kind and (f["severity"] in ACTIONABLE or not actionable)]
+    return [f for f in on_training(report["findings"])
+            if f["kind"] == kind and (f["severity"] in ACTIONABLE or not actionable)]
 
 
 def warnings_of(report: dict) -> list[tuple[str, list[int]]]:
-    return [(f["kind"], f["ranks"]) for f in report["findings"] if f["severity"] in ACTIONABLE]
+    return [(f["kind"], f["ranks"]) for f in on_training(report["findings"]) if f["severity"] in ACTIONABLE]
 
 
 def without_counters(run: Path) -> None:
