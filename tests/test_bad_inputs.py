@@ -393,6 +393,18 @@ def test_impossible_event_times_are_left_out(base, tmp_path):
     assert "every event has an impossible time" in skipped_reason(report_doc, path)
 
 
+def test_a_window_cut_before_its_first_step_ended(base, tmp_path):
+    """A Ctrl-C during a profiled window: one rank's trace holds no finished step. Its empty step
+    table made every rank's step times objects, and the analysis stopped at the first join."""
+    path = _resolve(base, "ranks/0/TRACE")
+    doc = _trace_doc(base)
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep")]
+    with Mutated([path], tmp_path):
+        _gzip_json(path, doc)
+        report_doc = analyze(base, base, ["json"], workers=1)
+    assert report_doc["ranks"][0]["profiled_steps"] == 0 and report_doc["ranks"][1]["profiled_steps"] == 2
+
+
 @pytest.mark.parametrize("what", ["ranks/0 a file", "ranks a file"])
 def test_a_rank_folder_that_is_not_a_folder(base, tmp_path, what):
     target = base / what.split()[0]

@@ -411,8 +411,14 @@ def step_breakdown(events: pd.DataFrame, rank: int, on_gpu: bool, timed: bool = 
         gflops = float(flops[(starts >= start) & (starts < end)].sum()) / 1e9 if len(flops) else np.nan
         rows.append({"rank": rank, "step": step, "start_us": start, "end_us": end, **fields, "data_us": data,
                      "gflops": gflops})
-    return pd.DataFrame(rows, columns=["rank", "step", "start_us", "end_us", "wall_us", "compute_us", "comm_us",
-                                       "exposed_comm_us", "overlapped_comm_us", "idle_us", "data_us", "gflops"])
+    # Typed even without rows (a window cut before its first step ended): an empty table of object
+    # columns turned every rank's joined step times into objects.
+    return pd.DataFrame(rows, columns=list(_STEP_TABLE)).astype(_STEP_TABLE)
+
+
+_STEP_TABLE = {"rank": "int64", "step": "int64", **dict.fromkeys(
+    ("start_us", "end_us", "wall_us", "compute_us", "comm_us", "exposed_comm_us", "overlapped_comm_us", "idle_us",
+     "data_us", "gflops"), "float64")}
 
 
 _STEP_FIELDS = ("wall_us", "compute_us", "comm_us", "exposed_comm_us", "overlapped_comm_us", "idle_us")
