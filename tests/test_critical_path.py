@@ -87,6 +87,42 @@ def test_what_if_the_slow_forward_ran_at_its_peers_median(two_ranks):
 
 
 
+def _late_wake(rank1_forward_ms: float, rank0_resumes_ms: float) -> cp.StepPath:
+    """Rank 0 goes idle in the all-reduce at 32 ms; rank 1 arrives after its forward, the all-reduce
+    takes 10 ms; rank 0 resumes at ``rank0_resumes_ms`` with a 10 ms optimizer step."""
+    arrives = 12 + rank1_forward_ms
+    segments = pd.DataFrame([
+        _segment(0, 1, 21, "forward", "data", "DDP.forward"), _segment(0, 22, 32, "backward", "backward", "mm"),
+        _segment(0, rank0_resumes_ms, rank0_resumes_ms + 10, "optimizer", "optimizer", "AdamW.step"),
+        _segment(1, 1, 1 + rank1_forward_ms, "forward", "data", "DDP.forward"),
+        _segment(1, 2 + rank1_forward_ms, arrives, "backward", "backward", "mm"),
+        _segment(1, arrives + 11, arrives + 21, "optimizer", "optimizer", "AdamW.step"),
+    ], columns=COLUMNS)
+    ends = [rank0_resumes_ms + 12, arrives + 22]
+    steps = pd.DataFrame({"rank": [0, 1], "step": [7, 7], "wall_ms": ends, "profiled": True,
+                          "trace_start": [T0, T0], "trace_end": [T0 + e / 1e3 for e in ends]})
+    collectives = match(pd.DataFrame([_collective(0, 32, arrives + 10 - 32), _collective(1, arrives, 10)]))
+    [path] = cp.analyze(Tables(steps=steps, ranks=pd.DataFrame(), collectives=collectives, phases=[],
+                               segments=segments)).paths
+    return path
+
+
+def test_a_rank_woken_late_after_a_long_wait_was_still_waiting():
+    """On a busy host rank 0 wakes 8 ms after the all-reduce it waited 50 ms in: the wait is rank 1's."""
+    path = _late_wake(rank1_forward_ms=60, rank0_resumes_ms=90)
+    # Rank 0's optimizer hop: its 8 ms wake-up (its own) and its 10 ms of work.
+    assert path.line() == ("rank 1 forward 60.0 ms → rank 1 backward 11.0 ms → all_reduce(dp) waits 40.0 ms on "
+                           "rank 1 (transfer 10.0 ms) → rank 0 optimizer 18.0 ms → rank 0 outside phases 2.0 ms")
+    assert path.length_us == pytest.approx(102 * MS, abs=1)
+
+
+def test_a_rank_that_sleeps_past_a_short_wait_keeps_its_own_time():
+    """Rank 1 arrives 2 ms after rank 0; rank 0 then sits idle 37 ms more than the all-reduce took."""
+    path = _late_wake(rank1_forward_ms=22, rank0_resumes_ms=83)
+    assert {h.rank for h in path.hops} == {0} and not [h for h in path.hops if h.kind == "collective"]
+    assert path.length_us == pytest.approx(95 * MS, abs=1)
+
+
 def test_a_recv_waits_for_its_send_across_ranks():
     """Two pipeline stages: rank 1's recv is posted at 2 ms and ends when rank 0 sends, after its
     50 ms forward; rank 1 then works 20 ms. The path crosses from rank 0's forward to rank 1."""

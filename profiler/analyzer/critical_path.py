@@ -26,6 +26,10 @@ from diagtrain.profiler.analyzer.tables import Tables
 # A rank that sat idle through a collective's last arrival and resumes by this after the collective's
 # end on it was waiting for that collective: a blocked thread wakes a few ms late on a busy host.
 RELEASE_WINDOW_US = 5_000.0
+# ... or by this share of the time it sat idle before that end: on a host with more ranks than cores a
+# thread blocked for 100 ms can wake 6 ms late, yet a wake-up this small beside its wait is no work of
+# its own. A rank that sleeps on well past a collective it hardly waited for keeps its own time.
+RELEASE_SHARE = 0.25
 P2P_OPS = ("send", "recv")
 DATA_PHASE = "data"  # the phase whose time (work or idle) is data loading
 TOP_PAIRS = 5  # (rank, operator) pairs reported per run
@@ -140,14 +144,15 @@ def build_step(step: int, segments: pd.DataFrame, windows: pd.DataFrame, collect
         at = np.searchsorted(start[on_rank], g.c_arrival[mine], side="right") - 1
         g.c_issuer[mine] = np.where(at >= 0, on_rank[np.clip(at, 0, None)], -1)
         # A node resumed by the collective of its rank whose last rank arrived while it sat idle
-        # (the latest such), when it started by RELEASE_WINDOW_US after the collective's end on its
-        # own rank: the recorded ends come late (the op's end is recorded after the waiting thread
-        # is woken), so it may start before them, never before the last arrival.
+        # (the latest such), when it started soon after the collective's end on its own rank
+        # (RELEASE_WINDOW_US, RELEASE_SHARE): the recorded ends come late (the op's end is recorded
+        # after the waiting thread is woken), so it may start before them, never before the last arrival.
         by_last = mine[np.argsort(last_arrival[mine], kind="stable")]
         j = np.clip(np.searchsorted(last_arrival[by_last], start[on_rank], side="left") - 1, 0, None)
         row = by_last[j]
+        idle = g.c_end[row] - prev_end[on_rank]
         ok = (last_arrival[row] < start[on_rank]) & (last_arrival[row] >= prev_end[on_rank]) & \
-             (start[on_rank] - g.c_end[row] <= RELEASE_WINDOW_US)
+             (start[on_rank] - g.c_end[row] <= np.maximum(RELEASE_WINDOW_US, RELEASE_SHARE * idle))
         released = on_rank[ok]
         g.release[released] = row[ok]
         g.lag[released] = start[released] - g.c_done[g.release[released]]
