@@ -18,6 +18,8 @@ import re
 import signal
 import stat
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -112,11 +114,17 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
     """Replace ``path`` with ``data`` through a temp file and a rename in the same folder."""
+    with replacing(path) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+
+
+@contextmanager
+def replacing(path: str | os.PathLike) -> Iterator[Path]:
+    """A temp file's path beside ``path`` to write; it replaces ``path`` when the block ends without error."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
+        yield tmp
         os.replace(tmp, path)
     except BaseException:
         remove_quietly(tmp)  # a full disk must not leave half-written temp files behind

@@ -59,17 +59,19 @@ def normalize_op(name: str) -> str:
     return _OP_ALIASES.get(name, name)
 
 
+_PAUSE_COLUMNS = ["tid", "ts", "end", "name"]  # what the pause before a gloo call reads of the host ops
+
+
 def rank_collectives(events: pd.DataFrame, rank: int, epoch_offset_us: int, pg_config: list[dict],
-                     flight_recorder: dict | None, host: pd.DataFrame | None = None) -> pd.DataFrame:
+                     flight_recorder: dict | None, host: pd.DataFrame) -> pd.DataFrame:
     """This rank's collectives, one row each, with epoch-µs start times, from one trace's
     communication events with their arguments (TraceFile.comm_events); ``host``: all of that trace's
-    events (tid, ts, end), for the pause on a thread before each gloo call (unknown without them)."""
+    events (tid, ts, end, name, stream), for the pause on a thread before each gloo call."""
     gpu = events[(events["kind"] == COMM) & (events["stream"] >= 0)]
     if len(gpu):
         table = _from_kernels(gpu)
     else:
-        table = _from_host_ops(events[events["stream"] < 0], events if host is None else host, flight_recorder,
-                               epoch_offset_us)
+        table = _from_host_ops(events[events["stream"] < 0], host, flight_recorder, epoch_offset_us)
     if table.empty:
         return pd.DataFrame(columns=COLUMNS)
     table["ts"] = table["ts"] + epoch_offset_us
@@ -134,7 +136,7 @@ def _from_host_ops(comm: pd.DataFrame, host: pd.DataFrame, flight_recorder: dict
     issuer = host_calls.issuing_calls(work, work_keys, calls, call_keys)
     paired = np.flatnonzero(issuer >= 0)
     table.loc[paired, "issued_ts"] = calls["ts"].to_numpy()[issuer[paired]] + epoch_offset_us
-    gaps = host_calls.gaps_before(calls, host[(host["stream"] < 0).to_numpy()])
+    gaps = host_calls.gaps_before(calls, host.loc[(host["stream"] < 0).to_numpy(), _PAUSE_COLUMNS])
     table.loc[paired, "issue_gap_us"] = gaps[issuer[paired]]
     fr_row = np.full(len(table), -1, dtype=np.int64)
     fr_row[paired] = by_call[issuer[paired]]

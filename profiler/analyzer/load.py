@@ -46,10 +46,11 @@ from diagtrain.profiler.analyzer.p2p import summarize as summarize_p2p
 from diagtrain.profiler.analyzer.trace_file import TraceError, TraceFile, device_time_known, read_trace
 from diagtrain.profiler.analyzer.work_segments import COLUMNS as SEGMENT_COLUMNS
 from diagtrain.profiler.analyzer.work_segments import rank_segments
-from diagtrain.profiler.run_dir import write_bytes_atomic, write_json_atomic
+from diagtrain.profiler.run_dir import write_json_atomic
 from diagtrain.profiler.util.bounded_read import display
 from diagtrain.profiler.util.frames import with_columns
 from diagtrain.profiler.util.heap import release_freed_memory
+from diagtrain.profiler.util.parquet import write_parquet
 
 TRACE_PATTERNS = ("*.json", "*.json.gz")
 OWN_FILES = {"report.json", "manifest.json", "trainer.json", "injected.json"}  # diagtrain's, not traces
@@ -301,7 +302,7 @@ def load_rank(item: RankInput, cache_root: Path) -> RankResult:
     timed = device_time_known(events)
     comm = [t.comm_events() for t in traces]
     collectives = pd.concat([rank_collectives(c, rank, t.epoch_offset_us, t.pg_config, fr,
-                                              host=t.events[_THREAD_COLUMNS]) for t, c in zip(traces, comm)],
+                                              host=t.events) for t, c in zip(traces, comm)],
                             ignore_index=True) if traces else pd.DataFrame(columns=COLLECTIVE_COLUMNS)
     if on_gpu:  # a GPU job's host ops are not its compute: without timed device work, its breakdown is unknown
         whole = asdict(bd.gpu_breakdown(first.events)) if timed else {}
@@ -340,7 +341,6 @@ def _segments(events: pd.DataFrame, rank: int, on_gpu: bool, timed: bool) -> pd.
 
 
 _STEP_COLUMNS = ["name", "cat", "ts", "dur", "end", "stream", "kind"]  # what the step and rank breakdowns read
-_THREAD_COLUMNS = ["tid", "ts", "end", "stream", "name"]  # what the pause before a gloo call reads
 
 
 def _rank_events(traces: list[TraceFile]) -> tuple[pd.DataFrame, int]:
@@ -574,10 +574,10 @@ def _write_cache(cache: Path, signature: str, result: RankResult, spans: pd.Data
             collectives = collectives.drop(columns="group_ranks")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            write_bytes_atomic(cache / "spans.parquet", spans.to_parquet(index=False))
-            write_bytes_atomic(cache / "steps.parquet", result.steps.to_parquet(index=False))
-            write_bytes_atomic(cache / "collectives.parquet", collectives.to_parquet(index=False))
-            write_bytes_atomic(cache / "segments.parquet", result.segments.to_parquet(index=False))
+            write_parquet(cache / "spans.parquet", spans)
+            write_parquet(cache / "steps.parquet", result.steps)
+            write_parquet(cache / "collectives.parquet", collectives)
+            write_parquet(cache / "segments.parquet", result.segments)
         write_json_atomic(cache / "summary.json", {**meta, "signature": signature})
     except OSError:
         pass  # a read-only place: analysis still works, only without a cache

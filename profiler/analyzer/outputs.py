@@ -17,7 +17,8 @@ from diagtrain.profiler.analyzer import flight_records
 from diagtrain.profiler.analyzer.detectors.hang import blocked_in_order
 from diagtrain.profiler.analyzer.load import RankResult, spans_path
 from diagtrain.profiler.analyzer.tables import Tables
-from diagtrain.profiler.run_dir import SCHEMA_VERSION, write_bytes_atomic, write_json_atomic
+from diagtrain.profiler.run_dir import SCHEMA_VERSION, write_json_atomic
+from diagtrain.profiler.util.parquet import write_parquet
 
 FLIGHT_RECORDER_TAIL = 32  # collectives per group in the cross-rank table: the hang is at the end
 
@@ -26,15 +27,15 @@ def write(analysis_dir: Path, tables: Tables, doc: dict[str, Any], results: list
     """Every table and document of the analysis, under ``analysis_dir``."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        _parquet(analysis_dir / "steps.parquet", tables.steps)
-        _parquet(analysis_dir / "ranks.parquet", tables.ranks)
+        write_parquet(analysis_dir / "steps.parquet", tables.steps)
+        write_parquet(analysis_dir / "ranks.parquet", tables.ranks)
         if not tables.collectives.empty:
             # The members are in the group's key (run_dir.group_members reads them back): a list on
             # every row would hold ranks × collectives × group size integers.
             c = tables.collectives.drop(columns="group_ranks")
-            _parquet(analysis_dir / "collectives.parquet", c.assign(group=_categories(c["group"])))
+            write_parquet(analysis_dir / "collectives.parquet", c.assign(group=_categories(c["group"])))
         if tables.telemetry is not None and not tables.telemetry.empty:
-            _parquet(analysis_dir / "telemetry.parquet", tables.telemetry)
+            write_parquet(analysis_dir / "telemetry.parquet", tables.telemetry)
     write_json_atomic(analysis_dir / "findings.json", doc["findings"])
     write_json_atomic(analysis_dir / "timeline.json", timeline_index(analysis_dir, tables, results))
     write_json_atomic(analysis_dir / "nccl.json", {str(r): asdict(log) for r, log in sorted(tables.nccl_logs.items())})
@@ -76,6 +77,3 @@ def _categories(keys: pd.Series) -> pd.Categorical:
     codes, groups = pd.factorize(keys)
     return pd.Categorical.from_codes(codes, categories=pd.Index(groups, dtype=object))
 
-
-def _parquet(path: Path, frame: pd.DataFrame) -> None:
-    write_bytes_atomic(path, frame.to_parquet(index=False))
