@@ -15,7 +15,9 @@ What each side does, in a fresh process per measurement (imports included, as a 
 
 The three run one after the other within a repetition, in an order that rotates between
 repetitions, so a slow moment of a shared machine falls on every tool alike; ratios are taken
-within a repetition, then their median. Memory is the peak RSS of each measured process tree.
+within a repetition, then their median. Memory is the peak PSS of each measured process tree: the
+memory it holds, each page shared between processes (a forked worker's imports) counted once; the
+peak of summed RSS, which counts those pages once per process, is recorded beside it.
 The machine's load average is recorded around every measurement.
 """
 
@@ -87,8 +89,8 @@ def measure(tool: str, folder: Path, scratch: Path) -> dict:
     code = {"diagtrain": DIAGTRAIN, "hta": HTA, "floor": FLOOR}[tool].format(folder=str(folder), out=out,
                                                                           workers=WORKERS)
     load_before = os.getloadavg()[0]
-    wall, tree_mib, _ = run_measured_detail(code)
-    return {"s": wall, "mib": tree_mib, "load": (load_before + os.getloadavg()[0]) / 2}
+    wall, rss_mib, _, pss_mib = run_measured_detail(code)
+    return {"s": wall, "mib": pss_mib, "rss_mib": rss_mib, "load": (load_before + os.getloadavg()[0]) / 2}
 
 
 def summarize(name: str, folder: Path, reps: list[dict[str, dict]]) -> dict:
@@ -98,7 +100,7 @@ def summarize(name: str, folder: Path, reps: list[dict[str, dict]]) -> dict:
     for tool in TOOLS:
         if tool not in reps[0]:
             continue
-        for key in ("s", "mib"):
+        for key in ("s", "mib", "rss_mib"):
             values = [r[tool][key] for r in reps]
             row[f"{tool}_{key}"] = round(statistics.median(values), 2 if key == "s" else 0)
             row[f"{tool}_{key}_range"] = [round(min(values), 2 if key == "s" else 0), round(max(values), 2 if key == "s" else 0)]
@@ -136,18 +138,20 @@ def markdown(rows: list[dict], m: dict) -> str:
         f"(commit {_commit()}). Command: `{m['command']}`. {WORKERS} workers.", "",
         "Medians of the repetitions, min-max in brackets; ratios are taken within each repetition (the three "
         "tools run back to back, in rotating order), then their median. Seconds are wall time of a fresh "
-        "process (imports included); MiB the peak RSS of its process tree. See the script's docstring for "
+        "process (imports included); MiB the peak PSS of its process tree (summed RSS, which counts the pages "
+        "a forked worker shares with its parent once per process, in the last column). See the script's docstring for "
         "exactly what each side runs: diagtrain's side is the whole `diagtrain analyze`, HTA's its load plus "
         "`get_temporal_breakdown` and `get_comm_comp_overlap`.", "",
         "| set | files | MiB gz | reps | floor s | diagtrain s | HTA s | HTA / diagtrain | diagtrain / floor | "
-        "diagtrain MiB | HTA MiB | memory diagtrain / HTA | load avg |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "diagtrain MiB | HTA MiB | memory diagtrain / HTA | load avg | diagtrain summed RSS MiB |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         lines.append(f"| {r['set']} | {r['files']} | {r['mib_gz']} | {r['reps']} | {_cell(r, 'floor_s')} | "
                      f"{_cell(r, 'diagtrain_s')} | {_cell(r, 'hta_s')} | {_cell(r, 'hta_over_diagtrain', 'x')} | "
                      f"{_cell(r, 'diagtrain_over_floor')} | {_cell(r, 'diagtrain_mib')} | {_cell(r, 'hta_mib')} | "
-                     f"{_cell(r, 'memory_diagtrain_over_hta')} | {r['load'][0]}-{r['load'][1]} |")
+                     f"{_cell(r, 'memory_diagtrain_over_hta')} | {r['load'][0]}-{r['load'][1]} | "
+                     f"{_cell(r, 'diagtrain_rss_mib')} |")
     return "\n".join(lines) + "\n"
 
 

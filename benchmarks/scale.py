@@ -62,7 +62,7 @@ def measure(tmp: Path, ranks: int, events: int) -> list[dict]:
         shutil.rmtree(out, ignore_errors=True)
         load_before = os.getloadavg()[0]
         code = LOCAL if way == "local pool" else ON_DASK
-        wall, tree, largest = run_measured_detail(code.format(folder=str(folder), out=str(out), workers=WORKERS,
+        wall, tree, largest, _ = run_measured_detail(code.format(folder=str(folder), out=str(out), workers=WORKERS,
                                                               result=str(result)), timeout=1800)
         row = {"way": way, "ranks": ranks, "events_per_rank": events, "trace_mib": round(trace_mib, 1),
                "seconds": round(wall, 2), "us_per_event": round(wall / (ranks * events) * 1e6, 2),
