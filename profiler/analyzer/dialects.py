@@ -14,7 +14,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from diagtrain.profiler.util.frames import set_column
+from diagtrain.profiler.util.frames import code_dtype, set_column
 
 # What each Kineto event category is (libkineto's ActivityType names). Compared lower-case: traces
 # written before late 2021 spell four of them "Kernel", "Runtime", "Memcpy" and "Memset".
@@ -113,8 +113,7 @@ def _canonical_categories(frame: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
     cats = frame["cat"].cat
     canonical = [_canonical(c) for c in cats.categories]
     unique = list(dict.fromkeys(canonical))
-    # A byte an event for the few categories a trace has: int32 codes were 64 MiB at 16M events.
-    remap = np.array([unique.index(c) for c in canonical] + [-1], dtype=np.int8 if len(unique) < 128 else np.int32)
+    remap = np.array([unique.index(c) for c in canonical] + [-1], dtype=code_dtype(len(unique)))
     codes = remap[cats.codes.to_numpy()]
     frame["cat"] = pd.Categorical.from_codes(codes, categories=unique) if unique else frame["cat"]
     return codes, unique

@@ -34,7 +34,7 @@ from diagtrain.profiler.analyzer.dialects import (  # noqa: F401 - the event kin
 from diagtrain.profiler.analyzer.flops import MATMULS
 from diagtrain.profiler.analyzer.inputs import MAX_TRACE_BYTES
 from diagtrain.profiler.util.bounded_read import InputError, display, read_blocks
-from diagtrain.profiler.util.frames import set_column, with_columns
+from diagtrain.profiler.util.frames import code_dtype, set_column, with_columns
 from diagtrain.profiler.util.heap import release_freed_memory
 
 Number = int | float | str | None  # real traces disagree on the types of these fields
@@ -474,11 +474,8 @@ class _Dictionary:
                     self.codes[text] = len(self.values)
                     self.values.append(text)
                 self.codes[value] = self.codes[text]
-        # The narrowest codes for the strings so far: a piece's codes are held until the whole trace
-        # is read, and int32 codes of names and categories were 128 MiB at 16M events.
-        width = np.int8 if len(self.values) <= np.iinfo(np.int8).max else \
-            np.int16 if len(self.values) <= np.iinfo(np.int16).max else np.int32
-        return np.fromiter(map(self.codes.__getitem__, strings), width, len(strings))
+        # As narrow as the strings so far: a piece's codes are held until the whole trace is read.
+        return np.fromiter(map(self.codes.__getitem__, strings), code_dtype(len(self.values)), len(strings))
 
 
 def _integers(values: list[Any]) -> np.ndarray:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 
@@ -26,3 +27,12 @@ def with_columns(frame: pd.DataFrame, **columns: Any) -> pd.DataFrame:
 def _series(frame: pd.DataFrame, values: Any) -> pd.Series:
     # The array's own dtype: an object array of strings and None stays so (not pandas' str with NaN).
     return pd.Series(values, index=frame.index, dtype=getattr(values, "dtype", None), copy=False)
+
+
+def code_dtype(count: int) -> type[np.signedinteger]:
+    """The narrowest signed integer for codes into ``count`` values (-1 left for none): an event's
+    string codes are held for every event, and int32 codes cost 64 MiB at 16M events."""
+    for dtype in (np.int8, np.int16):
+        if count <= np.iinfo(dtype).max:
+            return dtype
+    return np.int32
