@@ -211,8 +211,10 @@ _MATCHES_KEPT = 200_000  # distinct names remembered per pattern; a long-lived p
 
 def kind_in(events: pd.DataFrame, *kinds: str) -> np.ndarray:
     """Which events are of one of ``kinds``, from the categorical's codes (no strings made per event)."""
-    wanted = [KINDS.index(k) for k in kinds]
-    return np.isin(events["kind"].cat.codes.to_numpy(), wanted)
+    # A lookup of each code: a byte an event, where isin's temporaries were six (code -1, no kind, takes the last).
+    table = np.zeros(len(KINDS) + 1, dtype=bool)
+    table[[KINDS.index(k) for k in kinds]] = True
+    return table[events["kind"].array.codes]
 
 
 def name_matches(names: pd.Series, pattern: re.Pattern, search: bool = False) -> np.ndarray:
@@ -237,4 +239,4 @@ def _name_hits(names: pd.Series, pattern: re.Pattern, search: bool = False) -> n
 def _per_event(names: pd.Series, per_name: np.ndarray, missing: object) -> np.ndarray:
     """``per_name`` (one value per distinct name) for each event, ``missing`` where an event has no name."""
     table = np.append(per_name, np.array(missing, dtype=per_name.dtype))  # code -1 (no name) takes the last
-    return table[names.cat.codes.to_numpy()]
+    return table[names.array.codes]

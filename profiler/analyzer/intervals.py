@@ -1,10 +1,20 @@
-"""Interval arithmetic on numpy arrays: union, length, intersection. No Python loops over events."""
+"""Interval arithmetic on numpy arrays: union, length, intersection. No Python loops over events.
+
+A trace's events can also be taken a piece at a time (:func:`pieces`, :class:`RunningUnion`): the
+union of millions of kernels is then built from pieces of ``PIECE_EVENTS``, so a stage's temporaries
+are a piece's worth, not several copies of every event (issue 18: a worker's peak memory).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import numpy as np
 
 Intervals = tuple[np.ndarray, np.ndarray]  # (starts, ends), sorted and disjoint after merge()
+# Events a piece: its temporaries are ~20 MiB, and numpy's per-call overhead still nothing (~60 pieces
+# at 16M events).
+PIECE_EVENTS = 1 << 18
 
 
 def merge(starts: np.ndarray, ends: np.ndarray) -> Intervals:
@@ -36,7 +46,10 @@ def merge_with_first(starts: np.ndarray, ends: np.ndarray, gap: float = 0.0) -> 
 
 def in_order(values: np.ndarray) -> bool:
     """Whether ``values`` never decrease (events from a table sorted by start, merged intervals)."""
-    return bool((values[1:] >= values[:-1]).all())
+    # A piece at a time: the comparison's mask of a whole trace's starts was a byte an event.
+    pairs = len(values) - 1  # value i + 1 against value i
+    return all(bool((values[lo + 1:hi + 1] >= values[lo:hi]).all())
+               for lo, hi in ((lo, min(lo + PIECE_EVENTS, pairs)) for lo in range(0, pairs, PIECE_EVENTS)))
 
 
 def outermost_order(rows: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> np.ndarray | None:
@@ -79,3 +92,70 @@ def clip(iv: Intervals, lo: float, hi: float) -> Intervals:
     s, e = np.clip(iv[0], lo, hi), np.clip(iv[1], lo, hi)
     keep = e > s
     return s[keep], e[keep]
+
+
+def covered(iv: Intervals, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """For each window [``lo``, ``hi``], the length of the disjoint intervals ``iv`` inside it."""
+    if len(iv[0]) == 0:
+        return np.zeros(len(lo))
+    return _covered_until(iv, hi) - _covered_until(iv, lo)
+
+
+def pieces(ts: np.ndarray, selected: np.ndarray, size: int | None = None) -> Iterator[np.ndarray]:
+    """The positions of the ``selected`` events (a mask) in order of start ``ts``, a piece of at most
+    ``size`` (``PIECE_EVENTS``) events of the table at a time; events that start together are never
+    split between pieces."""
+    size = size or PIECE_EVENTS
+    order = None if in_order(ts) else np.argsort(ts, kind="stable")  # several windows joined out of order
+    at_sorted = ts if order is None else None
+    lo = 0
+    while lo < len(ts):
+        hi = min(lo + size, len(ts))
+        if order is None:
+            if hi < len(ts) and ts[hi] == ts[hi - 1]:
+                hi = int(np.searchsorted(at_sorted, ts[hi - 1], side="right"))
+            rows = np.flatnonzero(selected[lo:hi]) + lo
+        else:
+            while hi < len(ts) and ts[order[hi]] == ts[order[hi - 1]]:
+                hi += 1
+            rows = order[lo:hi]
+            rows = rows[selected[rows]]
+        yield rows
+        lo = hi
+
+
+class RunningUnion:
+    """:func:`merge_with_first` of intervals that come in pieces, each sorted by start and starting no
+    earlier than the pieces before it. Each piece gives back the merged intervals that no later piece
+    can reach, :meth:`close` the last one: joined, they are :func:`merge_with_first` of all, with
+    ``ids`` (row numbers, names) in place of the positions of the opening intervals."""
+
+    def __init__(self, gap: float = 0.0) -> None:
+        self.gap = gap
+        self._open: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # the last merged interval, length 1
+
+    def add(self, starts: np.ndarray, ends: np.ndarray, ids: np.ndarray | None = None) -> tuple[Intervals, np.ndarray]:
+        """Merge the next piece; the merged intervals now final, and the ids of their opening intervals."""
+        if ids is None:
+            ids = np.zeros(len(starts), dtype=np.int8)
+        if not len(starts):
+            return (starts[:0], ends[:0]), ids[:0]
+        if self._open is not None:
+            starts, ends, ids = (np.concatenate([held, new]) for held, new in zip(self._open, (starts, ends, ids)))
+        (s, e), first = merge_with_first(starts, ends, self.gap)
+        opened_by = ids[first]
+        self._open = (s[-1:], e[-1:], opened_by[-1:])
+        return (s[:-1], e[:-1]), opened_by[:-1]
+
+    @property
+    def held(self) -> Intervals:
+        """The merged interval held back for the next piece (none before the first)."""
+        return (np.empty(0), np.empty(0)) if self._open is None else self._open[:2]
+
+    def close(self) -> tuple[Intervals, np.ndarray]:
+        """The last merged interval (none if nothing was added)."""
+        if self._open is None:
+            return (np.empty(0), np.empty(0)), np.empty(0, dtype=np.int64)
+        s, e, opened_by = self._open
+        self._open = None
+        return (s, e), opened_by

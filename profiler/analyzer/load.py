@@ -50,7 +50,7 @@ from diagtrain.profiler.run_dir import write_json_atomic
 from diagtrain.profiler.util.bounded_read import display
 from diagtrain.profiler.util.frames import with_columns
 from diagtrain.profiler.util.heap import release_freed_memory
-from diagtrain.profiler.util.parquet import write_parquet
+from diagtrain.profiler.util.parquet import write_parquet, write_parquet_pieces
 
 TRACE_PATTERNS = ("*.json", "*.json.gz")
 OWN_FILES = {"report.json", "manifest.json", "trainer.json", "injected.json"}  # diagtrain's, not traces
@@ -304,31 +304,54 @@ def load_rank(item: RankInput, cache_root: Path) -> RankResult:
     collectives = pd.concat([rank_collectives(c, rank, t.epoch_offset_us, t.pg_config, fr,
                                               host=t.events) for t, c in zip(traces, comm)],
                             ignore_index=True) if traces else pd.DataFrame(columns=COLLECTIVE_COLUMNS)
+    p2p = summarize_p2p(events, pd.concat([_moved(c, t.epoch_offset_us - base_us) for t, c in zip(traces, comm)],
+                                          ignore_index=True))
+    del comm  # the communication events and their arguments: not held through the stages below
+    release_freed_memory()  # each stage's temporaries, before the next stage's: the worker's peak is one stage's
     if on_gpu:  # a GPU job's host ops are not its compute: without timed device work, its breakdown is unknown
         whole = asdict(bd.gpu_breakdown(first.events)) if timed else {}
     else:
         whole = asdict(bd.cpu_breakdown(events, (events["ts"].min(), events["end"].max())))
-    work = _matmul_work(traces, base_us)
-    release_freed_memory()  # each stage's temporaries, before the next stage's: the worker's peak is one stage's
+    work = _released(_matmul_work(traces, base_us))
+    steps = _released(_moved(step_breakdown(events, rank, on_gpu, timed, work), base_us, _STEP_TIMES))
+    health = _released(_health(events, impossible))
+    segments = _released(_moved(_segments(events, rank, on_gpu, timed), base_us, _STEP_TIMES))
     result = RankResult(
         key=item.key, rank=rank, rank_source=source, files=[display(t.path) for t in traces],
         backend=first.backend, world_size=first.world_size, on_gpu=on_gpu,
         record_shapes=all(t.record_shapes for t in traces), profile_memory=all(t.profile_memory for t in traces),
-        pg_config=first.pg_config, host_name=first.host_name, breakdown=whole,
-        steps=_moved(step_breakdown(events, rank, on_gpu, timed, work), base_us, _STEP_TIMES),
-        collectives=collectives, health=_health(events, impossible), warnings=notes,
-        notes=[n for t in traces for n in t.notes], skipped=skipped,
-        segments=_moved(_segments(events, rank, on_gpu, timed), base_us, _STEP_TIMES),
-        p2p=summarize_p2p(events, pd.concat([_moved(c, t.epoch_offset_us - base_us) for t, c in zip(traces, comm)],
-                                            ignore_index=True)),
+        pg_config=first.pg_config, host_name=first.host_name, breakdown=whole, steps=steps,
+        collectives=collectives, health=health, warnings=notes,
+        notes=[n for t in traces for n in t.notes], skipped=skipped, segments=segments, p2p=p2p,
     )
-    del events, comm
+    del events
     release_freed_memory()
-    spans = _joined([timeline.spans(t.events, on_gpu, t.epoch_offset_us) for t in traces])
+    written = _write_spans(cache, traces, on_gpu)
     del traces, first  # the events: only the rank's results are written
     release_freed_memory()
-    _write_cache(cache, signature, result, spans)
+    if written:
+        _write_cache(cache, signature, result)
     return result
+
+
+def _released(value: object) -> object:
+    """A stage's result, once the stage's freed temporaries went back to the operating system."""
+    release_freed_memory()
+    return value
+
+
+def _write_spans(cache: Path, traces: list[TraceFile], on_gpu: bool) -> bool:
+    """Write the rank's timeline spans a piece at a time, as they are made (never all of them held);
+    False where the cache cannot be written (the analysis then goes on without it)."""
+    pieces = (piece for t in traces for piece in timeline.span_pieces(t.events, on_gpu, t.epoch_offset_us))
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            write_parquet_pieces(cache / "spans.parquet", pieces)
+        return True
+    except OSError:
+        return False
 
 
 def _segments(events: pd.DataFrame, rank: int, on_gpu: bool, timed: bool) -> pd.DataFrame:
@@ -397,14 +420,15 @@ def step_breakdown(events: pd.DataFrame, rank: int, on_gpu: bool, timed: bool = 
     loading = events[host & name_matches(events["name"], DATALOADER_SPAN)]
     waiting_for_data = iv.merge(loading["ts"].to_numpy(), loading["end"].to_numpy())
     starts, flops = (work["ts"].to_numpy(), work["flops"].to_numpy()) if work is not None else (np.empty(0),) * 2
-    windows = bd.Windows(events, on_gpu) if timed or not on_gpu else None
+    bounds = list(zip(annotations["ts"], annotations["end"]))
+    broken_down = bd.breakdowns(events, on_gpu, bounds) if timed or not on_gpu else None
     rows = []
-    for name, start, end in zip(annotations["name"].astype(str), annotations["ts"], annotations["end"]):
+    for i, (name, (start, end)) in enumerate(zip(annotations["name"].astype(str), bounds)):
         step = int(STEP_ANNOTATION.match(name).group(1))
-        if windows is None:
+        if broken_down is None:
             fields = {**dict.fromkeys(_STEP_FIELDS, math.nan), "wall_us": end - start}
         else:
-            fields = _step_fields(windows.breakdown((start, end), overlapping_only=True))
+            fields = _step_fields(broken_down[i])
         # A step that never asked a DataLoader for a batch has no data time, not zero.
         data = iv.length(iv.clip(waiting_for_data, start, end)) if len(loading) else np.nan
         # Shapes unrecorded: the work is unknown, not zero.
@@ -498,21 +522,33 @@ def _health(events: pd.DataFrame, impossible: int) -> list[str]:
     if impossible:
         notes.append(f"{impossible} events with impossible times (negative, longer than a week, or not a number) "
                      "were left out")
-    # Kernels on one stream run one after the other; copies need not (MTIA streams have several DMA engines).
-    stream = events["stream"].to_numpy()
-    kernels = np.flatnonzero((stream >= 0) & (stream != STREAMLESS_LANE) & kind_in(events, COMPUTE, COMM))
-    lanes = stream[kernels]
-    overlapping = 0
-    for lane in np.unique(lanes):  # a stream at a time: its kernels are in time order already
-        rows = kernels[lanes == lane]
-        starts, ends = events["ts"].to_numpy()[rows], events["end"].to_numpy()[rows]
-        if not iv.in_order(starts):  # windows joined out of time order
-            order = np.argsort(starts, kind="stable")
-            starts, ends = starts[order], ends[order]
-        overlapping += int((starts[1:] < ends[:-1] - 1e-3).sum())
+    overlapping = _overlapping_kernels(events)
     if overlapping:
         notes.append(f"{overlapping} kernels start before the previous kernel on their stream ends")
     return notes
+
+
+def _overlapping_kernels(events: pd.DataFrame) -> int:
+    """How many kernels start before the kernel before them on their stream ends, a piece of the
+    trace at a time. Kernels on one stream run one after the other; copies need not (MTIA streams
+    have several DMA engines)."""
+    stream, ts, end = events["stream"].to_numpy(), events["ts"].to_numpy(), events["end"].to_numpy()
+    kernels = (stream >= 0) & (stream != STREAMLESS_LANE) & kind_in(events, COMPUTE, COMM)
+    last_end: dict[int, float] = {}  # of each stream's last kernel in the pieces before
+    overlapping = 0
+    for rows in iv.pieces(ts, kernels):
+        if not len(rows):
+            continue
+        lanes = stream[rows]
+        by_lane = np.argsort(lanes, kind="stable")  # a stream's kernels together, still in time order
+        lanes, starts, ends = lanes[by_lane], ts[rows][by_lane], end[rows][by_lane]
+        firsts = np.flatnonzero(np.concatenate([[True], lanes[1:] != lanes[:-1]]))
+        previous = np.concatenate([[np.nan], ends[:-1]])
+        previous[firsts] = [last_end.get(lane, -np.inf) for lane in lanes[firsts].tolist()]
+        overlapping += int((starts < previous - 1e-3).sum())
+        lasts = np.concatenate([firsts[1:], [len(lanes)]]) - 1
+        last_end.update(zip(lanes[firsts].tolist(), ends[lasts].tolist()))
+    return overlapping
 
 
 def _rank_from_name(name: str) -> int | None:
@@ -562,9 +598,9 @@ def _read_cache(cache: Path, signature: str) -> RankResult | None:
         return None
 
 
-def _write_cache(cache: Path, signature: str, result: RankResult, spans: pd.DataFrame) -> None:
+def _write_cache(cache: Path, signature: str, result: RankResult) -> None:
+    """The rank's results beside its spans, and last the summary that makes them a cache of its traces."""
     try:
-        cache.mkdir(parents=True, exist_ok=True)
         meta = {k: v for k, v in asdict(result).items() if k not in ("steps", "collectives", "cached", "segments")}
         # A group's members once, not on each of its rows (a row per collective, a member per rank).
         collectives = result.collectives
@@ -574,7 +610,6 @@ def _write_cache(cache: Path, signature: str, result: RankResult, spans: pd.Data
             collectives = collectives.drop(columns="group_ranks")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            write_parquet(cache / "spans.parquet", spans)
             write_parquet(cache / "steps.parquet", result.steps)
             write_parquet(cache / "collectives.parquet", collectives)
             write_parquet(cache / "segments.parquet", result.segments)

@@ -10,6 +10,8 @@ between two profiled windows is not idle.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import numpy as np
 import pandas as pd
 
@@ -22,72 +24,113 @@ SPAN_KINDS = (COMPUTE, COMM, MEMORY, IDLE)
 
 
 def spans(events: pd.DataFrame, on_gpu: bool, offset_us: int = 0) -> pd.DataFrame:
-    """The spans of one trace's events: start_us, end_us (``offset_us`` later than the events: the
-    trace's epoch offset), kind, name; sorted by start within a kind."""
-    rows, kinds = _active(events, on_gpu)
-    # Outermost first among events that start together, so a span takes the enclosing op's name.
-    order = iv.outermost_order(rows, events["ts"].to_numpy(), events["dur"].to_numpy())
-    if order is not None:
-        rows, kinds = rows[order], kinds[order]
-    del order
-    starts, ends = events["ts"].to_numpy()[rows], events["end"].to_numpy()[rows]
+    """The spans of one trace's events as one table (see :func:`span_pieces`)."""
+    return pd.concat(list(span_pieces(events, on_gpu, offset_us)), ignore_index=True)
+
+
+def span_pieces(events: pd.DataFrame, on_gpu: bool, offset_us: int = 0) -> Iterator[pd.DataFrame]:
+    """The spans of one trace's events, a piece of the trace at a time (to be written as they come):
+    start_us, end_us (``offset_us`` later than the events: the trace's epoch offset), kind, name;
+    within a kind, every piece's spans start after the pieces' before it."""
+    ts, end, dur = events["ts"].to_numpy(), events["end"].to_numpy(), events["dur"].to_numpy()
     names = events["name"].cat
     categories = names.categories if IDLE in names.categories else names.categories.append(pd.Index([IDLE]))
-    dictionary = pd.CategoricalDtype(categories)  # one dictionary for every kind, checked once
-    codes = names.codes.to_numpy()[rows]
-    codes_dtype = codes.dtype
-    del rows
-    parts: dict[str, list[np.ndarray]] = {"start_us": [], "end_us": [], "kind": [], "name": []}
+    frame = _Framer(pd.CategoricalDtype(categories), offset_us)  # one dictionary for every kind, checked once
+    codes = events["name"].array.codes
+    idle_code = np.array([categories.get_loc(IDLE)], dtype=codes.dtype)
+    unions = [iv.RunningUnion() for _ in (COMPUTE, COMM, MEMORY)]
+    busy, gaps = iv.RunningUnion(), _Gaps(events, on_gpu)
+    selected, kinds_of = _active(events, on_gpu)
 
-    def add(kind: str, s: np.ndarray, e: np.ndarray, name_codes: np.ndarray) -> None:
-        kind_codes = np.full(len(s), SPAN_KINDS.index(kind), dtype=np.int8)
-        for column, values in zip(parts, (s, e, kind_codes, name_codes)):
-            parts[column].append(values)
+    def merged(rows: np.ndarray) -> pd.DataFrame:  # a function: a piece's arrays are gone once its spans are made
+        rows, kinds = kinds_of(rows)
+        # Outermost first among events that start together, so a span takes the enclosing op's name.
+        order = iv.outermost_order(rows, ts, dur)
+        if order is not None:
+            rows, kinds = rows[order], kinds[order]
+        starts, ends, opened_by = ts[rows], end[rows], codes[rows]
+        of_kind = [u.add(starts[kinds == k], ends[kinds == k], opened_by[kinds == k]) for k, u in enumerate(unions)]
+        return frame(of_kind, gaps.add(busy.add(starts, ends)[0]), idle_code)
 
-    for kind in (COMPUTE, COMM, MEMORY):
-        mask = kinds == SPAN_KINDS.index(kind)
-        (s, e), first = iv.merge_with_first(starts[mask], ends[mask])
-        add(kind, s, e, codes[mask][first])
-    del codes, kinds
-    idle_s, idle_e = _idle(events, iv.merge(starts, ends), on_gpu)
-    add(IDLE, idle_s, idle_e, np.full(len(idle_s), categories.get_loc(IDLE), dtype=codes_dtype))
-    return _frame(parts, dictionary, offset_us)
+    for rows in iv.pieces(ts, selected):
+        yield merged(rows)
+    yield frame([u.close() for u in unions], gaps.close(busy.close()[0]), idle_code)
+
+
+class _Framer:
+    """Spans of every kind, as merged by the running unions, into one table of a piece."""
+
+    def __init__(self, names: pd.CategoricalDtype, offset_us: int) -> None:
+        self.names, self.offset_us = names, offset_us
+
+    def __call__(self, merged: list[tuple[iv.Intervals, np.ndarray]], idle: iv.Intervals,
+                 idle_code: np.ndarray) -> pd.DataFrame:
+        parts = [*merged, (idle, np.repeat(idle_code, len(idle[0])))]
+        starts = np.concatenate([p[0][0] for p in parts]) + self.offset_us
+        ends = np.concatenate([p[0][1] for p in parts]) + self.offset_us
+        kinds = np.repeat(np.arange(len(parts), dtype=np.int8), [len(p[1]) for p in parts])
+        codes = np.concatenate([p[1] for p in parts])
+        return pd.DataFrame({"start_us": starts, "end_us": ends,
+                             "kind": pd.Categorical.from_codes(kinds, dtype=_SPAN_KINDS),
+                             "name": pd.Categorical.from_codes(codes, dtype=self.names)}, copy=False)
 
 
 _SPAN_KINDS = pd.CategoricalDtype(SPAN_KINDS)
 
 
-def _frame(parts: dict[str, list[np.ndarray]], names: pd.CategoricalDtype, offset_us: int) -> pd.DataFrame:
-    """The spans' columns, joined a column at a time (the pieces of one let go before the next), the
-    times moved by ``offset_us`` in place (merged first, in the trace's own finer time)."""
-    columns = {}
-    for column, pieces in parts.items():
-        columns[column] = np.concatenate(pieces)
-        pieces.clear()
-    columns["start_us"] += offset_us
-    columns["end_us"] += offset_us
-    return pd.DataFrame({"start_us": columns["start_us"], "end_us": columns["end_us"],
-                         "kind": pd.Categorical.from_codes(columns["kind"], dtype=_SPAN_KINDS),
-                         "name": pd.Categorical.from_codes(columns["name"], dtype=names)}, copy=False)
-
-
-def _active(events: pd.DataFrame, on_gpu: bool) -> tuple[np.ndarray, np.ndarray]:
-    """The rows of the events that count as work (kernels on GPU, compute and communication host
-    ops on CPU), and the kind each is drawn as (its index in ``SPAN_KINDS``)."""
+def _active(events: pd.DataFrame, on_gpu: bool) -> tuple[np.ndarray, Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]]:
+    """Which events may count as work (a mask), and a function from some of their rows to those that do
+    (kernels on GPU, compute and communication host ops on CPU) and the kind each is drawn as (its
+    index in ``SPAN_KINDS``)."""
+    stream = events["stream"].to_numpy()
     if on_gpu:
-        rows = np.flatnonzero((events["stream"] >= 0).to_numpy() & kind_in(events, COMPUTE, COMM, MEMORY))
         to_span = np.array([SPAN_KINDS.index(k) if k in SPAN_KINDS else -1 for k in events["kind"].cat.categories],
                            dtype=np.int8)
-        return rows, to_span[events["kind"].cat.codes.to_numpy()[rows]]
-    host = np.flatnonzero((events["stream"] < 0).to_numpy())
-    is_compute, is_comm = host_categories(events[["kind", "cat"]].iloc[host])
-    work = is_compute | is_comm
-    # On CPU every op is "cpu" in the trace's kinds; name the two the breakdown counts.
-    return host[work], np.where(is_comm[work], SPAN_KINDS.index(COMM), SPAN_KINDS.index(COMPUTE)).astype(np.int8)
+        kind_codes = events["kind"].array.codes
+        return (stream >= 0) & kind_in(events, COMPUTE, COMM, MEMORY), lambda rows: (rows, to_span[kind_codes[rows]])
+
+    def host_work(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        is_compute, is_comm = host_categories(events, rows)
+        work = is_compute | is_comm
+        # On CPU every op is "cpu" in the trace's kinds; name the two the breakdown counts.
+        return rows[work], np.where(is_comm[work], SPAN_KINDS.index(COMM), SPAN_KINDS.index(COMPUTE)).astype(np.int8)
+    return stream < 0, host_work
+
+
+class _Gaps:
+    """Idle spans from the busy intervals as they become final: on GPU the gaps between them (from the
+    first to the last kernel: HTA's idle), on CPU the gaps inside each step, once all are known."""
+
+    def __init__(self, events: pd.DataFrame, on_gpu: bool) -> None:
+        self.events, self.on_gpu = events, on_gpu
+        self.last_end: float | None = None
+        self.held: list[iv.Intervals] = []  # CPU: every busy interval, for the steps' gaps at the end
+
+    def add(self, busy: iv.Intervals) -> iv.Intervals:
+        """The idle spans final after these busy intervals (the next in time order)."""
+        if not self.on_gpu:
+            self.held.append(busy)
+            return np.empty(0), np.empty(0)
+        s, e = busy
+        if not len(s):
+            return s, e
+        gap_starts = np.concatenate([[self.last_end if self.last_end is not None else s[0]], e[:-1]])
+        self.last_end = e[-1]
+        keep = s > gap_starts
+        return gap_starts[keep], s[keep]
+
+    def close(self, busy: iv.Intervals) -> iv.Intervals:
+        """The idle spans left once the last busy intervals are known."""
+        gaps = self.add(busy)
+        if self.on_gpu:
+            return gaps
+        whole = (np.concatenate([b[0] for b in self.held]), np.concatenate([b[1] for b in self.held]))
+        self.held = []
+        return _idle(self.events, whole, self.on_gpu)
 
 
 def _idle(events: pd.DataFrame, busy: iv.Intervals, on_gpu: bool) -> iv.Intervals:
-    """Gaps in ``busy``: from the first to the last kernel on GPU, inside each step on CPU."""
+    """Gaps in ``busy`` (all of a trace's): from the first to the last kernel on GPU, inside each step on CPU."""
     if on_gpu or not len(busy[0]):
         windows = [(busy[0][0], busy[1][-1])] if len(busy[0]) else []
     else:

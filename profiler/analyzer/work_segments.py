@@ -33,11 +33,10 @@ def rank_segments(events: pd.DataFrame, rank: int, on_gpu: bool, timed: bool = T
         return pd.DataFrame(columns=COLUMNS)
     ts, end = events["ts"].to_numpy(dtype=float), events["end"].to_numpy(dtype=float)
     if on_gpu:
-        work = ~host & kind_in(events, COMPUTE, MEMORY)
+        seg_s, seg_e, busy, op_codes = _device_segments(events, ~host & kind_in(events, COMPUTE, MEMORY))
     else:
-        work = host & kind_in(events, CPU) & (events["cat"] == "cpu_op").to_numpy()
-    work = np.flatnonzero(work)
-    seg_s, seg_e, busy = _coalesced(ts[work], end[work])
+        work = np.flatnonzero(host & kind_in(events, CPU) & (events["cat"] == "cpu_op").to_numpy())
+        seg_s, seg_e, busy = _coalesced(ts[work], end[work])
 
     step_rows = np.flatnonzero(steps_mask)
     order = np.argsort(ts[step_rows])
@@ -52,21 +51,65 @@ def rank_segments(events: pd.DataFrame, rank: int, on_gpu: bool, timed: bool = T
     phase_mask = host & _starts_with(names, PHASE_PREFIX)
     phase_at = _labeller(ts[phase_mask], end[phase_mask],
                          [n[len(PHASE_PREFIX):] for n in _names_at(names, np.flatnonzero(phase_mask))])
-    # The operator a segment runs in: ops and user annotations (the profiler's own span is neither).
-    rows = work if on_gpu else np.flatnonzero(
-        host & ~steps_mask & ~phase_mask & ~kind_in(events, COMM) & _category_in(events["cat"], LABEL_CATEGORIES))
+    if on_gpu:  # the kernel a segment opens with
+        op = _names_of(names, op_codes[inside])
+    else:  # the operator a segment runs in: ops and user annotations (the profiler's own span is neither)
+        rows = np.flatnonzero(host & ~steps_mask & ~phase_mask & ~kind_in(events, COMM)
+                              & _category_in(events["cat"], LABEL_CATEGORIES))
+        order = iv.outermost_order(rows, ts, events["dur"].to_numpy())
+        rows = rows if order is None else rows[order]
+        (lab_s, lab_e), first = iv.merge_with_first(ts[rows], end[rows])
+        op = _labeller(lab_s, lab_e, _names_at(names, rows[first]))(seg_s)
     del host, steps_mask, phase_mask
-    order = iv.outermost_order(rows, ts, events["dur"].to_numpy())
-    rows = rows if order is None else rows[order]
-    (lab_s, lab_e), first = iv.merge_with_first(ts[rows], end[rows])
-    op_at = _labeller(lab_s, lab_e, _names_at(names, rows[first]))
     # The gap before a segment starts at the previous segment's end, or at its step's start.
     prev_end = np.concatenate([[-np.inf], seg_e[:-1]])
     new_step = np.concatenate([[True], at[1:] != at[:-1]])
     gap_start = np.where(new_step, step_s[at], prev_end)
     return pd.DataFrame({"rank": rank, "step": step_no[at], "start_us": seg_s, "end_us": seg_e, "busy_us": busy,
-                         "phase": phase_at(seg_s), "gap_phase": phase_at(gap_start), "op": op_at(seg_s)},
+                         "phase": phase_at(seg_s), "gap_phase": phase_at(gap_start), "op": op},
                         columns=COLUMNS)
+
+
+def _device_segments(events: pd.DataFrame, work: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The ``work`` kernels (a mask) coalesced across short gaps, a piece of the trace at a time: each
+    segment's start, end, busy time, and the name code of the outermost kernel it opens with (-1 where
+    that kernel takes no time: no operator runs at the segment's start)."""
+    ts, end, dur = events["ts"].to_numpy(dtype=float), events["end"].to_numpy(dtype=float), events["dur"].to_numpy()
+    codes = events["name"].array.codes
+    busy, segments = iv.RunningUnion(), _Coalescer()
+    for rows in iv.pieces(ts, work):
+        order = iv.outermost_order(rows, ts, dur)
+        rows = rows if order is None else rows[order]
+        segments.add(*busy.add(ts[rows], end[rows], codes[rows]))
+    segments.add(*busy.close())
+    return segments.close()
+
+
+class _Coalescer:
+    """Busy intervals, as they become final (disjoint, in order), coalesced across gaps shorter than
+    ``COALESCE_GAP_US``: the segments' starts, ends, busy times and the labels they open with."""
+
+    def __init__(self) -> None:
+        self._union = iv.RunningUnion(gap=COALESCE_GAP_US)
+        self._parts: list[tuple[np.ndarray, ...]] = []
+        self._held_busy = 0.0  # busy time of the segment the union holds open
+
+    def add(self, busy: iv.Intervals, labels: np.ndarray) -> None:
+        s, e = busy
+        if not len(s):
+            return
+        (seg_s, seg_e), opened_by = self._union.add(s, e, np.where(e > s, labels, -1))
+        # Each busy interval lies in one of the segments made final now or in the one held open.
+        owner = np.searchsorted(np.concatenate([seg_s, self._union.held[0]]), s, side="right") - 1
+        sums = np.bincount(owner, weights=e - s, minlength=len(seg_s) + 1)
+        sums[0] += self._held_busy  # the segment held before is the first made final, or still held
+        self._held_busy = sums[-1]
+        self._parts.append((seg_s, seg_e, sums[:-1], opened_by))
+
+    def close(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        (seg_s, seg_e), opened_by = self._union.close()
+        self._parts.append((seg_s, seg_e, np.full(len(seg_s), self._held_busy), opened_by))
+        return tuple(np.concatenate(column) for column in zip(*self._parts))
 
 
 def _coalesced(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -81,9 +124,15 @@ def _coalesced(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.nda
 def _names_at(names: pd.Series, rows: np.ndarray) -> np.ndarray:
     """The names of the events at ``rows`` as strings, without making a string per event of the trace."""
     if hasattr(names, "cat"):
-        codes = names.cat.codes.to_numpy()[rows]
+        codes = names.array.codes[rows]
         return np.asarray(names.cat.categories.astype(str), dtype=object)[codes]
     return names.to_numpy()[rows].astype(str).astype(object)
+
+
+def _names_of(names: pd.Series, codes: np.ndarray) -> np.ndarray:
+    """The names of name ``codes`` as strings, ``""`` for -1."""
+    labels = np.asarray(list(names.cat.categories.astype(str)) + [""], dtype=object)
+    return labels[codes]
 
 
 def _category_in(cats: pd.Series, wanted: tuple[str, ...]) -> np.ndarray:
@@ -91,7 +140,7 @@ def _category_in(cats: pd.Series, wanted: tuple[str, ...]) -> np.ndarray:
     if not hasattr(cats, "cat"):
         return cats.astype(str).str.lower().isin(wanted).to_numpy()
     hit = np.asarray(cats.cat.categories.astype(str).str.lower().isin(wanted))
-    codes = cats.cat.codes.to_numpy()
+    codes = cats.array.codes
     return np.where(codes >= 0, hit[codes], False)
 
 
@@ -100,7 +149,7 @@ def _starts_with(names: pd.Series, prefix: str) -> np.ndarray:
     if categories is None:
         return names.astype(str).str.startswith(prefix).to_numpy()
     hit = np.asarray(categories.astype(str).str.startswith(prefix))
-    codes = names.cat.codes.to_numpy()
+    codes = names.array.codes
     return np.where(codes >= 0, hit[codes], False)
 
 

@@ -4,12 +4,14 @@
 the whole table: writing a rank's timeline spans (millions of rows) that way took a worker 180 MiB
 above the spans at 4M events (benchmarks/worker_memory.py's trace), 70 here. Each row group is
 converted, encoded and written to the file before the next, and the file replaces the old one only
-once it is whole.
+once it is whole. A table made a piece at a time (a rank's spans) is written as its pieces come
+(:func:`write_parquet_pieces`), never whole.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 import pandas as pd
 
@@ -31,3 +33,30 @@ def write_parquet(path: str | os.PathLike, frame: pd.DataFrame) -> None:
         for at in range(0, len(frame), ROW_GROUP_ROWS):
             writer.write_table(pa.Table.from_pandas(frame.iloc[at:at + ROW_GROUP_ROWS], preserve_index=False)
                                .cast(schema))
+
+
+def write_parquet_pieces(path: str | os.PathLike, pieces: Iterable[pd.DataFrame]) -> None:
+    """Replace ``path`` with the rows of ``pieces`` (tables of the same columns), each piece written as it
+    comes. Typed from the first; categorical columns' codes are widened to int32, as pieces (several
+    windows of a rank) may have dictionaries of different sizes."""
+    import pyarrow as pa  # noqa: PLC0415 - the analysis' import, not its command line's
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    writer, schema = None, None
+    with replacing(path) as tmp:
+        try:
+            for piece in pieces:
+                table = pa.Table.from_pandas(piece, preserve_index=False)
+                if writer is None:
+                    schema = pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), f.type.value_type))
+                                        if pa.types.is_dictionary(f.type) else f for f in table.schema])
+                    # Dictionaries for the dictionary columns only: one of a float column is a hash table
+                    # of its values, held per column while a row group is encoded.
+                    writer = pq.ParquetWriter(tmp, schema, use_dictionary=[f.name for f in schema
+                                                                           if pa.types.is_dictionary(f.type)])
+                writer.write_table(table.cast(schema))
+        finally:
+            if writer is not None:
+                writer.close()
+        if writer is None:
+            raise ValueError(f"{path}: no table to write")
