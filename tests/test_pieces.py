@@ -103,3 +103,16 @@ def test_kernels_overlapping_across_pieces_are_counted(monkeypatch):
     assert load._overlapping_kernels(events) == 3
     monkeypatch.setattr(iv, "PIECE_EVENTS", 100)
     assert load._overlapping_kernels(events) == 3
+
+
+def test_gpu_segments_of_windows_with_different_names(monkeypatch):
+    # Two profiled windows of a rank with different kernel names: joined, the names are no longer one
+    # categorical; the segments still name the kernel each opens with.
+    traces = [read_trace(TRACES / f"{name}.json.gz") for name in ("nccl_2rank_rank0", "sampled_128rank_rank1")]
+    events, _ = load._rank_events(traces)
+    monkeypatch.setattr(iv, "PIECE_EVENTS", len(events) // PIECES)
+    segments = rank_segments(events, 0, on_gpu=True)
+    alone = [rank_segments(t.events, 0, on_gpu=True) for t in traces]
+    assert len(segments) == sum(len(a) for a in alone) > 10
+    assert sorted(segments["op"]) == sorted(op for a in alone for op in a["op"])
+    assert (segments["op"] != "").mean() > 0.9

@@ -126,17 +126,16 @@ class _Gaps:
             return gaps
         whole = (np.concatenate([b[0] for b in self.held]), np.concatenate([b[1] for b in self.held]))
         self.held = []
-        return _idle(self.events, whole, self.on_gpu)
+        return _step_gaps(self.events, whole)
 
 
-def _idle(events: pd.DataFrame, busy: iv.Intervals, on_gpu: bool) -> iv.Intervals:
-    """Gaps in ``busy`` (all of a trace's): from the first to the last kernel on GPU, inside each step on CPU."""
-    if on_gpu or not len(busy[0]):
-        windows = [(busy[0][0], busy[1][-1])] if len(busy[0]) else []
-    else:
-        host = events[(events["stream"] < 0).to_numpy()]
-        marks = host[name_matches(host["name"], STEP_ANNOTATION)]
-        windows = list(zip(marks["ts"], marks["end"])) or [(events["ts"].min(), events["end"].max())]
+def _step_gaps(events: pd.DataFrame, busy: iv.Intervals) -> iv.Intervals:
+    """Gaps in ``busy`` (all of a CPU trace's busy time) inside each step, or the whole trace without steps."""
+    if not len(busy[0]):
+        return np.empty(0), np.empty(0)
+    host = events[(events["stream"] < 0).to_numpy()]
+    marks = host[name_matches(host["name"], STEP_ANNOTATION)]
+    windows = list(zip(marks["ts"], marks["end"])) or [(events["ts"].min(), events["end"].max())]
     starts, ends = [np.empty(0)], [np.empty(0)]
     for lo, hi in windows:
         s, e = iv.clip(busy, lo, hi)

@@ -32,11 +32,9 @@ def rank_segments(events: pd.DataFrame, rank: int, on_gpu: bool, timed: bool = T
     if not steps_mask.any() or (on_gpu and not timed):
         return pd.DataFrame(columns=COLUMNS)
     ts, end = events["ts"].to_numpy(dtype=float), events["end"].to_numpy(dtype=float)
-    if on_gpu:
-        seg_s, seg_e, busy, op_codes = _device_segments(events, ~host & kind_in(events, COMPUTE, MEMORY))
-    else:
-        work = np.flatnonzero(host & kind_in(events, CPU) & (events["cat"] == "cpu_op").to_numpy())
-        seg_s, seg_e, busy = _coalesced(ts[work], end[work])
+    work = ~host & kind_in(events, COMPUTE, MEMORY) if on_gpu else \
+        host & kind_in(events, CPU) & (events["cat"] == "cpu_op").to_numpy()
+    seg_s, seg_e, busy, op_rows = _coalesced(events, work)
 
     step_rows = np.flatnonzero(steps_mask)
     order = np.argsort(ts[step_rows])
@@ -51,8 +49,10 @@ def rank_segments(events: pd.DataFrame, rank: int, on_gpu: bool, timed: bool = T
     phase_mask = host & _starts_with(names, PHASE_PREFIX)
     phase_at = _labeller(ts[phase_mask], end[phase_mask],
                          [n[len(PHASE_PREFIX):] for n in _names_at(names, np.flatnonzero(phase_mask))])
-    if on_gpu:  # the kernel a segment opens with
-        op = _names_of(names, op_codes[inside])
+    if on_gpu:  # the kernel a segment opens with (its own op on CPU is inside an enclosing one)
+        op_rows = op_rows[inside]
+        op = np.full(len(op_rows), "", dtype=object)
+        op[op_rows >= 0] = _names_at(names, op_rows[op_rows >= 0])
     else:  # the operator a segment runs in: ops and user annotations (the profiler's own span is neither)
         rows = np.flatnonzero(host & ~steps_mask & ~phase_mask & ~kind_in(events, COMM)
                               & _category_in(events["cat"], LABEL_CATEGORIES))
@@ -70,17 +70,16 @@ def rank_segments(events: pd.DataFrame, rank: int, on_gpu: bool, timed: bool = T
                         columns=COLUMNS)
 
 
-def _device_segments(events: pd.DataFrame, work: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The ``work`` kernels (a mask) coalesced across short gaps, a piece of the trace at a time: each
-    segment's start, end, busy time, and the name code of the outermost kernel it opens with (-1 where
-    that kernel takes no time: no operator runs at the segment's start)."""
+def _coalesced(events: pd.DataFrame, work: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The ``work`` events (a mask) coalesced across short gaps, a piece of the trace at a time: each
+    segment's start, end, busy time, and the row of the outermost event it opens with (-1 where that
+    event takes no time: nothing runs at the segment's start)."""
     ts, end, dur = events["ts"].to_numpy(dtype=float), events["end"].to_numpy(dtype=float), events["dur"].to_numpy()
-    codes = events["name"].array.codes
     busy, segments = iv.RunningUnion(), _Coalescer()
     for rows in iv.pieces(ts, work):
         order = iv.outermost_order(rows, ts, dur)
         rows = rows if order is None else rows[order]
-        segments.add(*busy.add(ts[rows], end[rows], codes[rows]))
+        segments.add(*busy.add(ts[rows], end[rows], rows))
     segments.add(*busy.close())
     return segments.close()
 
@@ -112,27 +111,12 @@ class _Coalescer:
         return tuple(np.concatenate(column) for column in zip(*self._parts))
 
 
-def _coalesced(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Work intervals (sorted by start) coalesced across short gaps: start, end and busy time of each."""
-    (seg_s, seg_e), _ = iv.merge_with_first(starts, ends, gap=COALESCE_GAP_US)
-    busy_s, busy_e = iv.merge(starts, ends)
-    owner = np.searchsorted(seg_s, busy_s, side="right") - 1
-    busy = np.bincount(owner, weights=busy_e - busy_s, minlength=len(seg_s)) if len(seg_s) else np.empty(0)
-    return seg_s, seg_e, busy
-
-
 def _names_at(names: pd.Series, rows: np.ndarray) -> np.ndarray:
     """The names of the events at ``rows`` as strings, without making a string per event of the trace."""
     if hasattr(names, "cat"):
         codes = names.array.codes[rows]
         return np.asarray(names.cat.categories.astype(str), dtype=object)[codes]
     return names.to_numpy()[rows].astype(str).astype(object)
-
-
-def _names_of(names: pd.Series, codes: np.ndarray) -> np.ndarray:
-    """The names of name ``codes`` as strings, ``""`` for -1."""
-    labels = np.asarray(list(names.cat.categories.astype(str)) + [""], dtype=object)
-    return labels[codes]
 
 
 def _category_in(cats: pd.Series, wanted: tuple[str, ...]) -> np.ndarray:

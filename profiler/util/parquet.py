@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from diagtrain.profiler.run_dir import replacing
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 # Rows converted to Arrow at a time: ~6 MiB of a spans table, and still few groups (one footer entry
 # each) for the largest tables.
@@ -25,35 +29,32 @@ ROW_GROUP_ROWS = 1 << 18
 def write_parquet(path: str | os.PathLike, frame: pd.DataFrame) -> None:
     """Replace ``path`` with ``frame`` (its index left out), one row group at a time."""
     import pyarrow as pa  # noqa: PLC0415 - the analysis' import, not its command line's
-    import pyarrow.parquet as pq  # noqa: PLC0415
 
+    slices = (frame.iloc[at:at + ROW_GROUP_ROWS] for at in range(0, max(len(frame), 1), ROW_GROUP_ROWS))
     # Typed from the whole table: a slice of only missing values alone would be typed null.
-    schema = pa.Schema.from_pandas(frame, preserve_index=False)
-    with replacing(path) as tmp, pq.ParquetWriter(tmp, schema) as writer:
-        for at in range(0, len(frame), ROW_GROUP_ROWS):
-            writer.write_table(pa.Table.from_pandas(frame.iloc[at:at + ROW_GROUP_ROWS], preserve_index=False)
-                               .cast(schema))
+    write_parquet_pieces(path, slices, pa.Schema.from_pandas(frame, preserve_index=False))
 
 
-def write_parquet_pieces(path: str | os.PathLike, pieces: Iterable[pd.DataFrame]) -> None:
+def write_parquet_pieces(path: str | os.PathLike, pieces: Iterable[pd.DataFrame], schema: pa.Schema | None = None) -> None:
     """Replace ``path`` with the rows of ``pieces`` (tables of the same columns), each piece written as it
-    comes. Typed from the first; categorical columns' codes are widened to int32, as pieces (several
-    windows of a rank) may have dictionaries of different sizes."""
+    comes. Typed by ``schema`` (a pyarrow schema), else from the first piece; categorical columns' codes
+    are widened to int32, as pieces (several windows of a rank) may have dictionaries of different sizes."""
     import pyarrow as pa  # noqa: PLC0415 - the analysis' import, not its command line's
     import pyarrow.parquet as pq  # noqa: PLC0415
 
-    writer, schema = None, None
+    writer = None
     with replacing(path) as tmp:
         try:
             for piece in pieces:
                 table = pa.Table.from_pandas(piece, preserve_index=False)
                 if writer is None:
                     schema = pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), f.type.value_type))
-                                        if pa.types.is_dictionary(f.type) else f for f in table.schema])
-                    # Dictionaries for the dictionary columns only: one of a float column is a hash table
-                    # of its values, held per column while a row group is encoded.
-                    writer = pq.ParquetWriter(tmp, schema, use_dictionary=[f.name for f in schema
-                                                                           if pa.types.is_dictionary(f.type)])
+                                        if pa.types.is_dictionary(f.type) else f
+                                        for f in (schema or table.schema)], metadata=(schema or table.schema).metadata)
+                    # No dictionary for float columns: one is a hash table of the column's values, held
+                    # per column while a row group is encoded, for values that hardly repeat.
+                    writer = pq.ParquetWriter(tmp, schema, use_dictionary=[
+                        f.name for f in schema if not pa.types.is_floating(f.type)])
                 writer.write_table(table.cast(schema))
         finally:
             if writer is not None:
