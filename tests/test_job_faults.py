@@ -22,6 +22,7 @@ from pathlib import Path
 from conftest import JOB_TIMEOUT_S, USER_SCRIPT, processes_with, torchrun
 
 from diagtrain.profiler.analyzer.analyze import analyze
+from diagtrain.profiler.cli.run import interrupted
 
 FILE_SIZE_LIMIT = 64 << 10  # above every record of a 6-step job, below its profiled trace (~200 KiB of JSON)
 INTERRUPTED = 128 + signal.SIGINT
@@ -177,6 +178,25 @@ def test_ctrl_c_during_the_analysis(tmp_path):
     assert processes_with(marker) == []  # the analysis' workers too
     doc = analyze(out, out, ["json"], workers=1)  # what an interrupted analysis left is no obstacle
     assert [r["rank"] for r in doc["ranks"]] == [0, 1] and doc["skipped"] == []
+
+
+def test_a_ctrl_c_wrapped_by_python_still_counts_as_an_interruption():
+    # The failed CI run's case: the SIGINT landed while a dataclass was made, and Python 3.11 raised a
+    # RuntimeError ("Error calling __set_name__") caused by it; the analysis said "failed" and exited 0.
+    class Interrupting:
+        def __set_name__(self, owner: type, name: str) -> None:
+            raise KeyboardInterrupt
+
+    try:
+        type("StepFile", (), {"rows": Interrupting()})
+    except Exception as e:  # noqa: BLE001 - whatever this Python wraps it in
+        wrapped = e
+    assert interrupted(wrapped)
+    assert not interrupted(RuntimeError("Error calling __set_name__"))
+    try:
+        raise ValueError("a bad file") from OSError("disk")
+    except ValueError as e:
+        assert not interrupted(e)
 
 
 def test_a_write_the_disk_refuses_leaves_no_temp_file(tmp_path):

@@ -127,7 +127,22 @@ def _analyze(out: Path, err: Console) -> None:
     try:
         analyze_and_print(out, out, ["md", "json", "html"], default_workers(), err)
     except Exception as e:  # noqa: BLE001 - the run's data is safe on disk; `diagtrain analyze` can retry
+        if interrupted(e):
+            raise KeyboardInterrupt from e
         err.print(f"diagtrain: analysis failed ({type(e).__name__}: {e}); run `diagtrain analyze {out}`", markup=False)
+
+
+def interrupted(error: BaseException) -> bool:
+    """Whether Ctrl-C caused ``error``: one landing while a module's classes are made reaches us wrapped
+    (Python 3.11's RuntimeError "Error calling __set_name__"), not as a KeyboardInterrupt."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def _unused(path: Path) -> Path:
