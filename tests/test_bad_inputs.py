@@ -11,12 +11,14 @@ listed under ``skipped`` by name with a reason.
 from __future__ import annotations
 
 import gzip
+import importlib
 import json
 import os
 import pickle
 import random
 import shutil
 import tracemalloc
+import zlib
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,7 @@ from conftest import on_training
 from diagtrain.profiler.analyzer import report
 from diagtrain.profiler.analyzer.analyze import analyze
 from diagtrain.profiler.analyzer.flight_records import read_dump
+from diagtrain.profiler.util import bounded_read
 from diagtrain.profiler.util.bounded_read import InputError, display, gunzip
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -329,7 +332,15 @@ def test_the_cases_that_stopped_the_analysis(base, tmp_path, case):
         shutil.copy2(keep / "manifest.json", base / "manifest.json")
 
 
-def test_a_gzip_bomb_takes_memory_of_its_limit_not_of_its_size(tmp_path):
+@pytest.fixture(params=["isal", "zlib"])
+def inflater(request, monkeypatch):
+    """Each gzip inflater bounded_read can use: ISA-L (a dependency, so it must import) and zlib, its fallback."""
+    module = importlib.import_module("isal.isal_zlib") if request.param == "isal" else zlib
+    monkeypatch.setattr(bounded_read, "_inflate", module)
+    return request.param
+
+
+def test_a_gzip_bomb_takes_memory_of_its_limit_not_of_its_size(tmp_path, inflater):
     bomb = tmp_path / "bomb.gz"
     bomb.write_bytes(gzip.compress(bytes(1 << 20)) * 1024)  # 1 GiB unpacked from 1 MiB (1024 gzip members)
     tracemalloc.start()
@@ -342,13 +353,23 @@ def test_a_gzip_bomb_takes_memory_of_its_limit_not_of_its_size(tmp_path):
     assert peak < 100 << 20  # the 64 MiB floor and one chunk, not 1 GiB (nor twice that)
 
 
-def test_gzip_members_padding_and_truncation(tmp_path):
+def test_gzip_members_padding_and_truncation(tmp_path, inflater):
     one = gzip.compress(b'{"a": ') + gzip.compress(b"1}")
     assert bytes(gunzip(one + bytes(512), 1 << 20)) == b'{"a": 1}'
     with pytest.raises(InputError, match="truncated"):
         gunzip(one[:-5], 1 << 20)
     with pytest.raises(InputError, match="limit"):
         gunzip(gzip.compress(bytes(4096)), 1024)
+    corrupt = bytearray(gzip.compress(os.urandom(4096)))
+    corrupt[20:40] = bytes(20)
+    with pytest.raises(InputError, match="not valid gzip"):
+        gunzip(corrupt, 1 << 20)
+
+
+def test_a_large_trace_unpacks_the_same_with_either_inflater(inflater):
+    """Many output chunks and input pieces: the bytes are zlib's, whichever inflater unpacked them."""
+    data = gzip.compress(random.Random(0).randbytes(3 << 20) * 2, compresslevel=1)
+    assert bytes(gunzip(data, 64 << 20)) == gzip.decompress(data)
 
 
 def test_nccls_own_pickled_dump_still_reads():

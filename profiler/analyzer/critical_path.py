@@ -14,6 +14,7 @@ Time order is a topological order of the graph, so a replay is one pass over the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -222,25 +223,27 @@ def replay(g: StepGraph, scale: np.ndarray | None = None) -> Replay:
     (none: the measured times come back)."""
     n, m = len(g.start), len(g.c_arrival)
     scale = np.ones(n) if scale is None else scale
-    dur = (g.end - g.start) * scale
-    lag = np.where(g.release >= 0, g.lag, g.lag * scale)  # a wake-up after a wait is not the rank's own time
-    s, e = np.full(n, np.nan), np.full(n, np.nan)
-    bound = np.zeros(n, dtype=np.int8)
+    dur = ((g.end - g.start) * scale).tolist()
+    lag = np.where(g.release >= 0, g.lag, g.lag * scale).tolist()  # a wake-up after a wait is not the rank's own time
+    # The loop reads and writes one item at a time, which Python lists do several times faster than arrays.
+    s, e, bound = [math.nan] * n, [math.nan] * n, [_START] * n
+    prev, rank, release = g.prev.tolist(), g.rank.tolist(), g.release.tolist()
     arrival, c_end, c_done, c_last = g.c_arrival.copy(), np.full(m, np.nan), np.full(m, np.nan), np.arange(m)
+    done_at = [math.nan] * m
     members = _members(g.c_key)
     firsts = np.array([rows[np.argmin(g.c_end[rows])] for rows in members.values()], dtype=int)
     # A collective when it is done, before nodes that start at that moment: they resume after it.
     order = np.lexsort((np.r_[np.ones(n), np.zeros(len(firsts))], np.r_[_ready(g, firsts, members)]))
-    for item in order:
+    for item in order.tolist():
         if item < n:
             k = item
-            p = g.prev[k]
-            s[k] = (e[p] if p >= 0 else g.window_start[g.rank[k]]) + lag[k]
-            bound[k] = _PREV if p >= 0 else _START
-            j = g.release[k]
-            if j >= 0 and c_done[j] + lag[k] >= s[k]:
-                s[k], bound[k] = c_done[j] + lag[k], _RELEASE
-            e[k] = s[k] + dur[k]
+            p = prev[k]
+            start, bound[k] = ((e[p], _PREV) if p >= 0 else (g.window_start[rank[k]], _START))
+            start += lag[k]
+            j = release[k]
+            if j >= 0 and done_at[j] + lag[k] >= start:  # NaN (not done yet) compares False
+                start, bound[k] = done_at[j] + lag[k], _RELEASE
+            s[k], e[k] = start, start + dur[k]
             continue
         rows = members[g.c_key[firsts[item - n]]]
         arrival[rows] = [_moved(g, g.c_issuer[r], g.c_arrival[r], s, e, scale) for r in rows]
@@ -249,8 +252,12 @@ def replay(g: StepGraph, scale: np.ndarray | None = None) -> Replay:
         waited = g.c_end[rows] + (arrival[last] - g.c_arrival[rows].max())
         c_end[rows] = np.maximum(waited, arrival[rows] + g.c_transfer[rows])
         c_done[rows], c_last[rows] = c_end[rows].min(), last
+        for r in rows.tolist():
+            done_at[r] = c_done[r]
     closing = np.flatnonzero(np.r_[g.rank[1:] != g.rank[:-1], True])
-    return Replay(s, e, bound, arrival, c_end, c_done, c_last, float(np.max(e[closing])))
+    end = np.array(e, dtype=float)
+    return Replay(np.array(s, dtype=float), end, np.array(bound, dtype=np.int8), arrival, c_end, c_done, c_last,
+                  float(np.max(end[closing])))
 
 
 def _members(key: np.ndarray) -> dict[int, np.ndarray]:
@@ -279,9 +286,9 @@ def _ready(g: StepGraph, firsts: np.ndarray, members: dict) -> np.ndarray:
     return np.r_[ready, key_time]
 
 
-def _moved(g: StepGraph, issuer: int, t: float, s: np.ndarray, e: np.ndarray, scale: np.ndarray) -> float:
-    """Where a time ``t`` measured in or after node ``issuer`` falls in the replay."""
-    if issuer < 0 or np.isnan(s[issuer]):
+def _moved(g: StepGraph, issuer: int, t: float, s: list[float], e: list[float], scale: np.ndarray) -> float:
+    """Where a time ``t`` measured in or after node ``issuer`` falls in the replay (``s``, ``e``: its nodes' times so far)."""
+    if issuer < 0 or math.isnan(s[issuer]):
         return t
     if t <= g.end[issuer]:
         return s[issuer] + (t - g.start[issuer]) * scale[issuer]

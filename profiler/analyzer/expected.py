@@ -133,9 +133,10 @@ def _collectives(rm: plan_measured.RunModel, coll: pd.DataFrame, tables: Tables,
                                       layers_per_stage=rm.layers_per_stage):
                 expected.setdefault((c.op, round(_trace_bytes(c, tables.on_gpu))), []).append(c)
             seen = _onto_expected(seen, expected)
-        for key in sorted(set(expected) | set(seen.index)):
+        measured = seen.to_dict("index")  # one conversion: a .loc per key costs more than the rest of the loop
+        for key in sorted(set(expected) | set(measured)):
             cs = expected.get(key, [])
-            row = seen.loc[key] if key in seen.index else None
+            row = measured.get(key)
             group = cs[0].group if cs else (row["kind"] if row is not None else None)
             bandwidth = bw.get(group) if group else None
             rows.append({"rank": int(rank), "op": key[0], "bytes": key[1], "group": group,
@@ -163,7 +164,7 @@ def _onto_expected(seen: pd.DataFrame, expected: dict[tuple, list[Collective]]) 
                                           kind=("kind", "first"), size=("size", "max"))
 
 
-def _model_ms(key: tuple[str, int], cs: list[Collective], row: pd.Series | None, bandwidth: float | None,
+def _model_ms(key: tuple[str, int], cs: list[Collective], row: dict[str, Any] | None, bandwidth: float | None,
               on_gpu: bool) -> float | None:
     """One call's ring time at ``bandwidth``: the layout's collective, else the measured call's own size and group."""
     if not bandwidth:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 from typing import TYPE_CHECKING
-from xml.sax.saxutils import quoteattr
 
 from diagtrain.profiler.compare.findings import FindingChange
 
@@ -72,6 +71,8 @@ def by_cause(c: regression.Comparison) -> list[str]:
 
 def junit(c: regression.Comparison) -> str:
     """JUnit XML: one test case per metric, a failure per regression, a skipped case per inconclusive one."""
+    from xml.sax.saxutils import quoteattr  # here: its import (urllib, email, ssl) costs every CLI start ~30 ms
+
     cases = []
     for r in shown(c):
         name = quoteattr(f"{r.metric} ({r.scope})")

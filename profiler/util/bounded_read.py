@@ -18,6 +18,11 @@ import zlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+try:  # ISA-L inflates gzip 2-3x faster than zlib, the same stream API; zlib where its wheel is missing
+    from isal import isal_zlib as _inflate
+except ImportError:  # pragma: no cover - a platform without an isal wheel
+    _inflate = zlib
+
 GZIP_MAGIC = b"\x1f\x8b"
 _GZIP_WBITS = 31  # zlib's window bits for the gzip container
 _IN_CHUNK = 1 << 20  # compressed bytes fed to zlib at a time (slices, never copies of the rest)
@@ -118,7 +123,7 @@ def gunzip(data: bytes | bytearray, limit: int, path: str | os.PathLike = "<data
 def _unpack(pieces: Iterable[bytes | memoryview], limit: int, path: str | os.PathLike) -> Iterator[bytes]:
     """The unpacked bytes of a gzip stream given in ``pieces``, a chunk at a time, checked against
     ``limit`` and MAX_GZIP_RATIO as they come."""
-    z = zlib.decompressobj(_GZIP_WBITS)
+    z = _inflate.decompressobj(_GZIP_WBITS)
     size = consumed = 0
     try:
         for piece in pieces:
@@ -128,7 +133,7 @@ def _unpack(pieces: Iterable[bytes | memoryview], limit: int, path: str | os.Pat
                 if z.eof:  # the previous member ended: padding, or another member
                     if not bytes(pending).strip(b"\0"):
                         break
-                    z = zlib.decompressobj(_GZIP_WBITS)
+                    z = _inflate.decompressobj(_GZIP_WBITS)
                 chunk = z.decompress(pending, _OUT_CHUNK)
                 pending = z.unused_data if z.eof else z.unconsumed_tail
                 size += len(chunk)
@@ -141,7 +146,7 @@ def _unpack(pieces: Iterable[bytes | memoryview], limit: int, path: str | os.Pat
             size += len(chunk)
             _check_unpacked(size, consumed, limit, path)
             yield chunk
-    except zlib.error as e:
+    except _inflate.error as e:
         raise InputError(path, f"not valid gzip ({e})") from None
 
 
