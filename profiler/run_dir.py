@@ -313,12 +313,43 @@ def run_status(host_statuses: list[str], rank_codes: list[int | None]) -> str:
 
 # -- analysis/collectives.parquet: a collective's group, one key per process group and its members --
 
+MIN_RUN = 3  # evenly spaced members written as a range from this many: "0,1" stays as it is
+
+
 def group_key(pg: Any, members: tuple[int, ...]) -> str:
-    """``"<pg>:<rank>,<rank>,..."``: the group a collective is matched within (its process group and members)."""
-    return f"{pg}:{','.join(map(str, members))}"
+    """``"<pg>:<members>"``: the group a collective is matched within (its process group and members).
+    Evenly spaced members are a range, ``first-last`` or ``first-last/step`` (``"0:0-1023"``,
+    ``"3:0-1016/8"``), others listed by commas: every groupby on the key hashes it whole, row by row,
+    and a key that listed 1,024 ranks made the cross-rank stages grow with ranks squared."""
+    items, i = [], 0
+    while i < len(members):
+        j = i + 1
+        step = members[j] - members[i] if j < len(members) else 0
+        while step > 0 and j + 1 < len(members) and members[j + 1] - members[j] == step:
+            j += 1
+        if step > 0 and j - i + 1 >= MIN_RUN:
+            items.append(f"{members[i]}-{members[j]}" + (f"/{step}" if step != 1 else ""))
+            i = j + 1
+        else:
+            items.append(str(members[i]))
+            i += 1
+    return f"{pg}:{','.join(items)}"
 
 
 def group_members(key: str) -> tuple[int, ...]:
-    """The member ranks a ``group_key`` names (``()`` where the group's members are unknown)."""
+    """The member ranks a ``group_key`` names (``()`` where the group's members are unknown, or where
+    ``key`` is a bare group name that is not a key)."""
     ranks = str(key).rpartition(":")[2]
-    return tuple(int(r) for r in ranks.split(",")) if ranks else ()
+    try:
+        return tuple(r for item in ranks.split(",") for r in _item_ranks(item)) if ranks else ()
+    except ValueError:
+        return ()
+
+
+def _item_ranks(item: str) -> range:
+    """The ranks of one item of a key: ``7``, ``0-7`` or ``0-56/8``."""
+    first, _, rest = item.partition("-")
+    if not rest:
+        return range(int(first), int(first) + 1)
+    last, _, step = rest.partition("/")
+    return range(int(first), int(last) + 1, int(step or 1))

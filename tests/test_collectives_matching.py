@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from hypothesis import given
+from hypothesis import strategies as st
 
 from diagtrain.profiler.analyzer.collectives import last_to_arrive, match
+from diagtrain.profiler.run_dir import group_key, group_members
 
 RANKS = 64
 CALLS = 50
@@ -43,3 +46,16 @@ def test_last_to_arrive_leaves_out_rows_that_cannot_be_matched():
     # b: rank 1's arrival is unknown; no group, no sequence number, one rank alone: no last rank.
     assert last[:4] == [1.0, 1.0, 1.0, 0.0] and all(np.isnan(x) for x in last[4:])
     assert last_to_arrive(t.iloc[:0], shared.iloc[:0]).empty
+
+
+@given(st.lists(st.integers(0, 5000), max_size=40), st.sampled_from(["0", "mesh_dp", "a:b"]))
+def test_a_group_key_gives_back_its_members(members, pg):
+    assert group_members(group_key(pg, tuple(members))) == tuple(members)
+
+
+def test_group_keys_of_whole_meshes_stay_short():
+    """Every groupby on the key hashes it whole for each row: it must not list 1,024 ranks."""
+    assert group_key("0", tuple(range(1024))) == "0:0-1023"
+    assert group_key("mesh_dp", tuple(range(3, 1024, 8))) == "mesh_dp:3-1019/8"
+    assert group_key("0", (0, 1)) == "0:0,1"  # two ranks: as before
+    assert group_members("0:0,1,2,3") == (0, 1, 2, 3)  # keys written before ranges were

@@ -256,7 +256,9 @@ def shared_groups(pgs: pd.Series, members: pd.Series) -> tuple[np.ndarray, np.nd
         found = by_object.get((pg, id(ranks)))
         if found is None:
             ranks_tuple = tuple(int(r) for r in ranks) if ranks is not None else ()
-            found = by_value.setdefault((pg, ranks_tuple), (group_key(pg, ranks_tuple), ranks_tuple))
+            found = by_value.get((pg, ranks_tuple))
+            if found is None:  # the key once per distinct group, not per rank that is in it
+                found = by_value[(pg, ranks_tuple)] = (group_key(pg, ranks_tuple), ranks_tuple)
             by_object[(pg, id(ranks))] = found
         keys.append(found[0])
         shared.append(found[1])

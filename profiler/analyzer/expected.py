@@ -124,16 +124,19 @@ def _collectives(rm: plan_measured.RunModel, coll: pd.DataFrame, tables: Tables,
     # One aggregation for all ranks: one per rank cost ~15 ms each, 15 s at 1,024 ranks.
     seen_by_rank = calls.groupby(["rank", "op", "key"]).agg(
         calls=("step", "size"), transfer_us=("transfer_us", "median"), kind=("kind", "first"), size=("size", "max"))
+    # Rows as dicts per rank, in one pass: a .xs and a .loc per rank and key cost ~1.5 ms a rank.
+    measured_by_rank: dict[int, dict[tuple, dict[str, Any]]] = {}
+    for (rank, op, key), row in zip(seen_by_rank.index, seen_by_rank.to_dict("records")):
+        measured_by_rank.setdefault(rank, {})[(op, key)] = row
     rows = []
     for rank, steps in calls.groupby("rank")["step"].nunique().items():
-        seen = seen_by_rank.xs(rank, level="rank")
+        measured = measured_by_rank[rank]
         expected: dict[tuple, list[Collective]] = {}
         if exact:
             for c in plan_collectives(rm.model, rm.layout, rm.precision, int(rank), impl=rm.impl,
                                       layers_per_stage=rm.layers_per_stage):
                 expected.setdefault((c.op, round(_trace_bytes(c, tables.on_gpu))), []).append(c)
-            seen = _onto_expected(seen, expected)
-        measured = seen.to_dict("index")  # one conversion: a .loc per key costs more than the rest of the loop
+            measured = _onto_expected(seen_by_rank.xs(rank, level="rank"), expected).to_dict("index")
         for key in sorted(set(expected) | set(measured)):
             cs = expected.get(key, [])
             row = measured.get(key)

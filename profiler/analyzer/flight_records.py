@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from diagtrain.profiler.analyzer.inputs import MAX_DUMP_BYTES, expect, rank_number
+from diagtrain.profiler.run_dir import group_key, group_members
 from diagtrain.profiler.util.bounded_read import InputError, read_input
 
 _RANK_SUFFIX = re.compile(r"(\d+)(?:\.json)?$")
@@ -198,7 +199,7 @@ def entries(rank: int, dump: dict[str, Any]) -> list[Entry]:
 
 
 def keyed_by_members(dumps: dict[int, dict[str, Any]], groups_by_rank: dict[int, dict]) -> list[Entry]:
-    """Every rank's collectives, each group keyed by its name and member ranks (``name:0,1``).
+    """Every rank's collectives, each group keyed by its name and member ranks (``run_dir.group_key``).
 
     Subgroups of one DeviceMesh dimension share a name; their member lists tell them apart.
     """
@@ -207,7 +208,7 @@ def keyed_by_members(dumps: dict[int, dict[str, Any]], groups_by_rank: dict[int,
         group = (groups_by_rank.get(e.rank, {}).get(e.pg) or {})
         if group.get("ranks"):
             e.pg_desc = e.pg_desc or group.get("desc")
-            e.pg = f"{e.pg}:{','.join(map(str, group['ranks']))}"
+            e.pg = group_key(e.pg, tuple(int(r) for r in group["ranks"]))
     return found
 
 
@@ -273,9 +274,7 @@ def cross_rank(all_entries: list[Entry], tail: int) -> list[dict[str, Any]]:
         by_key.setdefault((e.pg, e.seq), []).append(e)
         members_of.setdefault(e.pg, set()).add(e.rank)
     for pg, recorded in members_of.items():
-        listed = pg.partition(":")[2]  # "name:0,1,2,3" once keyed by members
-        if listed:
-            members_of[pg] = recorded | {int(r) for r in listed.split(",") if r.isdigit()}
+        members_of[pg] = recorded | set(group_members(pg))  # listed in the key once keyed by members
     rows = []
     for pg in sorted(members_of):
         seqs = sorted(seq for (g, seq) in by_key if g == pg)[-tail:]

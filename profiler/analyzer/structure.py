@@ -20,6 +20,7 @@ from typing import Any
 
 from diagtrain.profiler.analyzer.flight_records import Entry
 from diagtrain.profiler.analyzer.p2p import P2PCalls
+from diagtrain.profiler.run_dir import group_key, group_members
 
 MESH_PREFIX = "mesh_"  # DeviceMesh describes each dimension's groups as mesh_<name>
 PIPELINE_DIMS = ("pp", "pipe", "pipeline", "stage")  # mesh dimension names that mean pipeline stages
@@ -38,8 +39,8 @@ class ProcessGroup:
 
     @property
     def key(self) -> str:
-        """The key the collectives table uses for it (``name:r0,r1,...``)."""
-        return f"{self.name}:{','.join(map(str, self.ranks))}"
+        """The key the collectives table uses for it (``run_dir.group_key``)."""
+        return group_key(self.name, self.ranks)
 
 
 @dataclass
@@ -158,8 +159,8 @@ def _groups(process_groups: dict[int, dict], pg_configs: dict[int, list[dict]], 
         recorded.setdefault(e.pg, set()).add(e.rank)
         descs[e.pg] = descs.get(e.pg) or e.pg_desc
     for pg, ranks in recorded.items():
-        name, _, listed = pg.partition(":")
-        add(name, descs[pg], [int(r) for r in listed.split(",") if r.isdigit()] if listed else ranks, "flight recorder")
+        name, _, listed = pg.rpartition(":") if group_members(pg) else (pg, "", "")
+        add(name, descs[pg], group_members(pg) if listed else ranks, "flight recorder")
     for g in found.values():
         g.ops = dict(collective_ops.get(g.key, {}))
     return sorted(found.values(), key=lambda g: (len(g.ranks) != max(len(x.ranks) for x in found.values()),

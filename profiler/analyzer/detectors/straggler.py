@@ -157,14 +157,13 @@ def _quantities(steps: pd.DataFrame, phases: list[str]) -> pd.DataFrame:
 def _usual(quantities: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per rank and quantity: the median over steps, and the robust standard deviation from step
     to step (NaN with fewer than MIN_NOISE_STEPS steps)."""
-    by_rank = quantities.drop(columns="step").groupby("rank")
-
-    def scale(values: pd.Series) -> float:
-        values = values.dropna()
-        if len(values) < MIN_NOISE_STEPS:
-            return np.nan
-        return MAD_TO_SIGMA * float((values - values.median()).abs().median())
-    return by_rank.median(), by_rank.agg(scale)
+    values = quantities.drop(columns=["step", "rank"])
+    by_rank = values.groupby(quantities["rank"])
+    usual = by_rank.median()
+    # All ranks at once (a function per rank and quantity cost a second at 1,024 ranks); NaN is skipped.
+    deviation = (values - usual.loc[quantities["rank"]].to_numpy()).abs()
+    noise = MAD_TO_SIGMA * deviation.groupby(quantities["rank"]).median()
+    return usual, noise.where(by_rank.count() >= MIN_NOISE_STEPS)
 
 
 def _excess(steps: pd.DataFrame, phases: list[str], threshold: float,
