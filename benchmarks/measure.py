@@ -18,11 +18,16 @@ def run_measured(code: str, timeout: float = 600) -> tuple[float, float]:
     return wall, tree
 
 
-def run_measured_detail(code: str, timeout: float = 600) -> tuple[float, float, float, float]:
+class OverMemory(RuntimeError):
+    """The measured process tree held more than it was allowed, and was stopped."""
+
+
+def run_measured_detail(code: str, timeout: float = 600, max_mib: float | None = None) -> tuple[float, float, float, float]:
     """(wall seconds, peak MiB of the whole tree, peak MiB of its largest single process, peak MiB of
     the whole tree counted by PSS). Summed RSS counts every page a forked worker shares with its
     parent (imports, the parent's data) once per process; PSS splits each shared page between the
-    processes that map it, so the tree's PSS is the memory it really holds."""
+    processes that map it, so the tree's PSS is the memory it really holds. A tree whose PSS passes
+    ``max_mib`` is killed (:class:`OverMemory`) before it can take the machine down."""
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     root = psutil.Process(proc.pid)
@@ -36,10 +41,23 @@ def run_measured_detail(code: str, timeout: float = 600) -> tuple[float, float, 
         except psutil.Error:
             pass
         time.sleep(SAMPLE_S)
+        if max_mib is not None and pss / 2**20 > max_mib:
+            _kill_tree(root)
+            raise OverMemory(f"over {max_mib:.0f} MiB after {time.monotonic() - started:.0f} s")
         if time.monotonic() - started > timeout:
-            proc.kill()
-            raise TimeoutError(code[:80])
+            _kill_tree(root)
+            raise TimeoutError(f"over {timeout:.0f} s")
     wall = time.monotonic() - started
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr.read().decode()[-2000:])
     return wall, peak / 2**20, single / 2**20, pss / 2**20
+
+
+def _kill_tree(root: psutil.Process) -> None:
+    """Kill ``root`` and its children (a pool's workers would otherwise go on holding memory)."""
+    for p in [*root.children(recursive=True), root]:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    root.wait()

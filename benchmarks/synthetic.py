@@ -11,25 +11,36 @@ import shutil
 from pathlib import Path
 
 EVENTS_PER_LAUNCH = 3  # a cpu_op, its cudaLaunchKernel and the kernel
+COMM_EVERY = 20  # one kernel in this many is an all-reduce, unless a number per step is asked for
+# Correlation ids as a process that has run a while numbers them. HTA 0.5.0 on pandas 3 cannot load a
+# trace of more than 32,767 events whose ids all fit int16 (its index_correlation column is int16).
+FIRST_CORRELATION = 1 << 16
 
 
-def write_trace(path: Path, rank: int, world: int, events: int, steps: int = 5, seed: int = 0) -> Path:
-    """A gzipped trace with about ``events`` duration events for ``rank`` of ``world``."""
+def write_trace(path: Path, rank: int, world: int, events: int, steps: int = 5, seed: int = 0,
+                collectives_per_step: int | None = None) -> Path:
+    """A gzipped trace with about ``events`` duration events for ``rank`` of ``world``; one all-reduce in
+    COMM_EVERY kernels, or ``collectives_per_step`` of them spread evenly over each step."""
     rng = random.Random(seed + rank)
     launches = max(events // EVENTS_PER_LAUNCH, steps)
     per_step = launches // steps
+    if collectives_per_step is None:
+        is_comm = [i % COMM_EVERY == COMM_EVERY - 1 for i in range(per_step)]
+    else:
+        is_comm = [(i + 1) * collectives_per_step // per_step > i * collectives_per_step // per_step
+                   for i in range(per_step)]
     info = {"backend": "nccl", "rank": rank, "world_size": world, "pg_count": 1,
             "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cuda:nccl", "pg_size": world,
                            "ranks": list(range(world))}]}
     header = f'{{"schemaVersion":1,"distributedInfo":{json.dumps(info)},"baseTimeNanoseconds":1790000000000000000,"traceEvents":['
-    ts, corr = 1_000.0, 1
+    ts, corr = 1_000.0, FIRST_CORRELATION
     with gzip.open(path, "wt", compresslevel=1) as f:
         f.write(header)
         for step in range(steps):  # written a step at a time: a trace of gigabytes never sits in memory
             lines, step_start = [], ts
             for i in range(per_step):
                 dur = rng.uniform(5, 50)
-                comm = i % 20 == 19
+                comm = is_comm[i]
                 name = "ncclDevKernel_AllReduce_Sum_f32_RING_LL" if comm else f"void gemm_kernel_{i % 7}"
                 lines.append(f'{{"ph":"X","cat":"cpu_op","name":"aten::op{i % 11}","pid":1,"tid":1,"ts":{ts:.3f},"dur":{dur:.3f},"args":{{"External id":{corr}}}}}')
                 lines.append(f'{{"ph":"X","cat":"cuda_runtime","name":"cudaLaunchKernel","pid":1,"tid":1,"ts":{ts + 1:.3f},"dur":2.0,"args":{{"correlation":{corr}}}}}')
@@ -55,11 +66,11 @@ def unpacked_mib(trace: Path) -> float:
     return size / 2**20
 
 
-def trace_set(folder: Path, world: int, events: int) -> Path:
+def trace_set(folder: Path, world: int, events: int, collectives_per_step: int | None = None) -> Path:
     """``world`` synthetic ranks in ``folder`` (rank<r>.json.gz)."""
     folder.mkdir(parents=True, exist_ok=True)
     for rank in range(world):
-        write_trace(folder / f"rank{rank}.json.gz", rank, world, events)
+        write_trace(folder / f"rank{rank}.json.gz", rank, world, events, collectives_per_step=collectives_per_step)
     return folder
 
 
