@@ -189,3 +189,34 @@ def test_removing_the_straggler_saves_what_was_injected(straggler_run, tmp_path)
     cost = statistics.median(length[s] for s in AFFECTED) - statistics.median(length[s] for s in CLEAN)
     assert median_saving == pytest.approx(cost, rel=0.3), (saved, length)
     assert max(saved[s] for s in CLEAN) < 0.2 * STRAGGLER_MS, saved  # steps it did not slow: nothing to save
+
+
+def test_a_step_of_many_short_collectives_keeps_a_one_line_path():
+    """Two ranks in lockstep through 60 short all-reduces, rank 1 with one 30 ms op: the line is that op,
+    the wait for it, and the work around it (it once listed all 120 collectives, each 0.0 ms)."""
+    segments, collectives, at = [], [], 1.0
+    for i in range(60):
+        long_op = i == 30
+        for rank in (0, 1):
+            end = at + (30.0 if long_op and rank == 1 else 1.0)
+            segments.append(_segment(rank, at, end, "backward", "backward", "big_mm" if long_op and rank == 1 else "mm"))
+            collectives.append({**_collective(rank, end, 0.05 + (29.0 if long_op and rank == 0 else 0.0)), "seq": i + 1})
+        at += 31.1 if long_op else 1.1
+    steps = pd.DataFrame({"rank": [0, 1], "step": [7, 7], "wall_ms": [at, at], "profiled": True,
+                          "trace_start": [T0, T0], "trace_end": [T0 + at / 1e3, T0 + at / 1e3]})
+    run = cp.analyze(Tables(steps=steps, ranks=pd.DataFrame(), collectives=match(pd.DataFrame(collectives)),
+                            phases=[], segments=pd.DataFrame(segments, columns=COLUMNS)))
+    [path] = run.paths
+    assert len(path.hops) > 100
+    assert path.line() == ("rank 0 backward 32.5 ms → all_reduce(dp) waits 0.0 ms on rank 0 (transfer 0.1 ms) → "
+                           "rank 1 backward 30.1 ms → all_reduce(dp) waits 29.0 ms on rank 1 (transfer 0.1 ms) → "
+                           "rank 0 backward 31.4 ms")
+
+
+def test_a_path_line_names_its_longest_hops_and_counts_the_rest():
+    hops = [cp.Hop(rank=i % 2, kind="work", label=f"phase{i}", us=(i + 1) * MS) for i in range(30)]
+    path = cp.StepPath(step=1, length_us=sum(h.us for h in hops), hops=hops, totals={}, waiting_on={})
+    line = path.line()
+    assert line.endswith(f"(and {30 - cp.MAX_LINE_HOPS} shorter hops)")
+    named = [int(part.split()[2].removeprefix("phase")) for part in line.split(" (and")[0].split(" → ")]
+    assert named == list(range(30 - cp.MAX_LINE_HOPS, 30))  # the longest ones, in path order

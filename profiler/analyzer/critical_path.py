@@ -15,7 +15,7 @@ Time order is a topological order of the graph, so a replay is one pass over the
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -37,6 +37,9 @@ TOP_PAIRS = 5  # (rank, operator) pairs reported per run
 # Hops shorter than this share of the step are left out of the one-line path (they stay in the totals):
 # the sub-ms stretches between phases would drown the few hops that matter.
 MIN_HOP_SHARE = 0.01
+# The one-line path shows at most this many hops, the longest: a step of hundreds of collectives made
+# a 30 KB "line" (every collective was shown, each on its own rank a fraction of a millisecond).
+MAX_LINE_HOPS = 12
 CATEGORIES = ("compute", "transfer", "waiting", "data", "host_overhead")
 _START, _PREV, _RELEASE = 0, 1, 2  # what a node's start is bound by: its step's start, the rank's
 # previous node, or the collective that released it
@@ -331,9 +334,27 @@ class StepPath:
     waiting_on: dict[int, float]  # rank waited for -> µs on the path
 
     def line(self) -> str:
-        """One line per the report: hops over MIN_HOP_US joined by arrows."""
-        shown = [h for h in self.hops if h.us >= MIN_HOP_SHARE * self.length_us or h.kind == "collective"]
-        return " → ".join(h.text() for h in shown)
+        """One line for the report, hops joined by arrows: a rank's own collectives under MIN_HOP_SHARE
+        of the step are left out, and its work on both sides of one reads as one stretch; then the
+        stretches over MIN_HOP_SHARE and the collectives that take the path to another rank, past
+        MAX_LINE_HOPS the longest of them, the rest counted."""
+        short = MIN_HOP_SHARE * self.length_us
+        stretches: list[Hop] = []
+        for h in self.hops:
+            if h.kind == "collective" and h.us < short and h.released_rank in (None, h.rank):
+                continue  # a rank's own short collective; one that takes the path to another rank stays
+            last = stretches[-1] if stretches else None
+            if last and h.kind == last.kind == "work" and (h.rank, h.label) == (last.rank, last.label):
+                stretches[-1] = replace(last, us=last.us + h.us)
+            else:
+                stretches.append(h)
+        shown = [i for i, h in enumerate(stretches) if h.us >= short or h.kind == "collective"]
+        left = 0
+        if len(shown) > MAX_LINE_HOPS:
+            left = len(stretches) - MAX_LINE_HOPS
+            shown = sorted(sorted(shown, key=lambda i: -stretches[i].us)[:MAX_LINE_HOPS])
+        text = " → ".join(stretches[i].text() for i in shown)
+        return f"{text} (and {left:,} shorter hops)" if left else text
 
 
 def critical_path(g: StepGraph, r: Replay | None = None) -> StepPath:
