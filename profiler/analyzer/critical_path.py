@@ -226,76 +226,102 @@ def replay(g: StepGraph, scale: np.ndarray | None = None) -> Replay:
     (none: the measured times come back)."""
     n, m = len(g.start), len(g.c_arrival)
     scale = np.ones(n) if scale is None else scale
+    # The loop reads and writes one item at a time, which Python lists do several times faster than
+    # arrays, numpy's per-call cost included (a step of 3,000 one-rank collectives took 50 ms that way).
+    t = _Times(g.start.tolist(), g.end.tolist(), scale.tolist(), [math.nan] * n, [math.nan] * n)
     dur = ((g.end - g.start) * scale).tolist()
     lag = np.where(g.release >= 0, g.lag, g.lag * scale).tolist()  # a wake-up after a wait is not the rank's own time
-    # The loop reads and writes one item at a time, which Python lists do several times faster than arrays.
-    s, e, bound = [math.nan] * n, [math.nan] * n, [_START] * n
+    bound = [_START] * n
     prev, rank, release = g.prev.tolist(), g.rank.tolist(), g.release.tolist()
-    arrival, c_end, c_done, c_last = g.c_arrival.copy(), np.full(m, np.nan), np.full(m, np.nan), np.arange(m)
-    done_at = [math.nan] * m
-    members = _members(g.c_key)
-    firsts = np.array([rows[np.argmin(g.c_end[rows])] for rows in members.values()], dtype=int)
+    c_arrival, c_end0, c_transfer, c_issuer = (a.tolist() for a in (g.c_arrival, g.c_end, g.c_transfer, g.c_issuer))
+    arrival, c_end, c_done, c_last = list(c_arrival), [math.nan] * m, [math.nan] * m, list(range(m))
+    rows_of = _members(g.c_key)
+    firsts = _firsts(g.c_key, g.c_end)
     # A collective when it is done, before nodes that start at that moment: they resume after it.
-    order = np.lexsort((np.r_[np.ones(n), np.zeros(len(firsts))], np.r_[_ready(g, firsts, members)]))
+    order = np.lexsort((np.r_[np.ones(n), np.zeros(len(firsts))], np.r_[_ready(g, firsts, rows_of)]))
     for item in order.tolist():
         if item < n:
             k = item
             p = prev[k]
-            start, bound[k] = ((e[p], _PREV) if p >= 0 else (g.window_start[rank[k]], _START))
+            start, bound[k] = ((t.e[p], _PREV) if p >= 0 else (g.window_start[rank[k]], _START))
             start += lag[k]
             j = release[k]
-            if j >= 0 and done_at[j] + lag[k] >= start:  # NaN (not done yet) compares False
-                start, bound[k] = done_at[j] + lag[k], _RELEASE
-            s[k], e[k] = start, start + dur[k]
+            if j >= 0 and c_done[j] + lag[k] >= start:  # NaN (not done yet) compares False
+                start, bound[k] = c_done[j] + lag[k], _RELEASE
+            t.s[k], t.e[k] = start, start + dur[k]
             continue
-        rows = members[g.c_key[firsts[item - n]]]
-        arrival[rows] = [_moved(g, g.c_issuer[r], g.c_arrival[r], s, e, scale) for r in rows]
-        last = rows[np.argmax(arrival[rows])]
+        rows = rows_of[int(g.c_key[firsts[item - n]])]
+        moved = [_moved(t, c_issuer[r], c_arrival[r]) for r in rows]
+        last = rows[max(range(len(rows)), key=moved.__getitem__)]  # the first of the latest, as np.argmax
+        shift = max(moved) - max(c_arrival[r] for r in rows)
         # Each rank's end moves with the last arrival, and comes no sooner than its own transfer after its own.
-        waited = g.c_end[rows] + (arrival[last] - g.c_arrival[rows].max())
-        c_end[rows] = np.maximum(waited, arrival[rows] + g.c_transfer[rows])
-        c_done[rows], c_last[rows] = c_end[rows].min(), last
-        for r in rows.tolist():
-            done_at[r] = c_done[r]
+        ends = [_nan_max(c_end0[r] + shift, a + c_transfer[r]) for r, a in zip(rows, moved)]
+        done = math.nan if any(map(math.isnan, ends)) else min(ends)
+        for r, a, end in zip(rows, moved, ends):
+            arrival[r], c_end[r], c_done[r], c_last[r] = a, end, done, last
     closing = np.flatnonzero(np.r_[g.rank[1:] != g.rank[:-1], True])
-    end = np.array(e, dtype=float)
-    return Replay(np.array(s, dtype=float), end, np.array(bound, dtype=np.int8), arrival, c_end, c_done, c_last,
+    end = np.array(t.e, dtype=float)
+    return Replay(np.array(t.s, dtype=float), end, np.array(bound, dtype=np.int8), np.array(arrival, dtype=float),
+                  np.array(c_end, dtype=float), np.array(c_done, dtype=float), np.array(c_last, dtype=int),
                   float(np.max(end[closing])))
 
 
-def _members(key: np.ndarray) -> dict[int, np.ndarray]:
-    """The rows of each key."""
-    order = np.argsort(key, kind="stable")
-    cuts = np.flatnonzero(np.diff(key[order])) + 1
-    return {int(key[rows[0]]): rows for rows in np.split(order, cuts)} if len(key) else {}
+@dataclass
+class _Times:
+    """A replay's node times so far, as lists: measured start and end, scale; replayed start and end."""
+
+    start: list[float]
+    end: list[float]
+    scale: list[float]
+    s: list[float]
+    e: list[float]
 
 
-def _ready(g: StepGraph, firsts: np.ndarray, members: dict) -> np.ndarray:
-    """When each node and each collective (by its first row) can be replayed: a node after its
-    release and its rank's previous node, a collective after its first end and its issuers."""
+def _nan_max(a: float, b: float) -> float:
+    """max(a, b), NaN if either is (as np.maximum)."""
+    return math.nan if a != a or b != b else (a if a >= b else b)
+
+
+def _members(key: np.ndarray) -> dict[int, list[int]]:
+    """The rows of each key, in ascending key order (lists: one array per key cost more than the replay)."""
+    rows_of: dict[int, list[int]] = {}
+    for row, k in enumerate(key.tolist()):
+        rows_of.setdefault(k, []).append(row)
+    return dict(sorted(rows_of.items()))
+
+
+def _firsts(key: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per key, in ascending key order, the row that ends first (the first such row; a NaN end first,
+    as np.argmin takes it)."""
+    by_key = np.lexsort((np.where(np.isnan(end), -np.inf, end), key))  # stable: ties keep row order
+    starts = np.flatnonzero(np.r_[True, key[by_key][1:] != key[by_key][:-1]]) if len(key) else []
+    return by_key[starts].astype(int)
+
+
+def _ready(g: StepGraph, firsts: np.ndarray, members: dict[int, list[int]]) -> np.ndarray:
+    """When each node and each collective (by its first row, in ``members``' key order) can be replayed:
+    a node after its release and its rank's previous node, a collective after its first end and its issuers."""
     ready = g.start.copy()
     key_time = g.c_end[firsts].copy()
-    key_index = {g.c_key[f]: i for i, f in enumerate(firsts)}
+    group = np.searchsorted(np.fromiter(members, dtype=np.int64, count=len(members)), g.c_key)  # each row's collective
+    issued = g.c_issuer >= 0
+    by_issuer, issuer = group[issued], g.c_issuer[issued]
+    released = g.release >= 0
     for _ in range(2):  # a node resumed before the recorded end pushes what follows it
-        released = g.release >= 0
         if released.any():
-            ready[released] = np.maximum(ready[released], key_time[[key_index[g.c_key[j]] for j in g.release[released]]])
+            ready[released] = np.maximum(ready[released], key_time[group[g.release[released]]])
         ready = pd.Series(ready).groupby(g.rank).cummax().to_numpy().copy()
-        for i, f in enumerate(firsts):
-            issuers = g.c_issuer[members[g.c_key[f]]]
-            issuers = issuers[issuers >= 0]
-            if len(issuers):
-                key_time[i] = max(key_time[i], ready[issuers].max())
+        np.maximum.at(key_time, by_issuer, ready[issuer])
     return np.r_[ready, key_time]
 
 
-def _moved(g: StepGraph, issuer: int, t: float, s: list[float], e: list[float], scale: np.ndarray) -> float:
-    """Where a time ``t`` measured in or after node ``issuer`` falls in the replay (``s``, ``e``: its nodes' times so far)."""
-    if issuer < 0 or math.isnan(s[issuer]):
-        return t
-    if t <= g.end[issuer]:
-        return s[issuer] + (t - g.start[issuer]) * scale[issuer]
-    return e[issuer] + (t - g.end[issuer])
+def _moved(t: _Times, issuer: int, at: float) -> float:
+    """Where a time ``at`` measured in or after node ``issuer`` falls in the replay."""
+    if issuer < 0 or math.isnan(t.s[issuer]):
+        return at
+    if at <= t.end[issuer]:
+        return t.s[issuer] + (at - t.start[issuer]) * t.scale[issuer]
+    return t.e[issuer] + (at - t.end[issuer])
 
 
 @dataclass
