@@ -135,9 +135,13 @@ def infer(process_groups: dict[int, dict], pg_configs: dict[int, list[dict]], fl
 def _groups(process_groups: dict[int, dict], pg_configs: dict[int, list[dict]], flight_records: list[Entry],
             collective_ops: dict[str, dict[str, int]]) -> list[ProcessGroup]:
     found: dict[tuple[str, tuple[int, ...]], ProcessGroup] = {}
+    sorted_members: dict[tuple, tuple[int, ...]] = {}  # every rank lists each of its groups: sort each once
 
     def add(name: Any, desc: str | None, ranks: Any, source: str) -> None:
-        members = tuple(sorted(int(r) for r in ranks or ()))
+        given = tuple(ranks or ())
+        members = sorted_members.get(given)
+        if members is None:
+            members = sorted_members[given] = tuple(sorted(int(r) for r in given))
         if not members:
             return
         group = found.setdefault((str(name), members), ProcessGroup(str(name), desc or None, members))

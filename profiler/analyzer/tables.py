@@ -259,28 +259,40 @@ def _join_steps(recorded: pd.DataFrame, traced: pd.DataFrame) -> pd.DataFrame:
 
 def rank_table(tables: Tables, results: list[RankResult]) -> pd.DataFrame:
     """report.json's ``ranks``: steps, median step time, compute, non-compute, idle, overlap."""
-    rows = []
-    steps_by_rank = dict(tuple(tables.steps.groupby("rank"))) if not tables.steps.empty else {}
+    per_rank = _step_stats(tables.steps)
     traced = {r.rank: r for r in results}
-    for rank in sorted(set(steps_by_rank) | set(traced)):
-        steps = steps_by_rank.get(rank, pd.DataFrame())
+    rows = []
+    for rank in sorted(set(per_rank["steps"]) | set(traced)):
         b = traced[rank].breakdown if rank in traced else {}
+        median_ms = per_rank["wall_ms"].get(rank)
+        peak = per_rank["peak_mem_bytes"].get(rank)
         rows.append({
             "rank": rank,
-            "steps": int(len(steps)),
-            "step_time_median_us": float(steps["wall_ms"].median() * US_PER_MS) if len(steps) else None,
+            "steps": int(per_rank["steps"].get(rank, 0)),
+            "step_time_median_us": float(median_ms * US_PER_MS) if rank in per_rank["steps"] else None,
             "compute_us": b.get("compute_us"),
             "non_compute_us": b.get("non_compute_us"),
             "idle_us": b.get("idle_us"),
             "comm_comp_overlap_pct": None if not b or np.isnan(b.get("overlap_pct", np.nan)) else b["overlap_pct"],
             # What compute, non-compute and idle add up to: the traced window, not one step.
             "window_us": b.get("total_us"),
-            "profiled_steps": int(steps["profiled"].sum()) if "profiled" in steps else 0,
-            "peak_mem_bytes": int(steps["peak_mem_bytes"].max()) if "peak_mem_bytes" in steps and steps["peak_mem_bytes"].notna().any() else None,
+            "profiled_steps": int(per_rank["profiled"].get(rank, 0)),
+            "peak_mem_bytes": int(peak) if peak is not None and not np.isnan(peak) else None,
             "parameters": tables.parameters.get(rank),
             "model_state_bytes": tables.parameters[rank] * BYTES_PER_PARAM if rank in tables.parameters else None,
         })
     return pd.DataFrame(rows)
+
+
+def _step_stats(steps: pd.DataFrame) -> dict[str, dict]:
+    """Per rank, as dicts: its step count, median step time (ms), profiled steps and peak memory; one
+    groupby each (a frame per rank cost 0.4 s at 1,024 ranks)."""
+    if steps.empty:
+        return {"steps": {}, "wall_ms": {}, "profiled": {}, "peak_mem_bytes": {}}
+    by_rank = steps.groupby("rank")
+    return {"steps": by_rank.size().to_dict(), "wall_ms": by_rank["wall_ms"].median().to_dict(),
+            "profiled": by_rank["profiled"].sum().to_dict() if "profiled" in steps else {},
+            "peak_mem_bytes": by_rank["peak_mem_bytes"].max().to_dict() if "peak_mem_bytes" in steps else {}}
 
 
 def rank_folders(run_dir: Path, inputs: Inputs) -> dict[int, Path]:
