@@ -53,7 +53,7 @@ def _kernel_rows(events: pd.DataFrame) -> np.ndarray:
     stream, ts, names = events["stream"].to_numpy(), events["ts"].to_numpy(), events["name"]
     device = stream >= 0
     # A piece of the trace at a time: whole-trace masks and gathers of the ids were 7 bytes an event.
-    parts = [slice(lo, lo + iv.PIECE_EVENTS) for lo in range(0, len(ts), iv.PIECE_EVENTS)]
+    parts = iv.slices(len(ts))
     steps = np.concatenate([ts[p][~device[p] & name_matches(names.iloc[p], STEP_ANNOTATION)] for p in parts] or [[]])
     if len(steps) < 2:
         return device

@@ -238,7 +238,7 @@ def replay(g: StepGraph, scale: np.ndarray | None = None) -> Replay:
     rows_of = _members(g.c_key)
     firsts = _firsts(g.c_key, g.c_end)
     # A collective when it is done, before nodes that start at that moment: they resume after it.
-    order = np.lexsort((np.r_[np.ones(n), np.zeros(len(firsts))], np.r_[_ready(g, firsts, rows_of)]))
+    order = np.lexsort((np.r_[np.ones(n), np.zeros(len(firsts))], np.r_[_ready(g, firsts)]))
     for item in order.tolist():
         if item < n:
             k = item
@@ -252,8 +252,9 @@ def replay(g: StepGraph, scale: np.ndarray | None = None) -> Replay:
             continue
         rows = rows_of[int(g.c_key[firsts[item - n]])]
         moved = [_moved(t, c_issuer[r], c_arrival[r]) for r in rows]
-        last = rows[max(range(len(rows)), key=moved.__getitem__)]  # the first of the latest, as np.argmax
-        shift = max(moved) - max(c_arrival[r] for r in rows)
+        latest = max(range(len(rows)), key=moved.__getitem__)  # the first of the latest, as np.argmax
+        last = rows[latest]
+        shift = moved[latest] - max(c_arrival[r] for r in rows)
         # Each rank's end moves with the last arrival, and comes no sooner than its own transfer after its own.
         ends = [_nan_max(c_end0[r] + shift, a + c_transfer[r]) for r, a in zip(rows, moved)]
         done = math.nan if any(map(math.isnan, ends)) else min(ends)
@@ -298,12 +299,12 @@ def _firsts(key: np.ndarray, end: np.ndarray) -> np.ndarray:
     return by_key[starts].astype(int)
 
 
-def _ready(g: StepGraph, firsts: np.ndarray, members: dict[int, list[int]]) -> np.ndarray:
-    """When each node and each collective (by its first row, in ``members``' key order) can be replayed:
+def _ready(g: StepGraph, firsts: np.ndarray) -> np.ndarray:
+    """When each node and each collective (by its first row, in ascending key order) can be replayed:
     a node after its release and its rank's previous node, a collective after its first end and its issuers."""
     ready = g.start.copy()
     key_time = g.c_end[firsts].copy()
-    group = np.searchsorted(np.fromiter(members, dtype=np.int64, count=len(members)), g.c_key)  # each row's collective
+    group = np.searchsorted(g.c_key[firsts], g.c_key)  # each row's collective
     issued = g.c_issuer >= 0
     by_issuer, issuer = group[issued], g.c_issuer[issued]
     released = g.release >= 0

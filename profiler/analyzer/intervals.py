@@ -47,9 +47,13 @@ def merge_with_first(starts: np.ndarray, ends: np.ndarray, gap: float = 0.0) -> 
 def in_order(values: np.ndarray) -> bool:
     """Whether ``values`` never decrease (events from a table sorted by start, merged intervals)."""
     # A piece at a time: the comparison's mask of a whole trace's starts was a byte an event.
-    pairs = len(values) - 1  # value i + 1 against value i
-    return all(bool((values[lo + 1:hi + 1] >= values[lo:hi]).all())
-               for lo, hi in ((lo, min(lo + PIECE_EVENTS, pairs)) for lo in range(0, pairs, PIECE_EVENTS)))
+    return all(bool((values[p.start + 1:p.stop + 1] >= values[p]).all())  # value i + 1 against value i
+               for p in slices(len(values) - 1))
+
+
+def slices(n: int) -> list[slice]:
+    """``range(n)`` as consecutive slices of at most PIECE_EVENTS: a table's rows a piece at a time."""
+    return [slice(lo, min(lo + PIECE_EVENTS, n)) for lo in range(0, n, PIECE_EVENTS)]
 
 
 def outermost_order(rows: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> np.ndarray | None:

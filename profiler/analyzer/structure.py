@@ -163,8 +163,8 @@ def _groups(process_groups: dict[int, dict], pg_configs: dict[int, list[dict]], 
         recorded.setdefault(e.pg, set()).add(e.rank)
         descs[e.pg] = descs.get(e.pg) or e.pg_desc
     for pg, ranks in recorded.items():
-        name, _, listed = pg.rpartition(":") if group_members(pg) else (pg, "", "")
-        add(name, descs[pg], group_members(pg) if listed else ranks, "flight recorder")
+        listed = group_members(pg)
+        add(pg.rpartition(":")[0] if listed else pg, descs[pg], listed or ranks, "flight recorder")
     for g in found.values():
         g.ops = dict(collective_ops.get(g.key, {}))
     return sorted(found.values(), key=lambda g: (len(g.ranks) != max(len(x.ranks) for x in found.values()),

@@ -49,7 +49,8 @@ def span_pieces(events: pd.DataFrame, on_gpu: bool, offset_us: int = 0) -> Itera
         if order is not None:
             rows, kinds = rows[order], kinds[order]
         starts, ends, opened_by = ts[rows], end[rows], codes[rows]
-        of_kind = [u.add(starts[kinds == k], ends[kinds == k], opened_by[kinds == k]) for k, u in enumerate(unions)]
+        of_kind = [u.add(starts[mask], ends[mask], opened_by[mask])
+                   for u, mask in ((u, kinds == k) for k, u in enumerate(unions))]
         return frame(of_kind, gaps.add(busy.add(starts, ends)[0]), idle_code)
 
     for rows in iv.pieces(ts, selected):

@@ -395,12 +395,13 @@ class _Columns:
                 rows[i] = True
         # One object per distinct string: decoded, each collective's four names were its own objects
         # (55 bytes each, 14 MiB at 4M events), held as long as the trace.
-        shared = self.strings.setdefault
+        def shared(value: Any) -> Any:
+            return self.strings.setdefault(value, value)
         for i in np.flatnonzero(rows):
             a, shapes = args[i], shaped[i]
-            self.sparse.append((self.rows + int(i), shared(a.collective, a.collective), shared(a.dtype, a.dtype),
-                                None if a.pg_name is None else shared(str(a.pg_name), str(a.pg_name)),
-                                shared(a.pg_desc, a.pg_desc), _raw(a.input_dims) if shapes else None,
+            self.sparse.append((self.rows + int(i), shared(a.collective), shared(a.dtype),
+                                None if a.pg_name is None else shared(str(a.pg_name)),
+                                shared(a.pg_desc), _raw(a.input_dims) if shapes else None,
                                 _raw(a.input_type) if shapes == _HOST_COLLECTIVE else None, _float(a.in_nelems),
                                 _float(a.group_size), peers.get(i, np.nan)))
 
