@@ -13,8 +13,11 @@ What each side does, in a fresh process per measurement (imports included, as a 
   (the two analyses report.json's ranks match it on).
 - floor: gunzip + `orjson.loads` of every file, nothing else, in as many processes as diagtrain
   uses (`--workers`, one per core), the least any analysis of these files must spend.
+- pandas start: a process that imports numpy, pandas and pyarrow and reads nothing, the least any
+  analysis whose tables are pandas frames (diagtrain's, HTA's) spends before its first byte. Set
+  beside HTA's time / 15 and memory / 4 (the issue's targets), it says what those targets leave.
 
-The three run one after the other within a repetition, in an order that rotates between
+The four run one after the other within a repetition, in an order that rotates between
 repetitions, so a slow moment of a shared machine falls on every tool alike; ratios are taken
 within a repetition, then their median. Memory is the peak PSS of each measured process tree: the
 memory it holds, each page shared between processes (a forked worker's imports) counted once; the
@@ -41,7 +44,9 @@ from synthetic import relabeled_copies, write_trace
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces" / "hta"
 REAL = SHARED / "nccl_2rank_rank0.json.gz"  # a real 2-rank NCCL training trace, ~40k events
 WORKERS = os.cpu_count() or 1  # diagtrain's default --workers, and the floor's pool
-TOOLS = ("floor", "diagtrain", "hta")
+TOOLS = ("floor", "diagtrain", "hta", "start")
+SPEEDUP_TARGET = 15  # issue 20: at least 15x HTA's time on every set HTA runs
+MEMORY_TARGET = 4  # issue 20: at most a quarter of HTA's memory
 # Each set: name -> how to make it. Synthetic sets give events per rank; real sets relabel one trace.
 SETS = {
     "1M": ("synthetic 1M events, 1 rank", lambda d: _synthetic(d, 1, 1_000_000)),
@@ -63,6 +68,9 @@ from hta.trace_analysis import TraceAnalysis
 a = TraceAnalysis(trace_dir={folder!r})
 a.get_temporal_breakdown(visualize=False)
 a.get_comm_comp_overlap(visualize=False)
+"""
+START = """
+import numpy, pandas, pyarrow
 """
 FLOOR = """
 import gzip, orjson
@@ -89,7 +97,7 @@ def _synthetic(folder: Path, ranks: int, events: int) -> Path:
 def measure(tool: str, folder: Path, scratch: Path) -> dict:
     """One run of ``tool`` on ``folder``: seconds, peak MiB, and the load average around it."""
     out = tempfile.mkdtemp(dir=scratch)
-    code = {"diagtrain": DIAGTRAIN, "hta": HTA, "floor": FLOOR}[tool].format(folder=str(folder), out=out,
+    code = {"diagtrain": DIAGTRAIN, "hta": HTA, "floor": FLOOR, "start": START}[tool].format(folder=str(folder), out=out,
                                                                           workers=WORKERS)
     load_before = os.getloadavg()[0]
     wall, rss_mib, _, pss_mib = run_measured_detail(code)
@@ -155,7 +163,26 @@ def markdown(rows: list[dict], m: dict) -> str:
                      f"{_cell(r, 'diagtrain_over_floor')} | {_cell(r, 'diagtrain_mib')} | {_cell(r, 'hta_mib')} | "
                      f"{_cell(r, 'memory_diagtrain_over_hta')} | {r['load'][0]}-{r['load'][1]} | "
                      f"{_cell(r, 'diagtrain_rss_mib')} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _budget(rows)) + "\n"
+
+
+def _budget(rows: list[dict]) -> list[str]:
+    """What the targets leave: HTA's time / 15 and memory / 4 beside a bare pandas start, per set."""
+    lines = [
+        "", f"## What {SPEEDUP_TARGET}x HTA and 1/{MEMORY_TARGET} of its memory leave", "",
+        f"HTA's median time / {SPEEDUP_TARGET} and memory / {MEMORY_TARGET}, beside a fresh process that only "
+        "imports numpy, pandas and pyarrow (medians, min-max, measured in the same repetitions): the least "
+        "any analyzer built on pandas tables spends before reading a byte.", "",
+        f"| set | HTA s / {SPEEDUP_TARGET} | pandas start s | diagtrain s | HTA MiB / {MEMORY_TARGET} | "
+        "pandas start MiB | diagtrain MiB |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        if "hta_s" not in r:
+            continue
+        lines.append(f"| {r['set']} | {r['hta_s'] / SPEEDUP_TARGET:.2f} | {_cell(r, 'start_s')} | {r['diagtrain_s']} | "
+                     f"{r['hta_mib'] / MEMORY_TARGET:.0f} | {_cell(r, 'start_mib')} | {r['diagtrain_mib']:.0f} |")
+    return lines
 
 
 def _byte_compiled() -> None:
