@@ -147,7 +147,7 @@ def markdown(rows: list[dict], m: dict) -> str:
         "# Analyzer speed and memory: diagtrain, Holistic Trace Analysis 0.5.0, and the parsing floor", "",
         f"{m['date']}, {m['cpu_count']} cores, {m['memory_gib']} GiB, Python {m['python']}, diagtrain {m['diagtrain']} "
         f"(commit {_commit()}). Command: `{m['command']}`. {WORKERS} workers.", "",
-        "Medians of the repetitions, min-max in brackets; ratios are taken within each repetition (the three "
+        "Medians of the repetitions, min-max in brackets; ratios are taken within each repetition (the "
         "tools run back to back, in rotating order), then their median. Seconds are wall time of a fresh "
         "process (imports included); MiB the peak PSS of its process tree (summed RSS, which counts the pages "
         "a forked worker shares with its parent once per process, in the last column). See the script's docstring for "

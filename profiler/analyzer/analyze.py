@@ -10,6 +10,7 @@ from typing import Any, Callable
 from diagtrain.profiler.analyzer import cluster, contention, critical_path, detectors, expected, health, load, outputs, report, tables
 from diagtrain.profiler.analyzer.findings import Finding
 from diagtrain.profiler.plan.measured import read_spans
+from diagtrain.profiler.util.heap import arrow_on_the_c_heap
 
 
 def analyze(path: Path, out: Path, formats: list[str], workers: int,
@@ -17,6 +18,7 @@ def analyze(path: Path, out: Path, formats: list[str], workers: int,
             scheduler: str | None = None) -> dict[str, Any]:
     """Analyze the run directory or trace folder ``path``; write results under ``out``. The ranks load on
     the Dask cluster of ``scheduler`` when given (cluster.SchedulerError if it cannot be used), else here."""
+    arrow_on_the_c_heap()  # the tables' Arrow columns too: their freed pages go back with malloc's
     analysis_dir = out / "analysis"
     analysis_dir.mkdir(parents=True, exist_ok=True)
     inputs, skipped = load.discover(path)

@@ -49,7 +49,7 @@ from diagtrain.profiler.analyzer.work_segments import rank_segments
 from diagtrain.profiler.run_dir import write_json_atomic
 from diagtrain.profiler.util.bounded_read import display
 from diagtrain.profiler.util.frames import with_columns
-from diagtrain.profiler.util.heap import release_freed_memory
+from diagtrain.profiler.util.heap import arrow_on_the_c_heap, release_freed_memory
 from diagtrain.profiler.util.parquet import write_parquet, write_parquet_pieces
 
 TRACE_PATTERNS = ("*.json", "*.json.gz")
@@ -288,6 +288,7 @@ def _resolve_duplicates(results: list[RankResult], skipped: list[Skipped]) -> tu
 
 def load_rank(item: RankInput, cache_root: Path) -> RankResult:
     """Read one rank's traces (or its cache) and compute its steps, breakdown and collectives."""
+    arrow_on_the_c_heap()  # in whichever process loads it: a pool's worker, a Dask worker, the analysis
     cache = cache_root / item.key
     signature = _signature(item)
     cached = _read_cache(cache, signature)

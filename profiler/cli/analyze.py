@@ -15,6 +15,7 @@ from diagtrain.profiler.analyzer import SCHEDULER_ENV, default_workers
 from diagtrain.profiler.analyzer.jobs import MixedJobs
 from diagtrain.profiler.run_dir import check_writable, is_run_dir
 from diagtrain.profiler.util.bounded_read import display
+from diagtrain.profiler.util.heap import arrow_on_the_c_heap
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1  # the analysis could not be written
@@ -48,6 +49,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run_analyze(args: argparse.Namespace, argv: list[str]) -> int:
     """Validate, analyze, print the report; 0 on success, 2 on bad usage."""
+    arrow_on_the_c_heap()  # before pyarrow's import (by pandas'): all of Arrow's memory on the C heap
     from diagtrain.profiler.analyzer import report  # pandas and pyarrow: only once the command runs
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)
