@@ -6,6 +6,7 @@ import gzip
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -19,6 +20,12 @@ from diagtrain.profiler.analyzer.logs import PROCESS_DEATHS, parse_errors
 
 # A trainer job that has not finished by then is stuck; the suite must not wait forever.
 JOB_TIMEOUT_S = 240
+
+# A shell without job control starts a background command with SIGINT ignored, and every child inherits
+# that: `diagtrain run` then leaves Ctrl-C ignored, as it should under nohup, and each test that sends one
+# waits out JOB_TIMEOUT_S. The tests send it on purpose, so it is restored for what they start.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @dataclass
