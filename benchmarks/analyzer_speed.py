@@ -86,6 +86,8 @@ else:
         assert sum(pool.map(parse, files)) > 0
 """
 
+CODE = {"diagtrain": DIAGTRAIN, "hta": HTA, "floor": FLOOR, "start": START}  # what each of TOOLS runs
+
 
 def _synthetic(folder: Path, ranks: int, events: int) -> Path:
     folder.mkdir(parents=True)
@@ -97,8 +99,7 @@ def _synthetic(folder: Path, ranks: int, events: int) -> Path:
 def measure(tool: str, folder: Path, scratch: Path) -> dict:
     """One run of ``tool`` on ``folder``: seconds, peak MiB, and the load average around it."""
     out = tempfile.mkdtemp(dir=scratch)
-    code = {"diagtrain": DIAGTRAIN, "hta": HTA, "floor": FLOOR, "start": START}[tool].format(folder=str(folder), out=out,
-                                                                          workers=WORKERS)
+    code = CODE[tool].format(folder=str(folder), out=out, workers=WORKERS)
     load_before = os.getloadavg()[0]
     wall, rss_mib, _, pss_mib = run_measured_detail(code)
     return {"s": wall, "mib": pss_mib, "rss_mib": rss_mib, "load": (load_before + os.getloadavg()[0]) / 2}

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 PROBE = """
-import sys
 from diagtrain.profiler.util.heap import arrow_on_the_c_heap
 {before}
 {call}
