@@ -21,8 +21,9 @@ from pathlib import Path
 from common import machine, save
 from synthetic import relabeled_copies, trace_set
 
-from diagtrain.profiler.analyzer import analyze, critical_path, load, work_segments
-
+from diagtrain.profiler.analyzer import analyze
+from diagtrain.profiler.analyzer.judge import critical_path
+from diagtrain.profiler.analyzer.rank import pipeline, work_segments
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces" / "hta"
 REAL = SHARED / "nccl_2rank_rank0.json.gz"
 SETS = {
@@ -54,14 +55,14 @@ class _Timed:
 def measure(folder: Path) -> dict:
     """One in-process analysis of ``folder``: total seconds and the two added stages' seconds."""
     segments, paths = _Timed(work_segments.rank_segments), _Timed(critical_path.analyze)
-    load.rank_segments, analyze.critical_path.analyze = segments, paths  # load._segments calls it
+    pipeline.rank_segments, analyze.critical_path.analyze = segments, paths  # pipeline._segments calls it
     try:
         with tempfile.TemporaryDirectory() as scratch:
             start = time.perf_counter()
             analyze.analyze(folder, Path(scratch), ["json"], workers=1)
             total = time.perf_counter() - start
     finally:
-        load.rank_segments, analyze.critical_path.analyze = segments.fn, paths.fn
+        pipeline.rank_segments, analyze.critical_path.analyze = segments.fn, paths.fn
     added = segments.seconds + paths.seconds
     return {"total_s": total, "segments_s": segments.seconds, "paths_s": paths.seconds,
             "ratio": total / (total - added)}

@@ -44,7 +44,7 @@ import test_bad_inputs as corpus  # noqa: E402 - the suite's corpus, run here in
 import test_job_faults as faults  # noqa: E402
 from conftest import USER_SCRIPT, processes_with, torchrun  # noqa: E402
 
-from diagtrain.profiler.analyzer import report  # noqa: E402
+from diagtrain.profiler.analyzer.report import document as report  # noqa: E402
 from diagtrain.profiler.analyzer.analyze import analyze  # noqa: E402
 
 INTERRUPTED = 128 + signal.SIGINT

@@ -128,7 +128,7 @@ peak RSS (VmHWM). The load average (1 min) is recorded because the machine was s
 other jobs during the measurement: compare the two ways of one point, not seconds across recordings.
 "trace MiB" is one rank's trace unpacked (JSON). "local pool" is the default without --scheduler: the
 ranks load in this process one after the other while their traces total under 4 MiB compressed
-(load.POOL_MIN_BYTES), in the pool above.
+(pool.POOL_MIN_BYTES), in the pool above.
 
 ## Events per rank ({RANKS_FOR_EVENTS} ranks, {COLLECTIVES_PER_STEP} collectives a step whatever the events)
 

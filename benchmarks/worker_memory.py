@@ -5,7 +5,7 @@ pool or a Dask worker) holds while it loads one rank, for traces up to gigabytes
 
 For each size, a synthetic GPU-shaped trace of one rank (benchmarks/synthetic.py), then two fresh
 processes:
-- the worker's task, `load.load_rank` (decode, step breakdown, collectives, the rank's summary and
+- the worker's task, `pipeline.load_rank` (decode, step breakdown, collectives, the rank's summary and
   its cache files): peak RSS, and the RSS after imports (its base) for the growth above it;
 - the decoder alone, `trace_file.read_trace`: the decoded columns' size (the events table and the
   kept arguments, numpy/pandas deep sizes), what the issue's target is stated against.
@@ -32,24 +32,24 @@ TARGET_RATIO = 1.5  # issue 18: worker peak above its base / decoded columns
 WORKER = PEAK_MIB_CODE + """
 import json, sys
 from pathlib import Path
-from diagtrain.profiler.analyzer import load
+from diagtrain.profiler.analyzer.rank.pipeline import load_rank
+from diagtrain.profiler.analyzer.read.discover import discover
 import pyarrow.parquet  # every worker writes Parquet: its import is part of a worker's base, not a trace's cost
 
 def rss_mib():
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
 
-inputs, _ = load.discover(Path({folder!r}))
+inputs, _ = discover(Path({folder!r}))
 base = rss_mib()
-result = load.load_rank(inputs[0], Path({cache!r}))
+result = load_rank(inputs[0], Path({cache!r}))
 print(json.dumps({{"base_mib": base, "peak_mib": peak_mib(),
                   "steps": len(result.steps)}}))
 """
 DECODER = PEAK_MIB_CODE + """
 import json, sys
 from pathlib import Path
-from diagtrain.profiler.analyzer import trace_file
-
+from diagtrain.profiler.analyzer.read import trace_file
 trace = trace_file.read_trace(Path({path!r}))
 events = int(trace.events.memory_usage(deep=True).sum())
 kept = trace.arguments
@@ -94,7 +94,7 @@ def markdown(m: dict, rows: list[dict]) -> str:
 
 {m['date']}, {m['cpu_count']} cores, {m['memory_gib']} GiB, Python {m['python']}. Command: `{m['command']}`.
 One synthetic GPU-shaped rank per size (benchmarks/synthetic.py). "worker": a fresh process running
-`load.load_rank`, the task a pool or Dask worker runs for one rank (decode, step breakdown,
+`pipeline.load_rank`, the task a pool or Dask worker runs for one rank (decode, step breakdown,
 collectives, summary, cache files); its base is its RSS after imports (pyarrow's included), its
 peak the true peak RSS of its own address space (VmHWM; getrusage's counter carries the parent's
 over exec). "decoded columns": the events table and kept arguments that `trace_file.read_trace`

@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 
 from diagtrain.dashboard.data import RunData
-from diagtrain.profiler.analyzer.collectives import P2P_GROUP_DESC, UNKNOWN_GROUP
+from diagtrain.profiler.analyzer.rank.collectives import P2P_GROUP_DESC, UNKNOWN_GROUP
+from diagtrain.profiler.util.units import MIB
 
 PER_COLLECTIVE, SUMMARY = "each", "summary"
 UNNAMED = (P2P_GROUP_DESC, "undefined", "")  # descriptions that name no group (NCCL writes "undefined")
@@ -28,7 +29,7 @@ def table(run: RunData, mode: str = SUMMARY) -> tuple[list[dict[str, Any]], list
     c = run.collectives
     if c.empty:
         return [], [], "No collectives in the traces (run with --profile-steps to record them)."
-    c = c.assign(group=group_labels(run), mib=c["bytes"] / 2**20, duration_ms=c["dur"] / 1e3,
+    c = c.assign(group=group_labels(run), mib=c["bytes"] / MIB, duration_ms=c["dur"] / 1e3,
                  transfer_ms=c["transfer_us"] / 1e3, wait_ms=c["wait_us"] / 1e3)
     if mode == SUMMARY:
         rows = c.groupby(["op", "group", "mib"], dropna=False).agg(

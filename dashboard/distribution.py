@@ -18,8 +18,7 @@ import pandas as pd
 from diagtrain.dashboard.data import RunData
 from diagtrain.dashboard.rows import Row
 from diagtrain.dashboard.style import EXPORT_COLOR, KIND_COLORS, PHASE_COLORS, STEP_COLOR
-from diagtrain.profiler.analyzer import intervals as iv
-
+from diagtrain.profiler.util import intervals as iv
 BINS = 400  # time bins per group row: about 3 px each at the dashboard's width
 EXPORT = "profiler export"
 STATES = [*PHASE_COLORS, "step", EXPORT, *KIND_COLORS]

@@ -6,8 +6,8 @@ from typing import Any
 
 from diagtrain.dashboard.data import RunData
 from diagtrain.dashboard.figures import empty
+from diagtrain.profiler.util.units import MIB
 
-MIB = 2**20
 MODEL_FINDINGS = ("state_mismatch", "unexpected_communication", "bubble_above_model", "memory_above_model",
                   "slow_collective_group")
 STATE_COLUMNS = {"rank": "rank", "expected_parameters": "parameters expected", "held_parameters": "held",

@@ -14,13 +14,13 @@ import numpy as np
 from diagtrain.dashboard.data import RunData
 from diagtrain.dashboard.figures import empty
 from diagtrain.dashboard.style import FINDING_COLORS
+from diagtrain.profiler.analyzer.judge.quantities import Measure, Quantity
 
 RELATIVE, ABSOLUTE = "relative", "absolute"
 TRACE_METRICS = {"compute_ms": "compute (profiled)", "exposed_comm_ms": "exposed communication (profiled)",
                  "idle_ms": "idle (profiled)", "wait_ms": "wait for the last rank (profiled)"}
-# A straggler finding's "phase" names the part of the step it was seen in: show that metric first.
-FINDING_METRIC = {"compute time": "compute_ms", "time outside any operator": "idle_ms",
-                  "time outside collectives": "wait_ms"}
+# A straggler finding's quantity names the part of the step it was seen in: show that metric first.
+FINDING_METRIC = {Measure.COMPUTE: "compute_ms", Measure.IDLE: "idle_ms", Measure.OUTSIDE_COLLECTIVES: "wait_ms"}
 
 
 def metrics(run: RunData) -> list[dict[str, str]]:
@@ -38,13 +38,23 @@ def default_metric(run: RunData) -> str:
     for f in run.findings:
         if not f.get("steps"):
             continue
-        part = str((f.get("metrics") or {}).get("phase") or "")
-        column = FINDING_METRIC.get(part) or (f"{part.removesuffix(' phase')}_ms" if part.endswith(" phase") else None)
+        column = finding_column((f.get("metrics") or {}).get("quantity"))
         if f["kind"] == "dataloader_stall":
             column = "data_ms"
         if column in available:
             return column
     return "wall_ms"
+
+
+def finding_column(key: str | None) -> str | None:
+    """The steps column of a finding's ``metrics["quantity"]`` (None where it has none, or none we show)."""
+    try:
+        quantity = Quantity.from_key(key) if key else None
+    except ValueError:  # a report from a newer diagtrain: show step time
+        return None
+    if quantity is None:
+        return None
+    return f"{quantity.phase}_ms" if quantity.measure is Measure.PHASE else FINDING_METRIC.get(quantity.measure)
 
 
 def figure(run: RunData, metric: str, mode: str = RELATIVE) -> dict[str, Any]:

@@ -9,9 +9,9 @@ import numpy as np
 from diagtrain.dashboard.data import RunData
 from diagtrain.dashboard.figures import empty
 from diagtrain.dashboard.style import FINDING_COLORS
-from diagtrain.profiler.analyzer.tables import BYTES_PER_PARAM
+from diagtrain.profiler.model.precision import bytes_per_parameter
+from diagtrain.profiler.util.units import MIB
 
-MIB = 2**20
 BAR_COLOR = "#4C78A8"
 
 
@@ -37,7 +37,7 @@ def peaks(run: RunData) -> dict[str, Any]:
     x = [int(r) for r in peak.index]
     data = []
     if known.any():
-        data.append({"type": "bar", "name": f"model state of its shard ({BYTES_PER_PARAM} B/parameter)", "x": x,
+        data.append({"type": "bar", "name": f"model state of its shard ({bytes_per_parameter()} B/parameter)", "x": x,
                      "y": state.fillna(0).round(2).tolist(), "marker": {"color": STATE_COLOR},
                      "hovertemplate": "rank %{x}: model state %{y:.1f} MiB<extra></extra>"})
     rest = peak - state.fillna(0)

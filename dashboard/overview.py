@@ -6,8 +6,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from diagtrain.dashboard.data import RunData
-from diagtrain.profiler.analyzer.detectors.base import ranges
-from diagtrain.profiler.analyzer.findings import SEVERITIES, saving_text
+from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, saving_text
+from diagtrain.profiler.util.text import ranges
 
 
 def facts(run: RunData) -> list[tuple[str, str]]:
@@ -29,7 +29,16 @@ def facts(run: RunData) -> list[tuple[str, str]]:
     injected = r.get("injected") or []
     if injected:
         found.append(("injected faults", "; ".join(_fault(f) for f in injected)))
+    found.append(("settings", settings_text(run.report)))
     return found
+
+
+def settings_text(report: dict[str, Any]) -> str:
+    """The thresholds a report was judged with, in one line: the defaults, or what was changed."""
+    changed = (report.get("settings") or {}).get("overridden") or {}
+    if not report.get("settings"):
+        return "not recorded (analyzed before settings existed)"
+    return "defaults" if not changed else "changed: " + ", ".join(f"{k}={v}" for k, v in changed.items())
 
 
 def ordered_findings(run: RunData) -> list[tuple[int, dict[str, Any]]]:

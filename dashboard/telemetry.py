@@ -8,11 +8,12 @@ import pandas as pd
 
 from diagtrain.dashboard.data import RunData
 from diagtrain.dashboard.figures import empty
+from diagtrain.profiler.util.units import MIB
 
 # Columns that are identifiers or times, not metrics to plot.
 NOT_METRICS = {"time", "t", "unix", "rank", "pid", "step", "host", "kind", "device", "index", "uuid", "name",
                "bus_id", "threads", "throttle_reasons"}
-SCALE = {"_bytes": (2**20, "MiB")}  # shown in MiB
+SCALE = {"_bytes": (MIB, "MiB")}  # shown in MiB
 
 
 def metrics(run: RunData) -> list[dict[str, str]]:

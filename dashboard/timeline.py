@@ -25,8 +25,7 @@ from diagtrain.dashboard.data import RunData
 from diagtrain.dashboard.distribution import export_gaps
 from diagtrain.dashboard.rows import Row
 from diagtrain.dashboard.style import EXPORT_COLOR, FINDING_COLORS, KIND_COLORS, PHASE_COLORS, STEP_COLOR
-from diagtrain.profiler.analyzer import intervals as iv
-
+from diagtrain.profiler.util import intervals as iv
 MAX_SEGMENTS = 50_000  # the most segments the browser gets at once (the budget)
 PIXELS = 2_000  # horizontal resolution drawn for: spans closer than one of these merge
 DETAIL_MAX_STEPS = 6  # more steps than this in view (on any rank): per-step blocks

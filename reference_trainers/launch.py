@@ -13,9 +13,8 @@ import sys
 from pathlib import Path
 
 from diagtrain.profiler.run_dir import RUN_DIR_ENV, WRAPPER_PID_ENV, check_writable, default_run_dir
+from diagtrain.profiler.util.exit_codes import EXIT_USAGE
 from diagtrain.reference_trainers.config import ConfigError, add_train_arguments, config_from_args
-
-EXIT_USAGE = 2
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from diagtrain.profiler.rank.instrument import StepRecorder
 from diagtrain.profiler.run_dir import RUN_DIR_ENV, WRAPPER_PID_ENV, default_run_dir, rank_dir, write_json_atomic
+from diagtrain.profiler.util.exit_codes import EXIT_OK, EXIT_USAGE
 from diagtrain.profiler.util.step_ranges import parse_step_ranges
 from diagtrain.reference_trainers import checkpoint
 from diagtrain.reference_trainers.config import ConfigError, TrainConfig, add_train_arguments, config_from_args
@@ -22,8 +23,6 @@ from diagtrain.reference_trainers.data import local_batch
 from diagtrain.reference_trainers.faults import FaultInjector
 from diagtrain.reference_trainers.model import loss_fn
 from diagtrain.reference_trainers.parallelize import Parallelized, init_distributed, parallelize, unwrap
-
-EXIT_USAGE = 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"diagtrain train: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     train(config)
-    return 0
+    return EXIT_OK
 
 
 def train(config: TrainConfig) -> None:

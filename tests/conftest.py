@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from diagtrain.profiler.analyzer.logs import PROCESS_DEATHS, parse_errors
+from diagtrain.profiler.analyzer.read.stderr_errors import PROCESS_DEATHS, parse_errors
 
 # A trainer job that has not finished by then is stuck; the suite must not wait forever.
 JOB_TIMEOUT_S = 240

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from diagtrain.profiler.analyzer.expected import SMALL_BYTES
+from diagtrain.profiler.analyzer.judge.expected import Expected
 
 MODEL_FINDINGS = {"state_mismatch", "unexpected_communication"}
 
@@ -36,5 +36,5 @@ def assert_matches_the_model(run: Path) -> dict:
         if row["expected_calls"]:
             assert row["measured_calls"] == row["expected_calls"], row
         else:
-            assert row["measured_calls"] * row["bytes"] < SMALL_BYTES, row
+            assert row["measured_calls"] * row["bytes"] < Expected.active().small_bytes, row
     return section

@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 
 from conftest import on_training
-from diagtrain.profiler.analyzer import report
+from diagtrain.profiler.analyzer.report import document as report
 from diagtrain.profiler.analyzer.analyze import analyze
-from diagtrain.profiler.analyzer.flight_records import read_dump
+from diagtrain.profiler.analyzer.read.flight_records import read_dump
 from diagtrain.profiler.util import bounded_read
 from diagtrain.profiler.util.bounded_read import InputError, display, gunzip
 

@@ -8,7 +8,7 @@ import pandas as pd
 from hypothesis import given
 from hypothesis import strategies as st
 
-from diagtrain.profiler.analyzer.collectives import last_to_arrive, match
+from diagtrain.profiler.analyzer.rank.collectives import last_to_arrive, match
 from diagtrain.profiler.run_dir import group_key, group_members
 
 RANKS = 64

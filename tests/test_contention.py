@@ -11,8 +11,8 @@ import pandas as pd
 import psutil
 import pytest
 
-from diagtrain.profiler.analyzer.analyze import run_detectors
-from diagtrain.profiler.analyzer.tables import Tables
+from diagtrain.profiler.analyzer.judge.pipeline import run_detectors, run_passes
+from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.collect import telemetry
 from diagtrain.profiler.collect.telemetry import OtherProcesses
 
@@ -59,7 +59,7 @@ def busy_host_telemetry() -> pd.DataFrame:
 
 
 def by_kind(tables: Tables) -> dict:
-    return {f.kind: f for f in run_detectors(tables, lambda _: None)}
+    return {f.kind: f for f in run_passes(run_detectors(tables, lambda _: None), tables, lambda _: None)}
 
 
 def test_a_rank_starved_of_a_cpu_is_not_a_straggler():

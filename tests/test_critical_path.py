@@ -13,12 +13,14 @@ import pandas as pd
 import pytest
 from conftest import diagtrain_run
 
-from diagtrain.profiler.analyzer import critical_path as cp
-from diagtrain.profiler.analyzer import load, tables
-from diagtrain.profiler.analyzer.collectives import match
-from diagtrain.profiler.analyzer.findings import Finding
-from diagtrain.profiler.analyzer.tables import Tables
-from diagtrain.profiler.analyzer.work_segments import COLUMNS
+from diagtrain.profiler.analyzer.judge import critical_path as cp
+from diagtrain.profiler.analyzer.rank import load
+from diagtrain.profiler.analyzer.read.discover import discover
+from diagtrain.profiler.analyzer.run import tables
+from diagtrain.profiler.analyzer.rank.collectives import match
+from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.run.tables import Tables
+from diagtrain.profiler.analyzer.rank.work_segments import COLUMNS
 
 T0 = 1_700_000_000.0  # a Unix time (s): the hand-built step starts here
 MS = 1e3
@@ -80,7 +82,7 @@ def test_what_if_the_slow_forward_ran_at_its_peers_median(two_ranks):
     assert cp.saving_us(g, cp.peer_scale(g, 1, "forward")) == pytest.approx(40 * MS, abs=1)
     assert cp.saving_us(g, cp.peer_scale(g, 0, "forward")) == 0.0
     straggler = Finding(kind="straggler", severity="warning", explanation="", suggestion="", ranks=[1], steps=[7],
-                        metrics={"phase": "forward phase"}, impact_ms=55.0)
+                        metrics={"phase": "forward phase", "quantity": "phase:forward"}, impact_ms=55.0)
     cp.with_impacts([straggler], cp.analyze(two_ranks))
     assert straggler.impact_ms == pytest.approx(40.0, abs=1e-3)
     assert straggler.metrics["detector_impact_ms"] == 55.0 and straggler.metrics["impact_source"] == "critical_path"
@@ -177,7 +179,7 @@ def test_the_path_of_a_straggling_step_runs_through_its_forward(straggler_run):
 
 def test_removing_the_straggler_saves_what_was_injected(straggler_run, tmp_path):
     out, report = straggler_run
-    inputs, _ = load.discover(out)
+    inputs, _ = discover(out)
     results, _ = load.load(inputs, tmp_path / "cache", workers=1)
     run = cp.analyze(tables.build(out, results))
     saved = {g.step: cp.saving_us(g, cp.peer_scale(g, 1, "forward")) / MS for g in run.graphs}
@@ -217,6 +219,7 @@ def test_a_path_line_names_its_longest_hops_and_counts_the_rest():
     hops = [cp.Hop(rank=i % 2, kind="work", label=f"phase{i}", us=(i + 1) * MS) for i in range(30)]
     path = cp.StepPath(step=1, length_us=sum(h.us for h in hops), hops=hops, totals={}, waiting_on={})
     line = path.line()
-    assert line.endswith(f"(and {30 - cp.MAX_LINE_HOPS} shorter hops)")
+    most = cp.CriticalPath.active().max_line_hops
+    assert line.endswith(f"(and {30 - most} shorter hops)")
     named = [int(part.split()[2].removeprefix("phase")) for part in line.split(" (and")[0].split(" → ")]
-    assert named == list(range(30 - cp.MAX_LINE_HOPS, 30))  # the longest ones, in path order
+    assert named == list(range(30 - most, 30))  # the longest ones, in path order

@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from diagtrain.profiler.analyzer.detectors import straggler
-from diagtrain.profiler.analyzer.detectors.base import persistently_late
-from diagtrain.profiler.analyzer.tables import Tables
+from diagtrain.profiler.analyzer.judge.detectors import straggler
+from diagtrain.profiler.analyzer.judge.detectors.base import persistently_late
+from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.util.stats import binomial_tail
 
 PHASES = ["data", "forward", "backward", "optimizer"]

@@ -20,7 +20,7 @@ import pytest
 
 from conftest import JOB_TIMEOUT_S, heartbeat_step, processes_with, wait_until
 from multihost import build_shim, free_port, host_names, shifted, start, two_hosts, wrapper, wrapper_host
-from diagtrain.profiler.analyzer import clocks
+from diagtrain.profiler.analyzer.run import clocks
 from diagtrain.profiler.analyzer.analyze import analyze
 from diagtrain.profiler.collect import manifest
 from diagtrain.profiler.run_dir import read_hosts

@@ -25,6 +25,7 @@ STAGES = {
     "diagtrain.profiler.collect": "collect",
     "diagtrain.profiler.analyzer": "analyzer",
     "diagtrain.profiler.compare": "compare",
+    "diagtrain.profiler.model": "model",
     "diagtrain.profiler.plan": "plan",
     "diagtrain.profiler.cli": "cli",
     "diagtrain.profiler": "package",  # the package's own __init__
@@ -39,12 +40,13 @@ MAY_IMPORT = {
     "util": set(),
     "rank": set(),
     "collect": set(),
-    "analyzer": {"plan"},  # holds every run against the plan's cost models
+    "analyzer": {"model", "plan"},  # holds every run against the cost model and the plan's count of its layout
     "compare": set(),
-    "plan": set(),  # cost models and the planner: pure functions over model and cluster descriptions
-    "dashboard": {"analyzer", "compare", "plan"},  # reads the analysis and compares two of them
+    "model": set(),  # the cost model the planner and the analyzer share: pure formulas over numbers
+    "plan": {"model"},  # the planner: pure functions over model and cluster descriptions
+    "dashboard": {"analyzer", "compare", "model", "plan"},  # reads the analysis and compares two of them
     "trainers": {"rank"},  # a user of the public in-rank API (StepRecorder)
-    "cli": {"rank", "collect", "analyzer", "compare", "plan", "dashboard", "trainers"},
+    "cli": {"rank", "collect", "analyzer", "compare", "model", "plan", "dashboard", "trainers"},
     "package": set(),
 }
 # The in-rank code runs inside the user's job: besides the standard library it may load torch,
@@ -108,16 +110,74 @@ def violations() -> list[str]:
     return found
 
 
+# Inside the analyzer, the folders are its stages in the order data flows through them; a stage reads
+# only what the stages before it made. The analyzer's own top-level modules (the pipeline that runs
+# the stages, the settings every stage declares) sit above and beside them.
+ANALYZER = "diagtrain.profiler.analyzer"
+ANALYZER_STAGES = ("read", "rank", "run", "judge", "report")
+ANALYZER_SHARED = {f"{ANALYZER}.settings"}
+
+
+def analyzer_stage(module: str) -> int | None:
+    """Position of an analyzer module's stage in the flow (None outside the stage folders)."""
+    parts = module.split(".")
+    if module.startswith(ANALYZER + ".") and len(parts) >= 4 and parts[3] in ANALYZER_STAGES:
+        return ANALYZER_STAGES.index(parts[3])
+    return None
+
+
+def analyzer_violations() -> list[str]:
+    """Every import by which an analyzer stage reaches forward, to a stage after its own."""
+    found = []
+    for module, path in sorted(modules().items()):
+        own = analyzer_stage(module)
+        if own is None:
+            continue
+        for name in sorted(imports(path, module)):
+            target = analyzer_stage(name)
+            if target is not None and target > own:
+                found.append(f"{path.relative_to(REPO)}: the {ANALYZER_STAGES[own]} stage imports {name} "
+                             f"({ANALYZER_STAGES[target]}, later in the flow)")
+            elif name.startswith(ANALYZER + ".") and target is None and name not in ANALYZER_SHARED \
+                    and not any(name == s or name.startswith(s + ".") for s in ANALYZER_SHARED):
+                found.append(f"{path.relative_to(REPO)}: the {ANALYZER_STAGES[own]} stage imports {name}, "
+                             "which runs the stages")
+    return found
+
+
 def test_every_module_belongs_to_a_stage():
     unplaced = [m for m in modules() if stage_of(m) is None]
     assert not unplaced
     # The tree names the stages of the flow: a newcomer sees them before opening a file.
     folders = {p.name for p in (REPO / "profiler").iterdir() if p.is_dir() and p.name != "__pycache__"}
-    assert {"rank", "collect", "analyzer", "compare", "plan", "cli", "util"} <= folders
+    assert {"rank", "collect", "analyzer", "compare", "model", "plan", "cli", "util"} <= folders
 
 
 def test_no_stage_reaches_across_the_flow():
     assert violations() == []
+
+
+def test_the_analyzer_reads_in_the_order_data_flows():
+    folders = {p.name for p in (REPO / "profiler" / "analyzer").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == set(ANALYZER_STAGES)
+    # Nothing but the pipeline and the shared settings stands beside the stage folders.
+    loose = {p.stem for p in (REPO / "profiler" / "analyzer").glob("*.py")}
+    assert loose <= {"__init__", "analyze", "settings"}
+    assert analyzer_violations() == []
+
+
+def test_the_analyzer_check_catches_a_forward_import(tmp_path, monkeypatch):
+    fake = tmp_path / "profiler" / "analyzer" / "read"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "bad.py").write_text("from ..judge import straggler\nfrom diagtrain.profiler.analyzer.analyze import analyze\n"
+                                 "from diagtrain.profiler.analyzer.read import inputs\n")
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "ROOTS", {"profiler": "diagtrain.profiler"})
+    found = analyzer_violations()
+    assert any("imports diagtrain.profiler.analyzer.judge (judge, later in the flow)" in v for v in found)
+    assert any("imports diagtrain.profiler.analyzer.analyze, which runs the stages" in v for v in found)
+    assert not any("read.inputs" in v or v.endswith("analyzer.read, which runs the stages") for v in found)
 
 
 def test_the_check_catches_a_wrong_import(tmp_path, monkeypatch):

@@ -8,15 +8,9 @@ from pathlib import Path
 import pytest
 
 from conftest import train
-from diagtrain.profiler.analyzer.logs import (
-    LowestEnqueued,
-    lowest_enqueued,
-    parse_errors,
-    parse_nccl_log,
-    read_nccl_log,
-    strip_launcher_prefix,
-    transport_family,
-)
+from diagtrain.profiler.analyzer.read.log_lines import strip_launcher_prefix
+from diagtrain.profiler.analyzer.read.nccl_log import parse_nccl_log, read_nccl_log, transport_family
+from diagtrain.profiler.analyzer.read.stderr_errors import LowestEnqueued, lowest_enqueued, parse_errors
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 

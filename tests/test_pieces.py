@@ -8,12 +8,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from diagtrain.profiler.analyzer import breakdown as bd
-from diagtrain.profiler.analyzer import dialects
-from diagtrain.profiler.analyzer import intervals as iv
-from diagtrain.profiler.analyzer import load, timeline
-from diagtrain.profiler.analyzer.trace_file import read_trace
-from diagtrain.profiler.analyzer.work_segments import rank_segments
+from diagtrain.profiler.analyzer.rank import breakdown as bd
+from diagtrain.profiler.analyzer.read import dialects
+from diagtrain.profiler.util import intervals as iv
+from diagtrain.profiler.analyzer.rank import pipeline, timeline
+from diagtrain.profiler.analyzer.rank.steps import step_breakdown
+from diagtrain.profiler.analyzer.read.trace_file import read_trace
+from diagtrain.profiler.analyzer.rank.work_segments import rank_segments
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "hta"
 PIECES = 50  # a trace cut in this many: pieces end inside nested ops and long kernels
@@ -68,11 +69,11 @@ def test_every_stage_gives_the_same_in_small_pieces_as_whole(request, monkeypatc
     assert len(events) > 5 * PIECES
 
     def stages() -> dict:
-        steps = load.step_breakdown(events, 0, on_gpu)
+        steps = step_breakdown(events, 0, on_gpu)
         return {
             "whole": bd.gpu_breakdown(events) if on_gpu else bd.cpu_breakdown(events, (events["ts"].min(),
                                                                                        events["end"].max())),
-            "steps": steps, "overlapping": load._overlapping_kernels(events),
+            "steps": steps, "overlapping": pipeline._overlapping_kernels(events),
             "segments": rank_segments(events, 0, on_gpu),
             "spans": timeline.spans(events, on_gpu).sort_values(["kind", "start_us"], kind="stable",
                                                                  ignore_index=True),
@@ -100,16 +101,16 @@ def test_kernels_overlapping_across_pieces_are_counted(monkeypatch):
     events = pd.DataFrame({"ts": ts, "end": end, "stream": stream,
                            "kind": pd.Categorical(["compute"] * 6, categories=dialects.KINDS)})
     monkeypatch.setattr(iv, "PIECE_EVENTS", 2)
-    assert load._overlapping_kernels(events) == 3
+    assert pipeline._overlapping_kernels(events) == 3
     monkeypatch.setattr(iv, "PIECE_EVENTS", 100)
-    assert load._overlapping_kernels(events) == 3
+    assert pipeline._overlapping_kernels(events) == 3
 
 
 def test_gpu_segments_of_windows_with_different_names(monkeypatch):
     # Two profiled windows of a rank with different kernel names: joined, the names are no longer one
     # categorical; the segments still name the kernel each opens with.
     traces = [read_trace(TRACES / f"{name}.json.gz") for name in ("nccl_2rank_rank0", "sampled_128rank_rank1")]
-    events, _ = load._rank_events(traces)
+    events, _ = pipeline._rank_events(traces)
     monkeypatch.setattr(iv, "PIECE_EVENTS", len(events) // PIECES)
     segments = rank_segments(events, 0, on_gpu=True)
     alone = [rank_segments(t.events, 0, on_gpu=True) for t in traces]

@@ -5,15 +5,18 @@ from __future__ import annotations
 import json
 import math
 
+import pandas as pd
 import pytest
 
 from diagtrain.profiler.cli import main
+from diagtrain.profiler.model.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, ring_time
+from diagtrain.profiler.model.pipeline import bubble, bubble_with_stage_times, fill, microbatches_for
+from diagtrain.profiler.model.precision import MIXED_BF16, bytes_per_parameter
 from diagtrain.profiler.plan import comm, model, planner
 from diagtrain.profiler.plan.compute import flops_per_token
 from diagtrain.profiler.plan.hardware import Cluster, find_gpu, gpu_table
 from diagtrain.profiler.plan.layout import TEXTBOOK, Layout
 from diagtrain.profiler.plan.memory import Held, activation_elements, held, model_state
-from diagtrain.profiler.plan.pipeline import bubble, microbatches_for
 from diagtrain.profiler.plan.units import parse_bandwidth, parse_bytes, parse_count
 
 USAGE = 2
@@ -24,19 +27,19 @@ USAGE = 2
 
 def test_70b_needs_1_12_tb_of_state_and_at_least_14_h100s():
     m = model.shape_for(70e9)
-    assert m.params * model.MIXED_BF16.state_bytes == pytest.approx(1.12e12, rel=1e-9)
+    assert m.params * MIXED_BF16.state_bytes == pytest.approx(1.12e12, rel=1e-9)
     h100 = find_gpu("h100-80gb")
-    assert planner.min_gpus_for_state(m.params, h100.memory_bytes, model.MIXED_BF16) == 14
+    assert planner.min_gpus_for_state(m.params, h100.memory_bytes, MIXED_BF16) == 14
     assert 13 * h100.memory_bytes < m.params * 16 <= 14 * h100.memory_bytes
 
 
 def test_ring_all_reduce_of_7b_fp32_gradients_over_8_gpus_at_600_gb_s_takes_82_ms():
-    seconds = comm.ring_time(comm.ALL_REDUCE, 7e9 * 4, 8, 600e9)
+    seconds = ring_time(ALL_REDUCE, 7e9 * 4, 8, 600e9)
     assert round(seconds * 1e3) == 82
     assert seconds == pytest.approx(2 * 28e9 / 600e9 * 7 / 8)
     # all-gather and reduce-scatter move half as much: (n-1)/n of the whole buffer.
-    assert comm.ring_time(comm.ALL_GATHER, 28e9, 8, 600e9) == pytest.approx(seconds / 2)
-    assert comm.ring_time(comm.REDUCE_SCATTER, 28e9, 8, 600e9) == pytest.approx(seconds / 2)
+    assert ring_time(ALL_GATHER, 28e9, 8, 600e9) == pytest.approx(seconds / 2)
+    assert ring_time(REDUCE_SCATTER, 28e9, 8, 600e9) == pytest.approx(seconds / 2)
 
 
 def test_pipeline_bubble_formula():
@@ -56,8 +59,22 @@ def test_zero_stages_divide_the_state_as_the_zero_paper_figure_1():
     # Rajbhandari et al. 2020, figure 1: 7.5B parameters, 64 data-parallel GPUs, mixed-precision Adam.
     psi, nd = 7.5e9, 64
     h = Held(local=psi, shard=psi / nd)
-    per_gpu = [sum(model_state(h, zero, model.MIXED_BF16).values()) / 1e9 for zero in (0, 1, 2, 3)]
+    per_gpu = [sum(model_state(h, zero, MIXED_BF16).values()) / 1e9 for zero in (0, 1, 2, 3)]
     assert per_gpu == pytest.approx([120, 31.4, 16.6, 1.9], abs=0.05)
+    # The same per parameter: the shared cost model's bytes per parameter by ZeRO stage.
+    assert [bytes_per_parameter(MIXED_BF16, zero, nd) * psi / 1e9 for zero in (0, 1, 2, 3)] == pytest.approx(per_gpu)
+
+
+def test_an_unstated_precision_is_fp32_adam_at_16_bytes_a_parameter():
+    # What the analyzer assumes of a run's model state (report text prints it: an int).
+    assert bytes_per_parameter() == 16 and isinstance(bytes_per_parameter(), int)
+
+
+def test_unequal_stages_idle_more_than_the_formula():
+    equal = pd.Series([10.0, 10.0, 10.0, 10.0])
+    assert bubble_with_stage_times(equal, 8) == pytest.approx(bubble(4, 8))
+    assert bubble_with_stage_times(pd.Series([10.0, 10.0, 10.0, 20.0]), 8) > bubble(4, 8)
+    assert fill(4) == 3 and fill(4, "interleaved", 3) == 1
 
 
 def test_tensor_and_pipeline_parallelism_divide_the_layers_they_own():
@@ -88,12 +105,12 @@ def test_activations_per_layer_match_korthikanti():
 def test_megatron_tensor_parallel_layer_sends_four_all_reduces_per_microbatch():
     m = model.Transformer(layers=2, hidden=1024, heads=16, seq_len=512, vocab_parallel=False)
     lay = Layout(tp=4, micro_batch=2, grad_accum=3)
-    calls = comm.collectives(m, lay, model.MIXED_BF16, 0, impl=TEXTBOOK)
-    assert {c.op for c in calls} == {comm.ALL_REDUCE}
+    calls = comm.collectives(m, lay, MIXED_BF16, 0, impl=TEXTBOOK)
+    assert {c.op for c in calls} == {ALL_REDUCE}
     assert sum(c.calls for c in calls) == 4 * 2 * 3  # (2 forward + 2 backward) x layers x microbatches
     assert all(c.bytes == 2 * 512 * 1024 * 2 for c in calls)  # micro-batch x sequence x hidden, bf16
     checkpointed = comm.collectives(m, Layout(tp=4, micro_batch=2, grad_accum=3, activation_checkpointing=True),
-                                    model.MIXED_BF16, 0)
+                                    MIXED_BF16, 0)
     assert sum(c.calls for c in checkpointed) == 6 * 2 * 3  # the forward's two run again in backward
 
 
@@ -113,7 +130,7 @@ def literature_30b() -> planner.Plan:
     cluster = Cluster(a100, gpus=32, gpus_per_node=8, intra_node_bw=600e9, inter_node_bw=200e9 / 8)
     m = model.shape_for(30e9)
     assert (m.layers, m.hidden, m.heads, m.seq_len) == (48, 7168, 56, 2048)
-    return planner.plan(m, cluster, model.MIXED_BF16, 1024, 0.4)
+    return planner.plan(m, cluster, MIXED_BF16, 1024, 0.4)
 
 
 def test_30b_on_32_a100s_ranks_fsdp_and_tp8_dp4_among_the_top_layouts():
@@ -137,7 +154,7 @@ def test_30b_on_32_a100s_ranks_fsdp_and_tp8_dp4_among_the_top_layouts():
 def test_a_model_that_fits_one_gpu_gets_ddp():
     a100 = find_gpu("a100-80gb")
     p = planner.plan(model.shape_for(1.3e9), Cluster(a100, 8, 8, a100.intra_node_bw, a100.network_bw),
-                     model.MIXED_BF16, 512, 0.4)
+                     MIXED_BF16, 512, 0.4)
     best = p.ranked[0].layout
     assert (best.dp, best.tp, best.pp, best.zero) == (8, 1, 1, 0)
     assert p.ranked[0].why.startswith("Fastest")
@@ -146,7 +163,7 @@ def test_a_model_that_fits_one_gpu_gets_ddp():
 def test_nothing_fits_says_what_would():
     h100 = find_gpu("h100-80gb")
     p = planner.plan(model.shape_for(70e9), Cluster(h100, 8, 8, h100.intra_node_bw, h100.network_bw),
-                     model.MIXED_BF16, 64, 0.4)
+                     MIXED_BF16, 64, 0.4)
     assert p.ranked == []
     text = " ".join(p.advice)
     assert "at least 14 GPUs" in text

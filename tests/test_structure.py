@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 from diagtrain.profiler.analyzer.analyze import analyze
-from diagtrain.profiler.analyzer.p2p import P2PCalls
-from diagtrain.profiler.analyzer.structure import infer
+from diagtrain.profiler.analyzer.rank.p2p import P2PCalls
+from diagtrain.profiler.analyzer.run.structure import infer
 from diagtrain.profiler.run_dir import write_json_atomic
 
 T0 = 1_790_000_000.0

@@ -9,7 +9,7 @@ import time
 import pandas as pd
 import pytest
 
-from diagtrain.profiler.analyzer.findings import UPPER_BOUND, saving_text
+from diagtrain.profiler.analyzer.judge.findings import UPPER_BOUND, saving_text
 from diagtrain.profiler.collect.profiler_noise import NoiseFilter
 from diagtrain.reference_trainers.train import _Progress
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from diagtrain.profiler.analyzer.breakdown import cpu_breakdown, gpu_breakdown_in
-from diagtrain.profiler.analyzer.flight_records import Entry, cross_rank, mismatches
-from diagtrain.profiler.analyzer.timeline import spans
-from diagtrain.profiler.analyzer.trace_file import STEP_ANNOTATION, name_matches, read_trace
+from diagtrain.profiler.analyzer.rank.breakdown import cpu_breakdown, gpu_breakdown_in
+from diagtrain.profiler.analyzer.read.flight_records import Entry, cross_rank, mismatches
+from diagtrain.profiler.analyzer.rank.timeline import spans
+from diagtrain.profiler.analyzer.read.trace_file import STEP_ANNOTATION, name_matches, read_trace
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "hta"
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from diagtrain.profiler.analyzer.analyze import analyze
-from diagtrain.profiler.analyzer.breakdown import gpu_breakdown
-from diagtrain.profiler.analyzer.report import markdown
-from diagtrain.profiler.analyzer.trace_file import read_trace
+from diagtrain.profiler.analyzer.rank.breakdown import gpu_breakdown
+from diagtrain.profiler.analyzer.report.document import markdown
+from diagtrain.profiler.analyzer.read.trace_file import read_trace
 
 FIXTURES = Path(__file__).parent / "fixtures" / "dialects"
 

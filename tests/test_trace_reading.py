@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from diagtrain.profiler.analyzer import trace_file
-from diagtrain.profiler.analyzer.trace_file import TraceError, read_trace
+from diagtrain.profiler.analyzer.read import trace_file
+from diagtrain.profiler.analyzer.read.trace_file import TraceError, read_trace
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces" / "hta"
 DIALECTS = Path(__file__).parent / "fixtures" / "dialects"

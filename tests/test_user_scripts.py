@@ -16,7 +16,9 @@ import pytest
 from conftest import diagtrain_run, on_training, torchrun
 from diagtrain.dashboard import data as dashboard_data
 from diagtrain.dashboard import expected as dashboard_expected
-from diagtrain.profiler.analyzer import load, tables
+from diagtrain.profiler.analyzer.rank import load
+from diagtrain.profiler.analyzer.read.discover import discover
+from diagtrain.profiler.analyzer.run import tables
 from diagtrain.profiler.analyzer.analyze import analyze
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "benchmarks" / "user_scripts"
@@ -56,7 +58,7 @@ def without_counters(run: Path) -> None:
 
 
 def build_tables(run: Path) -> tables.Tables:
-    inputs, _ = load.discover(run)
+    inputs, _ = discover(run)
     results, _ = load.load(inputs, run / "analysis" / "cache", workers=1)
     return tables.build(run, results)
 
@@ -114,7 +116,7 @@ def test_a_pipeline_without_profiling_is_recognized_from_the_counted_sends(tmp_p
 
 
 def test_a_malformed_p2p_field_is_no_evidence_and_costs_no_step(tmp_path):
-    from diagtrain.profiler.analyzer.run_files import read_steps
+    from diagtrain.profiler.analyzer.read.run_files import read_steps
 
     base = {"schema_version": 1, "rank": 0, "start": 1.0, "end": 1.1, "duration_ms": 100.0}
     fields = [{"first": ["send", 1], "send": {"1": 4}}, {"first": ["push", 1]}, {"first": ["send", -1]},

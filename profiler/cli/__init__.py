@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from diagtrain.profiler.util.exit_codes import EXIT_INTERRUPTED
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one subcommand per verb."""
@@ -40,4 +42,4 @@ def main(argv: list[str] | None = None) -> int:
         return args.handler(args, argv[1:])
     except KeyboardInterrupt:  # Ctrl-C outside a job (an analysis, the dashboard): stop, no traceback
         print("diagtrain: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED

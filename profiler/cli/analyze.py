@@ -12,13 +12,11 @@ from pathlib import Path
 from rich.console import Console
 
 from diagtrain.profiler.analyzer import SCHEDULER_ENV, default_workers
-from diagtrain.profiler.analyzer.jobs import MixedJobs
+from diagtrain.profiler.analyzer.rank.jobs import MixedJobs
 from diagtrain.profiler.run_dir import check_writable, is_run_dir
 from diagtrain.profiler.util.bounded_read import display
+from diagtrain.profiler.util.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from diagtrain.profiler.util.heap import arrow_on_the_c_heap
-
-EXIT_USAGE = 2
-EXIT_FAILED = 1  # the analysis could not be written
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -31,7 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "  diagtrain analyze /shared/runs/big-job --scheduler tcp://head-node:8786   # ranks load on a Dask cluster",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("path", help="run directory or folder of traces")
+    p.add_argument("path", nargs="?", help="run directory or folder of traces")
     p.add_argument("--format", default="md,json,html", help="report formats, comma-separated: md,json,html")
     p.add_argument("--out", help="where to write analysis/ and the reports (default: PATH for a diagtrain run "
                    "directory; beside any other folder, as PATH-diagtrain, so that folder is left as it was)")
@@ -44,15 +42,32 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="flight-recorder dumps made outside diagtrain (TORCH_FR_DUMP_TEMP_FILE files, pickle or JSON, "
                    "one per rank, rank number ending the name) for the hang verdict")
     p.add_argument("--quiet", action="store_true", help="do not print the Markdown report")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.NAME=VALUE",
+                   help="change one threshold of the judgement for this analysis, e.g. straggler.min_excess_ms=300 "
+                   "(repeatable; --settings lists them all, with defaults and reasons)")
+    p.add_argument("--settings", nargs="?", const="md", choices=("md", "json"), metavar="md|json",
+                   help="print every setting of the analyzer (default, type, reason) as Markdown or JSON, and exit")
     p.set_defaults(handler=run_analyze)
 
 
 def run_analyze(args: argparse.Namespace, argv: list[str]) -> int:
     """Validate, analyze, print the report; 0 on success, 2 on bad usage."""
     arrow_on_the_c_heap()  # before pyarrow's import (by pandas'): all of Arrow's memory on the C heap
-    from diagtrain.profiler.analyzer import report  # pandas and pyarrow: only once the command runs
+    from diagtrain.profiler.analyzer.report import document as report  # pandas and pyarrow: only once the command runs
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)
+    from diagtrain.profiler.analyzer import settings
+    from diagtrain.profiler.analyzer.judge.pipeline import all_sections
+
+    all_sections()  # every judging module registers its settings on import
+    if args.settings:
+        return print_settings(args.settings)
+    try:
+        overrides = settings.parse(args.overrides)
+    except settings.SettingError as e:
+        return _usage(err, f"--set {e}")
+    if args.path is None:
+        return _usage(err, "the following argument is required: path (or --settings to list the settings)")
     path = Path(args.path)
     formats = [f.strip() for f in args.format.split(",") if f.strip()]
     bad = [f for f in formats if f not in report.FORMATS]
@@ -82,7 +97,7 @@ def run_analyze(args: argparse.Namespace, argv: list[str]) -> int:
         path, out = Path(os.path.abspath(path)), Path(os.path.abspath(out))
     try:
         return analyze_and_print(path, out, formats, args.workers, err, quiet=args.quiet, flight_recorder=fr_dir,
-                                 scheduler=scheduler)
+                                 scheduler=scheduler, overrides=overrides)
     except MixedJobs as e:
         if made_out:  # only what this command made: nothing of the user's
             shutil.rmtree(out, ignore_errors=True)
@@ -90,6 +105,17 @@ def run_analyze(args: argparse.Namespace, argv: list[str]) -> int:
                       + "\n".join(f"  {c}" for c in e.conflicts)
                       + "\nPut each job's traces (one window of one job: one file per rank) in a folder of its own "
                       "and analyze that folder")
+
+
+def print_settings(fmt: str) -> int:
+    """Every setting of the analyzer on stdout, as Markdown tables or a JSON list."""
+    import json
+
+    from diagtrain.profiler.analyzer import settings
+
+    rows = settings.describe()
+    print(json.dumps(rows, indent=2) if fmt == "json" else settings.markdown(rows), end="" if fmt == "md" else "\n")
+    return EXIT_OK
 
 
 def default_out(path: Path) -> Path:
@@ -101,16 +127,17 @@ def default_out(path: Path) -> Path:
 
 
 def analyze_and_print(path: Path, out: Path, formats: list[str], workers: int, err: Console, quiet: bool = False,
-                      flight_recorder: Path | None = None, scheduler: str | None = None) -> int:
+                      flight_recorder: Path | None = None, scheduler: str | None = None,
+                      overrides: dict | None = None) -> int:
     """Run the analysis (its ranks on the Dask cluster of ``scheduler`` if given) with progress on stderr and
     the Markdown report on stdout.
 
     Returns 0, or 2 when nothing in ``path`` could be analyzed (it says what was looked for) or the
     scheduler cannot be used.
     """
-    from diagtrain.profiler.analyzer import report
+    from diagtrain.profiler.analyzer.report import document as report
     from diagtrain.profiler.analyzer.analyze import analyze
-    from diagtrain.profiler.analyzer.cluster import SchedulerError
+    from diagtrain.profiler.analyzer.rank.cluster import SchedulerError
 
     try:
         with err.status("analyzing", spinner="dots") as status, _CtrlC() as ctrl_c:
@@ -119,7 +146,7 @@ def analyze_and_print(path: Path, out: Path, formats: list[str], workers: int, e
                 status.update(f"analyzing: {message}")
 
             doc = analyze(path, out, formats, workers, progress=progress, flight_recorder=flight_recorder,
-                          scheduler=scheduler)
+                          scheduler=scheduler, overrides=overrides)
     except SchedulerError as e:
         return _usage(err, str(e))
     except OSError as e:  # writing the results: a full disk, a quota (the inputs are read behind a guard)
@@ -141,7 +168,7 @@ def analyze_and_print(path: Path, out: Path, formats: list[str], workers: int, e
         sys.stdout.write(report.markdown(doc) + "\n")
     written = ", ".join(display(out / f"report.{f}") for f in formats)
     err.print(f"diagtrain: report {written}", markup=False)
-    return 0
+    return EXIT_OK
 
 
 class _CtrlC:

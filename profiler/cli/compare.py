@@ -16,8 +16,9 @@ from rich.console import Console
 from diagtrain.profiler.compare.noise import RECOMMENDED_RUNS
 from diagtrain.profiler.compare.report import FORMATS, headline, render
 from diagtrain.profiler.run_dir import write_bytes_atomic, write_json_atomic
+from diagtrain.profiler.util.exit_codes import EXIT_OK, EXIT_USAGE
 
-EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_INCONCLUSIVE = 0, 1, 2, 3
+EXIT_REGRESSION, EXIT_INCONCLUSIVE = 1, 3  # compare's own: a regression CI fails on; a change noise may explain
 EXIT_CODES = {"no regression": EXIT_OK, "regression": EXIT_REGRESSION, "inconclusive": EXIT_INCONCLUSIVE}
 DEFAULT_THRESHOLD_PCT = 5.0
 

@@ -13,8 +13,8 @@ from rich.console import Console
 from diagtrain.profiler.analyzer import default_workers
 from diagtrain.profiler.cli.analyze import analyze_and_print
 from diagtrain.profiler.run_dir import check_writable
+from diagtrain.profiler.util.exit_codes import EXIT_OK, EXIT_USAGE
 
-EXIT_USAGE = 2
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -77,7 +77,7 @@ def run_dashboard(args: argparse.Namespace, argv: list[str]) -> int:
         dash_app.run(host=args.host, port=args.port, debug=False)
     except KeyboardInterrupt:
         pass
-    return 0
+    return EXIT_OK
 
 
 def _port_free(host: str, port: int) -> bool:

@@ -15,8 +15,8 @@ from pathlib import Path
 from rich.console import Console
 
 from diagtrain.profiler.run_dir import write_bytes_atomic
+from diagtrain.profiler.util.exit_codes import EXIT_OK, EXIT_USAGE
 
-EXIT_OK, EXIT_USAGE = 0, 2
 DEFAULT_GPU = "h100-80gb"
 DEFAULT_TOP = 10
 
@@ -90,6 +90,7 @@ def run_plan(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _plan(args: argparse.Namespace) -> str:
+    from diagtrain.profiler.model.precision import PRECISIONS
     from diagtrain.profiler.plan import model as plan_model
     from diagtrain.profiler.plan import planner, render
     from diagtrain.profiler.plan.units import parse_count
@@ -107,7 +108,7 @@ def _plan(args: argparse.Namespace) -> str:
     batch = args.global_batch or plan_model.default_batch(params, model.seq_len)
     fraction = _peak_fraction(args)
     _check_filters(args, cluster, model, batch)
-    result = planner.plan(model, cluster, plan_model.PRECISIONS[args.precision], batch, fraction,
+    result = planner.plan(model, cluster, PRECISIONS[args.precision], batch, fraction,
                           where=_filter(args))
     if args.format == "json":
         return render.dumps(render.plan_json(result, args.top))
@@ -115,7 +116,8 @@ def _plan(args: argparse.Namespace) -> str:
 
 
 def _from_run(args: argparse.Namespace, err: Console) -> str:
-    from diagtrain.profiler.plan import measured, render, whatif
+    from diagtrain.profiler.analyzer.judge import measured
+    from diagtrain.profiler.plan import render, whatif
     from diagtrain.profiler.plan.estimate import usable_memory
 
     if args.params:
@@ -164,7 +166,7 @@ def _reshaped(args: argparse.Namespace, rm, exact: bool):
 
 def _ensure_analyzed(path: Path, err: Console) -> None:
     """``plan --from`` reads the analysis; a run without one is analyzed first (with progress)."""
-    from diagtrain.profiler.plan.measured import ANALYSIS_FILES
+    from diagtrain.profiler.analyzer.judge.measured import ANALYSIS_FILES
 
     if all((path / name).exists() for name in ANALYSIS_FILES):
         return

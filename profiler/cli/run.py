@@ -16,10 +16,9 @@ from diagtrain.profiler.collect import manifest, telemetry, watchdog
 from diagtrain.profiler.collect.launcher import Collection
 from diagtrain.profiler.rank import BOOTSTRAP_DIR
 from diagtrain.profiler.run_dir import PROFILE_AUTO, PROFILE_NONE, check_writable, clear_run, default_run_dir
+from diagtrain.profiler.util.exit_codes import EXIT_INTERRUPTED, EXIT_USAGE
 from diagtrain.profiler.util.step_ranges import StepRange, parse_step_ranges
 
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
 ON_HANG = ("dump-and-kill", "dump-and-wait")
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from diagtrain.profiler.compare import noise
+from diagtrain.profiler.util.text import rank_words
 
 # The analyzer's severity order (analyzer.findings.SEVERITIES); compare reads findings from report.json.
 SEVERITIES = ("info", "warning", "error", "critical")
@@ -82,8 +83,7 @@ def _highest(findings: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _ranks(f: dict[str, Any]) -> str:
-    ranks = f["ranks"]
-    return f"rank{'s' if len(ranks) != 1 else ''} {', '.join(map(str, ranks))}" if ranks else "the job"
+    return rank_words(f["ranks"]) if f["ranks"] else "the job"
 
 
 def _said(f: dict[str, Any]) -> str:

@@ -154,11 +154,26 @@ def compare(base: list[dict], new: dict, threshold_pct: float, same_machine: boo
     judge = _Judge(threshold_pct, check, step_ms, noise.shared_spread(timing))
     for scope, name, unit, runs, mine in metrics:
         comparison.results.append(judge.metric(name, scope, runs, mine, unit))
-    comparison.notes += check.notes
+    comparison.notes += check.notes + settings_notes(base, new)
     if len(base) == 1 and comparison.inconclusive:
         comparison.notes.append(f"One baseline run cannot tell a change below x{noise.ONE_RUN_CEILING:g} from the "
                                 f"difference between two clean runs; {keep_runs_hint()}")
     return comparison
+
+
+def settings_notes(base: list[dict], new: dict) -> list[str]:
+    """A note naming the analyzer settings that differ between BASE and NEW: their findings were judged
+    by different thresholds, so a finding that appears or goes may be the settings' doing."""
+    mine = new.get("settings") or {}
+    changed = {}
+    for b in base:
+        theirs = b.get("settings") or {}
+        changed.update({k: (theirs.get(k), mine.get(k)) for k in sorted(set(theirs) | set(mine))
+                        if theirs and mine and theirs.get(k) != mine.get(k)})
+    if not changed:
+        return []
+    return ["the findings were judged with different settings (BASE → NEW): "
+            + ", ".join(f"{k} {old!r} → {now!r}" for k, (old, now) in changed.items())]
 
 
 def _metrics(base: list[dict], new: dict):

@@ -6,7 +6,7 @@ import json
 import math
 from typing import TYPE_CHECKING
 
-from diagtrain.profiler.compare.findings import FindingChange
+from diagtrain.profiler.util.text import rank_words
 
 if TYPE_CHECKING:  # regression needs pandas: `diagtrain --help` and `run` need only FORMATS from here
     from diagtrain.profiler.compare import regression
@@ -35,7 +35,7 @@ def headline(c: regression.Comparison) -> str:
 
 def lines(c: regression.Comparison) -> list[str]:
     """The causes, then the regressions (root cause first), then what stays undecided and why."""
-    out = [f"new finding, **{f.kind}** on {_ranks(f)}: {f.explanation}" if f.change == "new" else
+    out = [f"new finding, **{f.kind}** on {rank_words(f.ranks)}: {f.explanation}" if f.change == "new" else
            f"worse finding: {f.words}" for f in c.findings if f.actionable]
     out += [f"**{r.metric}** ({r.scope}): {_change(r)}, outside the noise band {r.noise_band}" for r in c.regressions]
     out += [f"inconclusive: **{r.metric}** ({r.scope}): {_change(r)}: {r.reason}" for r in c.inconclusive]
@@ -95,10 +95,6 @@ def _change(r: regression.MetricResult) -> str:
 
 def _bold(verdict: str) -> str:
     return f"**{verdict}**" if verdict in ("regression", "inconclusive") else verdict
-
-
-def _ranks(f: FindingChange) -> str:
-    return f"rank{'s' if len(f.ranks) != 1 else ''} {', '.join(map(str, f.ranks))}"
 
 
 def _count(items: list, noun: str) -> str:

@@ -17,6 +17,7 @@ import pandas as pd
 
 from diagtrain.profiler.compare import machine
 from diagtrain.profiler.run_dir import SCHEMA_VERSION
+from diagtrain.profiler.util.units import MIB, fmt_bytes
 
 KIND = "diagtrain-baseline"
 # Warm-up rule for comparisons: the first 10% of steps, and at least step 1, are left out
@@ -68,7 +69,7 @@ def summarize(run: Path) -> dict[str, Any]:
             samples[name] = _clean(steps.dropna(subset=[column]).groupby("step")[column].median())
     per_rank = {}
     for rank, rows in steps.groupby("rank"):
-        record = {"peak memory": _clean(rows["peak_mem_bytes"] / 2**20)} if "peak_mem_bytes" in rows else {}
+        record = {"peak memory": _clean(rows["peak_mem_bytes"] / MIB)} if "peak_mem_bytes" in rows else {}
         timed_rows = timed[timed["rank"] == rank]
         for column in [c for c in rows.columns if c.endswith("_ms") and c not in NOT_COMPARED
                        and not c.endswith(NOT_COMPARED_SUFFIXES)]:
@@ -86,6 +87,8 @@ def summarize(run: Path) -> dict[str, Any]:
         "findings": [{"kind": f["kind"], "ranks": f["ranks"], "severity": f["severity"], "explanation": f["explanation"],
                       "impact_ms": f.get("impact_ms")} for f in report["findings"]],
         "machine": machine.facts(run, timed),
+        # The thresholds its findings were judged with (None: analyzed before settings were recorded).
+        "settings": (report.get("settings") or {}).get("values"),
     }
 
 
@@ -138,16 +141,8 @@ def _collectives(run: Path) -> dict[str, list[float]]:
     c = c.drop_duplicates(["group", "op", "seq"])
     size = np.where(c["bytes"].notna(), 2 ** np.floor(np.log2(c["bytes"].fillna(1).clip(lower=1))), np.nan)
     label = c["op"] + " on " + c["pg_desc"].fillna(c["pg"]).astype(str) + [
-        f" ~{_bytes(s)}" if not np.isnan(s) else "" for s in size]
+        f" ~{fmt_bytes(s)}" if not np.isnan(s) else "" for s in size]
     return {name: _clean(rows / 1e3) for name, rows in c.assign(label=label).groupby("label")["transfer_us"]}
-
-
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}"
-        n /= 1024
-    return f"{n:.0f} TiB"
 
 
 def _clean(series: pd.Series) -> list[float]:

@@ -1,9 +1,7 @@
 """Communication per step: every collective a rank takes part in, its size, its link and its ring time.
 
-Ring algorithms (as NCCL's and the nccl-tests bus-bandwidth factors assume), with B the bus
-bandwidth of the slowest link the ring crosses and S the buffer size:
-all-reduce 2·S/B·(n-1)/n; all-gather and reduce-scatter S/B·(n-1)/n with S the whole (gathered)
-buffer; a point-to-point send S/B. Latency is not modeled: small messages take longer than this.
+Each call's time is the shared cost model's (diagtrain.profiler.model.collectives: nccl-tests'
+bus-bandwidth factors at the bus bandwidth of the slowest link the call crosses; latency not modeled).
 
 Who sends what, per step:
 - data parallel: DDP all-reduces the gradients once per step, in buckets; ZeRO-1/2 reduce-scatter
@@ -22,12 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from diagtrain.profiler.model.collectives import ALL_GATHER, ALL_REDUCE, RECV, REDUCE_SCATTER, SEND, bus_bytes, ring_time
+from diagtrain.profiler.model.precision import Precision
 from diagtrain.profiler.plan.hardware import NVLINK, Cluster
 from diagtrain.profiler.plan.layout import TEXTBOOK, Implementation, Layout
 from diagtrain.profiler.plan.memory import chunk, rank_stages, stage_layers, stage_tensors, tp_local_shape
-from diagtrain.profiler.plan.model import Precision, Transformer
+from diagtrain.profiler.plan.model import Transformer
 
-ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, SEND, RECV = "all_reduce", "all_gather", "reduce_scatter", "send", "recv"
 DP, TP, PP = "dp", "tp", "pp"
 
 
@@ -50,7 +49,7 @@ class Collective:
     @property
     def bus_bytes(self) -> float:
         """The nccl-tests buffer size S: the gathered output for an all-gather, else the input."""
-        return self.bytes * self.group_size if self.op == ALL_GATHER else self.bytes
+        return bus_bytes(self.op, self.bytes, self.group_size)
 
     def seconds_per_call(self, bandwidth: float) -> float:
         """One call's ring time at bus bandwidth ``bandwidth`` (bytes/s)."""
@@ -59,16 +58,6 @@ class Collective:
     def seconds(self, bandwidth: float) -> float:
         """All calls of one step."""
         return self.calls * self.seconds_per_call(bandwidth)
-
-
-def ring_time(op: str, size: float, n: int, bandwidth: float) -> float:
-    """Seconds a ring ``op`` over ``n`` ranks takes to move an S = ``size`` byte buffer at bus bandwidth ``bandwidth``."""
-    if n <= 1 and op not in (SEND, RECV):
-        return 0.0
-    # nccl-tests' bus-bandwidth factors; broadcast, reduce and point-to-point move the buffer once.
-    factor = {ALL_REDUCE: 2 * (n - 1) / n, ALL_GATHER: (n - 1) / n, REDUCE_SCATTER: (n - 1) / n,
-              "all_to_all": (n - 1) / n}.get(op, 1.0)
-    return factor * size / bandwidth
 
 
 def collectives(model: Transformer, layout: Layout, precision: Precision, rank: int, cluster: Cluster | None = None,

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from diagtrain.profiler.model.pipeline import bubble, fill
+from diagtrain.profiler.model.precision import Precision
 from diagtrain.profiler.plan.comm import ALL_GATHER, DP, PP, SEND, TP, Collective, collectives
 from diagtrain.profiler.plan.compute import flops_per_token, rank_flops
 from diagtrain.profiler.plan.hardware import NVLINK, Cluster
 from diagtrain.profiler.plan.layout import TEXTBOOK, Implementation, Layout
 from diagtrain.profiler.plan.memory import RESERVED_FRACTION, Memory, rank_memory
-from diagtrain.profiler.plan.model import Precision, Transformer
-from diagtrain.profiler.plan.pipeline import bubble
+from diagtrain.profiler.plan.model import Transformer
 
 COMPONENTS = ("compute", "recompute", "bubble", "tensor_parallel", "pipeline_sends", "data_parallel")
 
@@ -99,10 +100,10 @@ def estimate(model: Transformer, layout: Layout, precision: Precision, speeds: S
         per_pp.append((rank, calls, _microbatch_times(model, layout, speeds, pp_rank, calls, layers_per_stage)))
     _, calls, t = max(per_pp, key=lambda x: x[2]["microbatch"])  # the pacing (slowest) pipeline rank
     passes = layout.grad_accum * layout.microbatches
-    fill = (layout.pp - 1) / (layout.virtual_stages if layout.schedule == "interleaved" else 1)
+    filling = fill(layout.pp, layout.schedule, layout.virtual_stages)
     components = {
         "compute": passes * t["compute"], "recompute": passes * t["recompute"],
-        "bubble": layout.grad_accum * fill * t["microbatch"],
+        "bubble": layout.grad_accum * filling * t["microbatch"],
         "tensor_parallel": passes * t["tensor_parallel"], "pipeline_sends": passes * t["pipeline_sends"],
         "data_parallel": max(_exposed_data_parallel(layout, c, tt) for _, c, tt in per_pp),
     }

@@ -78,3 +78,5 @@ class Implementation:
 
 
 TEXTBOOK = Implementation()
+# diagtrain's reference trainers: their TP plan converts the input of each of wq, wk, wv and w1 on its own.
+REFERENCE_TP_BACKWARD_REDUCES = 4

@@ -12,8 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from diagtrain.profiler.model import precision as state
+from diagtrain.profiler.model.pipeline import in_flight
+from diagtrain.profiler.model.precision import Precision
 from diagtrain.profiler.plan.layout import Layout
-from diagtrain.profiler.plan.model import COL, ROW, VOCAB, Precision, Tensor, Transformer
+from diagtrain.profiler.plan.model import COL, ROW, VOCAB, Tensor, Transformer
 
 # Part of the device's memory kept free for what the model does not count: the CUDA context,
 # NCCL's buffers, the allocator's fragmentation and workspace (cuBLAS, attention). PyTorch runs
@@ -145,10 +148,7 @@ class Memory:
 
 def model_state(h: Held, zero: int, precision: Precision) -> dict[str, float]:
     """Weights, gradients, master weights and optimizer states of a rank, as ZeRO stage ``zero`` shards them."""
-    return {"weights": (h.shard if zero >= 3 else h.local) * precision.weight,
-            "grads": (h.shard if zero >= 2 else h.local) * precision.grad,
-            "master": (h.shard if zero >= 1 else h.local) * precision.master,
-            "optimizer": (h.shard if zero >= 1 else h.local) * precision.optimizer}
+    return state.model_state(h.local, h.shard, zero, precision)
 
 
 def activation_elements(model: Transformer, tp: int) -> tuple[float, float]:
@@ -188,16 +188,7 @@ def activations(model: Transformer, layout: Layout, precision: Precision, pp_ran
 
 def microbatches_in_flight(layout: Layout, pp_rank: int) -> float:
     """Microbatches whose activations a pipeline rank holds at once."""
-    if layout.pp == 1:
-        return 1.0
-    m = layout.microbatches
-    if layout.schedule == "gpipe":
-        return float(m)
-    ahead = layout.pp - pp_rank
-    if layout.schedule == "interleaved":
-        # Megatron's interleaved 1F1B: the first rank holds (1 + (p-1)/(p*v)) x p microbatches of each chunk.
-        return min(float(m), ahead * (1 + (layout.pp - 1) / (layout.pp * layout.virtual_stages)))
-    return float(min(ahead, m))
+    return in_flight(layout.pp, pp_rank, layout.microbatches, layout.schedule, layout.virtual_stages)
 
 
 def rank_memory(model: Transformer, layout: Layout, precision: Precision, rank: int,

@@ -1,4 +1,5 @@
-"""What is trained: a decoder-only transformer's shape, its parameter tensors, and the precision it trains in.
+"""What is trained: a decoder-only transformer's shape and its parameter tensors (the precision it trains in
+is the shared cost model's, diagtrain.profiler.model.precision).
 
 The tensors are listed the way the model defines them, each with the way tensor parallelism cuts
 it (Megatron: column-parallel q, k, v and the MLP's first matrix, row-parallel output projections),
@@ -13,33 +14,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 COL, ROW, VOCAB, REPLICATE = "col", "row", "vocab", "replicate"  # how TP cuts a tensor (dim 0, dim 1, vocab rows, not)
-
-
-@dataclass(frozen=True)
-class Precision:
-    """Bytes per parameter of each part of the model state, and per activation element."""
-
-    name: str
-    weight: int  # the weights the model computes with
-    grad: int
-    master: int  # the optimizer's fp32 copy of bf16 weights (0 when the weights are fp32)
-    optimizer: int  # Adam's two moments
-    hidden: int  # the residual stream between layers: what a pipeline sends, what backward reduces
-    matmul: int  # matmul outputs: what a forward tensor-parallel all-reduce sums
-
-    @property
-    def state_bytes(self) -> int:
-        """Model-state bytes per parameter (16 for mixed-precision Adam and for fp32 Adam)."""
-        return self.weight + self.grad + self.master + self.optimizer
-
-
-# bf16 weights and grads, fp32 master weights and Adam moments: 2 + 2 + 4 + 4 + 4.
-MIXED_BF16 = Precision("bf16 mixed precision", 2, 2, 4, 8, 2, 2)
-# fp32 weights, grads and Adam moments: 4 + 4 + 8, everything computed in fp32.
-FP32 = Precision("fp32", 4, 4, 0, 8, 4, 4)
-# fp32 weights under torch.autocast(bf16): matmuls run and return bf16, the residual stream stays fp32.
-FP32_AUTOCAST_BF16 = Precision("fp32 weights, bf16 autocast", 4, 4, 0, 8, 4, 2)
-PRECISIONS = {"bf16": MIXED_BF16, "fp32": FP32, "autocast": FP32_AUTOCAST_BF16}
 
 
 @dataclass(frozen=True)

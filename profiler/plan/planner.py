@@ -17,12 +17,14 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from diagtrain.profiler.model.precision import Precision
 from diagtrain.profiler.plan.estimate import Estimate, Speeds, estimate, usable_memory
 from diagtrain.profiler.plan.hardware import Cluster
 from diagtrain.profiler.plan.layout import Implementation, Layout, TEXTBOOK
 from diagtrain.profiler.plan.memory import RESERVED_FRACTION
-from diagtrain.profiler.plan.model import Precision, Transformer
-from diagtrain.profiler.plan.units import fmt_bytes, fmt_seconds
+from diagtrain.profiler.plan.model import Transformer
+from diagtrain.profiler.plan.units import fmt_seconds
+from diagtrain.profiler.util.units import fmt_bytes
 
 TIE = 0.03  # step times within 3% are inside the model's error: simpler first
 MAX_MICRO_BATCH = 64  # sequences per microbatch: beyond this no GPU gains throughput

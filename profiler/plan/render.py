@@ -10,7 +10,8 @@ from diagtrain.profiler.plan.estimate import COMPONENTS, Estimate
 from diagtrain.profiler.plan.hardware import NVLINK
 from diagtrain.profiler.plan.memory import RESERVED_FRACTION
 from diagtrain.profiler.plan.planner import Plan, min_gpus_for_state
-from diagtrain.profiler.plan.units import fmt_bytes, fmt_count, fmt_rate, fmt_seconds
+from diagtrain.profiler.plan.units import fmt_count, fmt_rate, fmt_seconds
+from diagtrain.profiler.util.units import fmt_bytes
 from diagtrain.profiler.plan.whatif import RunReport
 
 FORMATS = ("md", "json")

@@ -48,14 +48,6 @@ def fmt_count(n: float) -> str:
     return f"{n:.4g}"
 
 
-def fmt_bytes(n: float) -> str:
-    """Binary units, as memory is reported by allocators: 1.5 GiB, 930 KiB."""
-    for div, suffix in ((2.0**40, "TiB"), (2.0**30, "GiB"), (2.0**20, "MiB"), (2.0**10, "KiB")):
-        if abs(n) >= div:
-            return f"{n / div:.3g} {suffix}"
-    return f"{n:.0f} B"
-
-
 def fmt_seconds(s: float) -> str:
     """0.0817 → '81.7 ms'; 2.5e-5 → '25 µs'; 12.3 → '12.3 s'."""
     if abs(s) >= 1:

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from diagtrain.profiler.model.pipeline import microbatches_for
 from diagtrain.profiler.plan.comm import ALL_GATHER, DP
 from diagtrain.profiler.plan.estimate import Estimate, Speeds, estimate
 from diagtrain.profiler.plan.hardware import NETWORK, NVLINK, Cluster
 from diagtrain.profiler.plan.layout import ZERO_NAMES, Layout
-from diagtrain.profiler.plan.measured import Measured, RunModel
 from diagtrain.profiler.plan.planner import Plan, divisors, plan
-from diagtrain.profiler.plan.pipeline import microbatches_for
-from diagtrain.profiler.plan.units import fmt_bytes
+from diagtrain.profiler.plan.run_model import Measured, RunModel
+from diagtrain.profiler.util.units import fmt_bytes
 
 BUBBLE_TARGET = 0.2  # the microbatch count suggested first keeps the bubble at or under this
 OTHER_MESHES = 5  # other layouts of the same GPUs shown

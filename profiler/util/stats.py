@@ -8,6 +8,7 @@ import numpy as np
 
 BOOTSTRAP_RESAMPLES = 2000  # enough for a stable 95% interval; cheap for a few hundred steps
 SEED = 0  # the same inputs always give the same interval (CI must be reproducible)
+MAD_TO_SIGMA = 1.4826  # median absolute deviation of a normal distribution, in standard deviations
 
 
 def mann_whitney_greater(new: np.ndarray, base: np.ndarray) -> float:

@@ -1,0 +1,1 @@
+"""Judgement: detectors and every pass that changes findings, in the order they run (see ``judge``)."""

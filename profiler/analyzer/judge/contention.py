@@ -1,0 +1,281 @@
+"""Busy host or slow rank: did a rank do more work, or wait for a CPU other processes held?
+
+Three kinds of evidence, from what diagtrain records anyway:
+
+- per rank and step (steps.jsonl): ``cpu_ms``, the process's CPU time, and ``runq_ms``, the time its
+  main thread was runnable but waiting for a CPU (Linux scheduler statistics). A rank that did
+  more work burnt more CPU; a starved one waited in the run queue instead.
+- per host (telemetry): how busy its CPUs were, how much of that was not the job
+  (``others_cpu_percent``) and which processes (rows of kind ``other``).
+- per rank and step: ``page_faults`` and ``samples``. A rank that burnt more CPU for the same
+  samples, with many more page faults than its peers, did the same work more slowly: its memory
+  allocator hands memory back to the kernel and faults it in again every step (glibc's malloc
+  does so for buffers above its mmap threshold, a threshold that moves with the process's history,
+  so one rank of a clean job can fall into it and its twin not).
+
+A straggler, a late rank or a data stall whose excess is mostly run-queue wait is host contention,
+not its own work: reported as info, beside a ``host_contention`` finding that names the other
+processes. One whose excess is memory churn is reported as info and says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from diagtrain.profiler.analyzer.settings import section, setting
+from diagtrain.profiler.analyzer.judge.detectors.base import steady
+from diagtrain.profiler.analyzer.judge.quantities import SlowCause
+from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.run.tables import Tables, unix_seconds
+
+@section("contention")
+class Contention:
+    """When other processes on a host, or a rank's memory allocator, and not the rank's own work explain its excess."""
+
+    saturated_percent: float = setting(85.0, "the host's CPUs this busy (all cores): a runnable thread may wait "
+                                       "for one")
+    others_min_percent: float = setting(50.0, "other processes using at least half a core then ...")
+    contended_share: float = setting(0.25, "... in this share of the samples taken while the job stepped: contention")
+    runq_min_share: float = setting(0.1, "ranks waiting this share of their steps for a CPU are contended, "
+                                    "telemetry or not")
+    starved_share: float = setting(0.5, "a rank's excess at least half run-queue wait (beyond its peers') was "
+                                   "starvation ...")
+    work_share: float = setting(0.5, "... unless at least half of it is extra CPU time of its own: it did more work")
+    # Sharing the cores with other busy processes stretched work 2-4x here (two CPU hogs on 2 cores);
+    # a data wait of 205 ms against 0.7 ms was a slow dataset, not a wait for a CPU.
+    starved_max_stretch: float = setting(10.0, "without run-queue counters, a saturated host excuses a rank only this "
+                                         "many times slower than its peers at most")
+    named_processes: int = setting(5, "the busiest other processes named in a finding")
+    default_interval_s: float = setting(1.0, "telemetry's sampling interval where fewer than two samples tell it "
+                                        "(run --telemetry-interval)")
+    # Fewer than 1 MiB of 4 KiB pages cost well under a millisecond.
+    churn_min_faults: int = setting(256, "memory churn: at least this many more page faults per step than the "
+                                    "peers ...")
+    churn_ratio: float = setting(2.0, "... and at least this many times the peers': its allocator, not the job's shape")
+    more_samples_ratio: float = setting(1.05, "a rank loading this share more samples per step than its peers does "
+                                        "more work")
+    # A busy host's pauses made clean ranks slow in 2 of 3 and 5 of 9 steps; a rank sleeping every
+    # step was missed in 1 of 9.
+    steadily_slow_share: float = setting(0.8, "a rank slow in this share of the steps it was seen in is steadily "
+                                         "slow, busy host or not")
+
+
+@dataclass
+class HostLoad:
+    """How contended one host's CPUs were while the job stepped."""
+
+    host: str
+    ranks: list[int]
+    samples: int  # host samples taken while the job stepped
+    contended: int  # ... of them saturated with other processes using at least contention.others_min_percent
+    others_percent: float | None  # median CPU of other processes (% of one core) in contended samples
+    host_percent: float | None  # median host CPU (% of all cores) in contended samples
+    runq_share: float | None  # median share of a step its ranks' main threads waited for a CPU
+    runq_ms: float | None  # ... in ms per step
+    processes: list[dict] = field(default_factory=list)  # name, pid, cpu_percent (median), samples
+    time_range: tuple[float, float] | None = None
+
+    @property
+    def busy_with_others(self) -> bool:
+        """Other processes kept the host's CPUs saturated (telemetry), not the job's own ranks."""
+        return self.samples > 0 and self.contended / self.samples >= Contention.active().contended_share
+
+    @property
+    def is_contended(self) -> bool:
+        """Busy with other processes, or its ranks waited a good share of their steps for a CPU."""
+        return self.busy_with_others or (self.runq_share or 0.0) >= Contention.active().runq_min_share
+
+    def named(self) -> str:
+        """``python (pid 4242) 97%, ...``: the busiest other processes, in words."""
+        return ", ".join(f"{p['name']} (pid {p['pid']}) {p['cpu_percent']:.0f}%" for p in self.processes)
+
+
+def host_loads(tables: Tables, steps: pd.DataFrame | None = None) -> dict[str, HostLoad]:
+    """Per host of the run, its CPU load while its ranks ran ``steps`` (default: the steady ones)."""
+    hosts: dict[str, list[int]] = {}
+    for rank, host in tables.rank_hosts.items():
+        if host is not None:
+            hosts.setdefault(host, []).append(int(rank))
+    s = Contention.active()
+    whole_run = steps is None
+    steps = steady(tables.steps) if steps is None else steps
+    return {host: _host_load(tables, host, sorted(ranks), steps[steps["rank"].isin(ranks)], whole_run, s)
+            for host, ranks in hosts.items() if not steps[steps["rank"].isin(ranks)].empty}
+
+
+def _host_load(tables: Tables, host: str, ranks: list[int], steps: pd.DataFrame, whole_run: bool,
+               s: Contention) -> HostLoad:
+    span = (float(steps["start"].min()), float(steps["end"].max()))
+    load = HostLoad(host, ranks, 0, 0, None, None, None, None, time_range=span)
+    if {"runq_ms", "wall_ms"} <= set(steps.columns) and steps["runq_ms"].notna().any():
+        per_rank = steps.dropna(subset=["runq_ms"]).groupby("rank")
+        load.runq_ms = float(per_rank["runq_ms"].median().median())
+        load.runq_share = float((per_rank["runq_ms"].median() / per_rank["wall_ms"].median()).median())
+    t = tables.telemetry
+    if t is None or t.empty or "others_cpu_percent" not in t or "host" not in t:
+        return load
+    t = t[t["host"] == host]
+    times = unix_seconds(t["time"])
+    # A sample describes the interval before it. Some steps are judged by the samples inside them; the
+    # whole run also by the one just after its last step (a run of a few hundred milliseconds of steps
+    # has no sample inside them at 1 Hz).
+    interval = float(times[t["kind"] == "host"].drop_duplicates().sort_values().diff().median())
+    after = (interval if interval > 0 else s.default_interval_s) if whole_run else 0.0
+    t = t[times.between(span[0], span[1] + after)]
+    samples = t[(t["kind"] == "host") & t["others_cpu_percent"].notna()]
+    contended = samples[(samples["cpu_percent"] >= s.saturated_percent)
+                        & (samples["others_cpu_percent"] >= s.others_min_percent)]
+    load.samples, load.contended = len(samples), len(contended)
+    if len(contended):
+        load.others_percent = float(contended["others_cpu_percent"].median())
+        load.host_percent = float(contended["cpu_percent"].median())
+    others = t[t["kind"] == "other"]
+    if len(others):
+        busiest = others.groupby(["pid", "name"])["cpu_percent"].agg(["median", "size", "sum"]).sort_values("sum", ascending=False)
+        load.processes = [{"pid": int(pid), "name": str(name), "cpu_percent": float(row["median"]), "samples": int(row["size"])}
+                          for (pid, name), row in busiest.head(s.named_processes).iterrows()]
+    return load
+
+
+def starvation(tables: Tables, rank: int, steps: list[int], excess_ms: float,
+               stretch: float | None = None) -> str | None:
+    """Why ``rank``'s excess of ``excess_ms`` per step in ``steps`` (``stretch`` times its peers' time,
+    where known) is host contention, in words, or None when it is its own (more CPU time than its
+    peers, or no sign of starvation)."""
+    s = Contention.active()
+    rows = tables.steps[tables.steps["step"].isin(steps)]
+    extra_cpu = _beyond_peers(rows, rank, "cpu_ms")
+    if extra_cpu is not None and extra_cpu >= s.work_share * excess_ms:
+        return None  # it burnt the time itself: more work
+    extra_runq = _beyond_peers(rows, rank, "runq_ms")
+    if extra_runq is not None:
+        if extra_runq < s.starved_share * excess_ms:
+            return None
+        return f"it waited {extra_runq:.1f} ms per step longer than its peers for a CPU"
+    if stretch is not None and stretch >= s.starved_max_stretch:
+        return None  # far slower than a wait for a CPU makes it
+    host = tables.rank_hosts.get(rank)
+    load = host_loads(tables, rows).get(host) if host is not None else None
+    if load is None or not load.is_contended:
+        return None
+    named = f" ({load.named()})" if load.processes else ""
+    return f"its host's CPUs were saturated by other processes then{named} and its own CPU time was not higher"
+
+
+def churn(tables: Tables, rank: int, steps: list[int], excess_ms: float) -> str | None:
+    """Why ``rank``'s excess of ``excess_ms`` per step in ``steps`` is memory churn (the same work
+    done more slowly), in words, or None when it is not (more samples, no extra CPU time, few faults)."""
+    s = Contention.active()
+    rows = tables.steps[tables.steps["step"].isin(steps)]
+    more_samples = _ratio_to_peers(rows, rank, "samples")
+    if more_samples is None or more_samples > s.more_samples_ratio:
+        return None  # more work, or no way to tell the work was the same
+    extra_cpu = _beyond_peers(rows, rank, "cpu_ms")
+    if extra_cpu is None or extra_cpu < s.work_share * excess_ms:
+        return None  # not time it burnt itself (waiting, sleeping, starved)
+    faults = _medians(rows, rank, "page_faults")
+    if faults is None:
+        return None
+    mine, theirs = faults
+    if mine - theirs < s.churn_min_faults or mine < s.churn_ratio * theirs:
+        return None
+    # A minor page fault maps one 4 KiB page (x86-64, arm64 defaults).
+    return (f"its extra time was CPU time of its own, for the same samples as its peers, with {mine - theirs:,.0f} "
+            f"more page faults per step than they took ({mine:,.0f} vs {theirs:,.0f}, "
+            f"{(mine - theirs) * 4 / 1024:,.0f} MiB); its memory allocator gives memory back to the kernel and "
+            "faults it in again every step")
+
+
+def own_work_only(findings: list[Finding], tables: Tables) -> list[Finding]:
+    """Stragglers, late ranks and data stalls whose excess was not the rank's own work (starvation
+    for a CPU, memory churn), lowered to info and said so."""
+    s = Contention.active()
+    return [_lowered(f, *why) if (why := _not_own_work(f, tables, s)) else f for f in findings]
+
+
+def _not_own_work(finding: Finding, tables: Tables, s: Contention) -> tuple[str, str, str] | None:
+    """(the reason in words, what that is, the metric that marks it), or None for the rank's own work."""
+    if finding.severity == "info" or len(finding.ranks) != 1:
+        return None
+    if finding.kind == "straggler":
+        excess = finding.metrics.get("excess_ms")
+    elif finding.kind == "slow_collective" and finding.metrics.get("cause") == SlowCause.LATE_ARRIVAL:
+        excess = finding.impact_ms  # everyone waits this long per step at the rank's collectives
+    elif finding.kind == "dataloader_stall":
+        excess = finding.metrics["observed_ms"] - finding.metrics["expected_ms"]
+    else:
+        return None
+    steps = finding.steps or _profiled_steps(tables.steps)
+    if not (excess and steps):
+        return None
+    rank = finding.ranks[0]
+    if reason := starvation(tables, rank, steps, excess, _stretch(finding)):
+        return reason, f"that is host contention (see host_contention), not rank {rank}'s own work", "starved"
+    if finding.kind == "straggler" and (reason := churn(tables, rank, steps, excess)):
+        return (reason, "the same work done more slowly, not more work (a steady allocator, e.g. jemalloc or "
+                "tcmalloc, or MALLOC_MMAP_THRESHOLD_ set high, keeps the memory)", "memory_churn")
+    if finding.kind == "straggler" and (reason := _intermittent_on_busy_host(tables, finding, s)):
+        return reason, "pauses a busy host gives any rank, not a rank slower at every step", "busy_host"
+    return None
+
+
+def _stretch(finding: Finding) -> float | None:
+    """How many times its peers' time the rank took (observed over expected), where the finding says."""
+    observed, expected = finding.metrics.get("observed_ms"), finding.metrics.get("expected_ms")
+    return observed / expected if observed and expected and expected > 0 else None
+
+
+def _intermittent_on_busy_host(tables: Tables, finding: Finding, s: Contention) -> str | None:
+    """Why a straggler seen in only some of its steps, on a host other processes kept busy, is
+    contention, in words; None where it was slow in nearly every step seen or its host was quiet.
+    Run-queue wait alone is not enough: more ranks than cores make it too, and one of them can still
+    straggle."""
+    seen = finding.metrics.get("steps_seen")
+    if not seen or len(finding.steps) >= s.steadily_slow_share * seen:
+        return None  # slow in (nearly) every step it could be seen in: a straggler, busy host or not
+    host = tables.rank_hosts.get(finding.ranks[0])
+    load = host_loads(tables).get(host) if host is not None else None
+    if load is None or not load.busy_with_others:
+        return None
+    named = f" ({load.named()})" if load.processes else ""
+    return (f"it was slow in only {len(finding.steps)} of the {seen} steps it was seen in, on a host whose CPUs "
+            f"other processes kept busy{named}")
+
+
+def _lowered(finding: Finding, reason: str, meaning: str, marker: str) -> Finding:
+    finding.severity = "info"
+    finding.explanation += f" But {reason}: {meaning}."
+    finding.metrics[marker] = True
+    return finding
+
+
+def _beyond_peers(rows: pd.DataFrame, rank: int, column: str) -> float | None:
+    """Median over steps of ``rank``'s ``column`` minus its peers' median in the same step."""
+    if column not in rows or rows[column].isna().all():
+        return None
+    table = rows.dropna(subset=[column])
+    mine = table[table["rank"] == rank].set_index("step")[column]
+    peers = table[table["rank"] != rank].groupby("step")[column].median()
+    both = mine.index.intersection(peers.index)
+    return float((mine[both] - peers[both]).median()) if len(both) else None
+
+
+def _medians(rows: pd.DataFrame, rank: int, column: str) -> tuple[float, float] | None:
+    """The median of ``column`` over ``rank``'s rows and over its peers' (None where either is unknown)."""
+    if column not in rows:
+        return None
+    known = rows.dropna(subset=[column])
+    mine, theirs = known.loc[known["rank"] == rank, column], known.loc[known["rank"] != rank, column]
+    return (float(mine.median()), float(theirs.median())) if len(mine) and len(theirs) else None
+
+
+def _ratio_to_peers(rows: pd.DataFrame, rank: int, column: str) -> float | None:
+    """``rank``'s median ``column`` over its peers' (None where unknown or zero)."""
+    medians = _medians(rows, rank, column)
+    return medians[0] / medians[1] if medians and medians[1] else None
+
+
+def _profiled_steps(steps: pd.DataFrame) -> list[int]:
+    return sorted(int(s) for s in steps.loc[steps["profiled"].astype(bool), "step"].unique()) if "profiled" in steps else []

@@ -1,0 +1,157 @@
+"""What detectors share: steady-state steps, late arrivals at collectives, and step ranges in words."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from diagtrain.profiler.analyzer.settings import section, setting
+from diagtrain.profiler.util.stats import binomial_tail
+
+
+@section("steady")
+class Steady:
+    """Which steps every detector's statistics leave out as warm-up."""
+
+    warmup_steps: int = setting(1, "the first steps carry start-up (process-group init, allocator growth, "
+                                "first-call compilation) and are left out of every statistic ...")
+    min_steady_steps: int = setting(3, "... as long as this many steps remain after them")
+
+
+@section("late_arrival")
+class LateArrival:
+    """When a rank's arrivals at collectives make it persistently late, and when a pause before its calls
+    explains that."""
+
+    late_ms: float = setting(1.0, "arriving this much after the first rank of the group counts as late")
+    persistent_share: float = setting(0.6, "late at this share of its collectives: the delay is on its comm path")
+    min_lateness_ms: float = setting(5.0, "... and by this much on average: ranks sharing a busy host arrive a few ms "
+                                     "apart by turns")
+    # A clean 4-rank run here: 9 ms against the others' 3 ms.
+    lateness_ratio: float = setting(4.0, "... and this many times later than the other ranks usually are: on a busy "
+                                    "host every rank is late by turns")
+    # With 4 ranks and 4 collectives, chance alone makes some rank last 3 times of 4 in one run of five.
+    alpha: float = setting(0.05, "... and last more often than chance would make it (1 in group-size), at this "
+                           "significance")
+    # Counting such a collective would dilute a rank late wherever arrivals do differ (a comm hook
+    # delays the gradient buckets, not the loss all-reduce beside them).
+    arrived_together_ms: float = setting(5.0, "a collective its ranks reached within this of each other (by default "
+                                         "min_lateness_ms) has no late rank: who came last there is a coin toss")
+    # Less, and its lateness comes from its own work earlier in the step (a straggler). A third: what
+    # else a late rank carries into the collective (contended compute since the last one) can be twice
+    # the pause itself on a shared host.
+    gap_explains_share: float = setting(1 / 3, "a late rank that pauses right before its calls this much longer than "
+                                        "its peers, as a share of its lateness (and by min_lateness_ms), was held up "
+                                        "on its way to the collective (a comm hook, a delay before each call)")
+
+
+# Phases that alone say too little of a rank's own work to compare ranks by: the optimizer step
+# that `diagtrain run`'s optimizer hooks time in a plain script (a few ms that a busy host doubles).
+UNINFORMATIVE_PHASES = frozenset({"optimizer"})
+
+
+def informative_phases(phases: list[str]) -> list[str]:
+    """The recorded phases, unless they are only the uninformative ones (then none)."""
+    return [] if set(phases) <= UNINFORMATIVE_PHASES else list(phases)
+
+
+def steady(steps: pd.DataFrame, at_least: int | None = None) -> pd.DataFrame:
+    """The steps after warm-up; all of them if fewer than ``at_least`` (default ``steady.min_steady_steps``,
+    what comparing ranks needs) would be left. The run's model takes one steady step (judge/measured.py)."""
+    if steps.empty:
+        return steps
+    s = Steady.active()
+    later = steps[steps["step"] > s.warmup_steps]
+    return later if later["step"].nunique() >= (s.min_steady_steps if at_least is None else at_least) else steps
+
+
+def time_range(steps: pd.DataFrame) -> tuple[float, float] | None:
+    """Unix-time span of these step rows."""
+    if steps.empty or "start" not in steps:
+        return None
+    return float(steps["start"].min()), float(steps["end"].max())
+
+
+LATE_COLUMNS = ["rank", "group", "collectives", "late", "late_share", "lateness_ms", "chance", "p_value", "extra_gap_ms"]
+
+
+def late_arrivals(collectives: pd.DataFrame) -> pd.DataFrame:
+    """Per rank and process group: collectives judged (those not reached together), share of them at
+    which it arrived last and late, mean lateness (ms), and how much longer than its peers it paused
+    right before its calls."""
+    if collectives.empty or "group" not in collectives:
+        return pd.DataFrame(columns=LATE_COLUMNS)
+    shared = collectives["ranks_seen"] > 1
+    if "is_p2p" in collectives:
+        shared &= ~collectives["is_p2p"].fillna(False).astype(bool)
+    table = collectives[shared].copy()
+    if table.empty:
+        return pd.DataFrame(columns=LATE_COLUMNS)
+    s = LateArrival.active()
+    key = ["group", "op", "seq"]
+    arrived = table["arrived_ts"] if "arrived_ts" in table else table["ts"]
+    table["lateness_ms"] = (arrived - arrived.groupby([table[k] for k in key]).transform("min")) / 1e3
+    spread = table["lateness_ms"].groupby([table[k] for k in key]).transform("max")
+    table["judged"] = spread >= s.arrived_together_ms
+    table["late"] = (table["last_rank"] == table["rank"]) & (table["lateness_ms"] >= s.late_ms) & table["judged"]
+    table["chance"] = (1.0 / table["ranks_seen"]).where(table["judged"])
+    gap = table["issue_gap_us"] if "issue_gap_us" in table else pd.Series(np.nan, index=table.index)
+    by = gap.groupby([table[k] for k in key])
+    others = (by.transform("sum") - gap) / (by.transform("count") - 1)  # the other ranks' mean gap
+    table["extra_gap_ms"] = ((gap - others) / 1e3).where(table["late"])
+    out = table.groupby(["rank", "group"]).agg(
+        collectives=("judged", "sum"), late=("late", "sum"),
+        lateness_ms=("lateness_ms", "mean"), chance=("chance", "mean"), extra_gap_ms=("extra_gap_ms", "median"),
+    ).reset_index()
+    out["late_share"] = (out["late"] / out["collectives"]).where(out["collectives"] > 0, 0.0)
+    out["p_value"] = [binomial_tail(int(k), int(n), p) for k, n, p in zip(out["late"], out["collectives"], out["chance"])]
+    return out[LATE_COLUMNS]
+
+
+def is_persistently_late(late: pd.DataFrame) -> pd.Series:
+    """Rows of ``late_arrivals`` whose rank is late at most collectives of that group, by more than
+    noise: later than the group's other ranks usually are, and last more often than chance. The
+    chance test pools the groups in which the rank is late this way (a rank held up before every
+    call is late in each of its groups, each with few collectives in a short profiled window)."""
+    s = LateArrival.active()
+    others = late.groupby("group")["lateness_ms"].transform(_median_of_the_others).fillna(0.0)
+    candidate = ((late["late_share"] >= s.persistent_share) & (late["lateness_ms"] >= s.min_lateness_ms)
+                 & (late["lateness_ms"] >= s.lateness_ratio * others))
+    pooled = late[candidate].assign(expected=lambda t: t["chance"] * t["collectives"]).groupby("rank")[
+        ["late", "collectives", "expected"]].sum()
+    p_value = {int(r): binomial_tail(int(row.late), int(row.collectives), row.expected / row.collectives)
+               for r, row in pooled.iterrows()}
+    return candidate & (late["rank"].map(p_value).fillna(1.0) < s.alpha)
+
+
+def _median_of_the_others(values: pd.Series) -> pd.Series:
+    v = values.to_numpy(dtype=float)
+    if len(v) < 2:
+        return pd.Series(np.nan, index=values.index)
+    return pd.Series([float(np.median(np.delete(v, i))) for i in range(len(v))], index=values.index)
+
+
+def held_before_calls(late: pd.DataFrame) -> pd.Series:
+    """Per row of ``late_arrivals``: 1.0 when its lateness is a pause right before the rank's
+    calls, 0.0 when it comes from the rank's earlier work, NaN when unknown (no call gaps: GPU)."""
+    s = LateArrival.active()
+    explained = ((late["extra_gap_ms"] >= s.gap_explains_share * late["lateness_ms"])
+                 & (late["extra_gap_ms"] >= s.min_lateness_ms)).astype(float)
+    return explained.where(late["extra_gap_ms"].notna())
+
+
+def persistently_late(collectives: pd.DataFrame) -> set[int]:
+    """Ranks that arrive last at most collectives of some group."""
+    late = late_arrivals(collectives)
+    return set(int(r) for r in late.loc[is_persistently_late(late), "rank"])
+
+
+def late_on_their_path(collectives: pd.DataFrame) -> tuple[set[int], set[int]]:
+    """Persistently late ranks whose delay sits right before their calls: (known from the gaps
+    before their calls, assumed where those gaps are unknown)."""
+    late = late_arrivals(collectives)
+    late = late[is_persistently_late(late)]
+    held = held_before_calls(late)
+    known = set(int(r) for r in late.loc[held == 1.0, "rank"])
+    assumed = set(int(r) for r in late.loc[held.isna(), "rank"]) - known
+    return known, assumed

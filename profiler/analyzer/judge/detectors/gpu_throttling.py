@@ -1,0 +1,49 @@
+"""gpu_throttling: a rank's GPU runs with lowered clocks (power cap, thermal or hardware slowdown)."""
+
+from __future__ import annotations
+
+from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.run.tables import Tables
+from diagtrain.profiler.analyzer.settings import section, setting
+
+
+@section("gpu_throttling")
+class GpuThrottling:
+    """When a rank's GPU is throttled often enough to report."""
+
+    throttled_share: float = setting(0.2, "throttled in a fifth of the samples taken during steps")
+
+
+SETTINGS = (GpuThrottling,)
+
+
+def detect(tables: Tables) -> list[Finding]:
+    """Ranks whose GPU is throttled in at least ``throttled_share`` of the samples taken during steps."""
+    s = GpuThrottling.active()
+    t = tables.telemetry
+    if t is None or "throttled" not in t:
+        return []
+    gpu = t[(t["kind"] == "gpu") & t["rank"].notna() & t["step"].notna()]
+    findings = []
+    for rank, rows in gpu.groupby("rank"):
+        share = float(rows["throttled"].fillna(False).astype(bool).mean())
+        if share < s.throttled_share:
+            continue
+        throttled = rows[rows["throttled"].fillna(False).astype(bool)]
+        reasons = throttled["throttle"].str.split(",").explode().value_counts()
+        others = gpu[gpu["rank"] != rank]["sm_clock_mhz"]
+        clock, peer_clock = float(throttled["sm_clock_mhz"].median()), float(others.median()) if len(others) else None
+        findings.append(Finding(
+            kind="gpu_throttling", severity="warning", ranks=[int(rank)],
+            steps=sorted(int(step) for step in throttled["step"].unique()),
+            explanation=(f"rank {int(rank)}'s GPU (device {int(rows['device'].iloc[0])}) is throttled in {share:.0%} of the "
+                         f"samples taken during steps ({', '.join(reasons.index[:3])}); SM clock {clock:.0f} MHz"
+                         + (f" against {peer_clock:.0f} MHz on the other GPUs." if peer_clock else ".")),
+            suggestion="Check cooling and power limits of that GPU (nvidia-smi -q -d PERFORMANCE,POWER,TEMPERATURE); "
+                       "a hardware slowdown that persists calls for moving the job off that node.",
+            metrics={"observed_share": share, "threshold_share": s.throttled_share, "sm_clock_mhz": clock,
+                     "expected_sm_clock_mhz": peer_clock, "reasons": reasons.to_dict()},
+            evidence=[{"type": "telemetry", "rank": int(rank), "time": str(r.time), "throttle": r.throttle}
+                      for r in throttled.head(5).itertuples()],
+        ))
+    return findings

@@ -1,0 +1,377 @@
+"""hang, crash, crash_at_exit, host_lost, interrupted and collective_mismatch: why a job stopped, in one sentence.
+
+When something stopped first (stops.py, every host on one clock): a rank that died (its exception
+and line, or the signal that killed it), a host lost or stopped by a signal, is the cause, and the
+other ranks' connection errors after it are named as its consequences. A run interrupted while
+making progress is only that, whatever its flight recorder shows.
+
+When nothing did (a hang), the flight-recorder dumps say, per process group, the last collective
+each rank entered: the earliest collective that some members entered and others never did is what
+everything waits on, and the ranks that never entered it are the cause. Their stacks say where
+they are instead. Ranks that all agree in the flight recorder but one of them is in user code
+while the rest are inside torch point at that rank (a pipeline stage that never sends, code stuck
+before a collective).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from diagtrain.profiler.analyzer.read import flight_records as fr
+from diagtrain.profiler.analyzer.run import stops
+from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.run.tables import Tables
+from diagtrain.profiler.analyzer.settings import section, setting
+from diagtrain.profiler.run_dir import STOPPED
+
+
+@section("hang")
+class Hang:
+    """When a run stopped by a signal had been stuck (a hang) rather than interrupted mid-work."""
+
+    # Whoever stops a job because it hangs has watched it do nothing for a while, and checkpoints or
+    # evaluations rarely hold every rank's steps this long.
+    stuck_before_stop_s: float = setting(60.0, "a run stopped after this long without any rank finishing a step "
+                                         "was stuck, not stopped mid-work; shorter stops are interruptions")
+    stuck_steps: int = setting(10, "... and the stall must be at least this many typical steps long")
+
+
+# Frames inside these paths are torch waiting on other ranks (collectives, p2p, DDP's backward).
+TORCH_COMM_PATHS = ("torch/distributed/", "torch/autograd/", "torch/nn/parallel/")
+LIBRARY_MARKERS = ("site-packages/", "dist-packages/", "/lib/python3", "<frozen")
+SETTINGS = (Hang,)
+
+
+def detect(tables: Tables) -> list[Finding]:
+    """Mismatched collectives, and for a run that stopped, the one finding that says why."""
+    s = Hang.active()
+    if not tables.dumps and tables.manifest.get("status") not in STOPPED:
+        return []
+    entries = tables.flight_records
+    findings = [_mismatch(m) for m in fr.mismatches(entries)]
+    status = tables.manifest.get("status")
+    if status not in STOPPED:
+        return findings
+    findings += _mismatch_in_logs(tables)
+    blocked = blocked_in_order(tables, entries)
+    record = stops.collect(tables)
+    cause = stops.first_cause(record, hung=status == "hung")
+    stalled_s = _stalled_before(tables, cause, s) if cause is not None and cause.kind in stops.BY_SIGNAL else None
+    if cause is None or (stalled_s is not None and stalled_s >= s.stuck_before_stop_s):
+        # No rank died, or the run was stopped after a long time without a step: what held it?
+        if blocked:
+            findings.append(_hang_in_collective(tables, blocked[0], stalled_s))
+        elif status == "hung" and (finding := _hang_in_user_code(tables)):
+            findings.append(finding)
+        elif cause is not None:
+            findings.append(_interrupted(tables, cause, record, stalled_s))
+    elif cause.kind in (stops.HOST_LOST, stops.WRAPPER_FAILED):
+        findings.append(_host_lost(tables, cause, record))
+    elif cause.kind == stops.EXIT_CRASH:
+        findings.append(_exit_crash(tables, cause))
+    elif cause.kind in stops.BY_SIGNAL:
+        # Ranks stopped mid-step, some inside a collective their peers had not reached: not a hang.
+        findings.append(_interrupted(tables, cause, record, stalled_s))
+    else:
+        findings.append(_crash(tables, cause, record, blocked))
+    return findings
+
+
+def _stalled_before(tables: Tables, cause: stops.Stop, s: Hang) -> float | None:
+    """Seconds between the last step any rank finished and the stop, when that is ``stuck_steps`` steps long."""
+    steps = tables.steps
+    if cause.time is None or steps.empty or "end" not in steps or steps["end"].isna().all():
+        return None
+    step_s = float(steps["wall_ms"].median()) / 1e3 if "wall_ms" in steps else 0.0
+    stalled = cause.time - float(steps["end"].max())
+    return stalled if stalled > s.stuck_steps * step_s else None
+
+
+def blocked_in_order(tables: Tables, entries: list[fr.Entry]) -> list[fr.Blocked]:
+    """Collectives some members entered and others never did, the one everything waits on first."""
+    blocked = fr.blocked(entries, fr.members({}, entries), set(tables.dumps))
+    return sorted(blocked, key=lambda b: (_step_entered(tables, b), b.since_ns))
+
+
+def _step_entered(tables: Tables, b: fr.Blocked) -> float:
+    """The step the waiting ranks were in when they entered ``b``.
+
+    A rank that skipped a collective runs on into the next step and blocks there, possibly before
+    its peer reaches the skipped one: the collective of the earlier step is the cause, whichever
+    was entered first by the clock.
+    """
+    steps = tables.steps
+    if steps.empty or "start" not in steps:
+        return 0.0
+    at = b.since_ns / 1e9
+    found = []
+    for rank in b.waiting:
+        started = steps.loc[(steps["rank"] == rank) & (steps["start"] <= at), "step"]
+        finished = steps.loc[(steps["rank"] == rank) & (steps["end"] <= at), "step"]
+        # Inside a recorded step, or in the one after the last finished step (not recorded yet).
+        found.append(float(started.max()) if len(started) and (finished.empty or started.max() > finished.max())
+                     else float(finished.max()) + 1 if len(finished) else 0.0)
+    return min(found, default=0.0)
+
+
+def _hang_in_collective(tables: Tables, b: fr.Blocked, stalled_s: float | None = None) -> Finding:
+    where = "; ".join(f"rank {r} is in {_where(tables, r)}" for r in b.missing)
+    group = b.pg_desc or b.pg.split(":")[0]
+    stopped = f" The run was interrupted after {stalled_s:.0f} s without a finished step." if stalled_s else ""
+    return Finding(
+        kind="hang", severity="critical", ranks=b.missing,
+        explanation=(f"rank{'s' if len(b.missing) > 1 else ''} {_list(b.missing)} never entered {_op(b.op)} #{b.seq} "
+                     f"on the {group} group; rank{'s' if len(b.waiting) > 1 else ''} {_list(b.waiting)} "
+                     f"{'have' if len(b.waiting) > 1 else 'has'} waited in it since {_clock(b.since_ns)}; {where}."
+                     f"{stopped}"),
+        suggestion=("Find why that rank skipped or has not reached this collective: a condition that differs "
+                    "between ranks (a collective inside an `if`), an exception caught and ignored, or code that "
+                    "blocks before it. Every rank must issue the same collectives in the same order."),
+        metrics={"group": group, "seq": b.seq, "op": b.op, "waiting": b.waiting, "missing": b.missing},
+        evidence=_evidence(tables, b),
+    )
+
+
+def _crash(tables: Tables, cause: stops.Stop, record: list[stops.Stop], blocked: list[fr.Blocked]) -> Finding:
+    # The first to die is the cause; the others' errors ("connection closed by peer") follow from it.
+    rank = cause.ranks[0]
+    waiting = next((b for b in blocked if rank in b.missing), blocked[0] if blocked else None)
+    tail = ""
+    if waiting:
+        group = waiting.pg_desc or waiting.pg.split(":")[0]
+        others = [r for r in waiting.waiting if r != rank]
+        if others:
+            tail = (f"; rank{'s' if len(others) > 1 else ''} {_list(others)} "
+                    f"{'were' if len(others) > 1 else 'was'} waiting in {_op(waiting.op)} "
+                    f"#{waiting.seq} on the {group} group, which it never entered")
+    if cause.kind == stops.KILLED:
+        what = f"was killed ({cause.detail}); it is in {_where(tables, rank)}"
+    elif cause.kind == stops.CONNECTION:
+        what = f"lost its connection to its peers first ({cause.detail[:300]}) at {cause.where or _where(tables, rank)}"
+    else:
+        what = f"crashed with {cause.detail} at {cause.where or _where(tables, rank)}"
+    return Finding(
+        kind="crash", severity="critical", ranks=[rank],
+        explanation=f"rank {rank}{_on_host(tables, rank)} {what}{tail}.{_followed(tables, cause, record)}",
+        suggestion=(f"Nothing else stopped first: look at the network between rank {rank} and its peers, and at "
+                    "anything outside this run that could have ended them." if cause.kind == stops.CONNECTION else
+                    f"Fix the error on rank {rank} (ranks/{rank}/stderr.log has the traceback); the other ranks "
+                    "stopped because it did."),
+        metrics={"exit_code": cause.code, "waiting_in": waiting.op if waiting else None, "cause": cause.kind},
+        evidence=_stop_evidence(cause, record) + (_evidence(tables, waiting) if waiting else []),
+        time_range=_instant(cause),
+    )
+
+
+def _exit_crash(tables: Tables, cause: stops.Stop) -> Finding:
+    """The training finished; a process died after its script ended, and the launcher called the job failed."""
+    many = len(cause.ranks) > 1
+    who = f"rank{'s' if many else ''} {_list(cause.ranks)}{_on_hosts(tables, cause.ranks)}"
+    steps = tables.steps.loc[tables.steps["rank"].isin(cause.ranks), "step"] if not tables.steps.empty else []
+    done = f" after step {int(max(steps))}" if len(steps) else ""
+    said = f": {cause.detail[:300]}" if cause.detail else " without a message (every rank's script ended with code 0)"
+    return Finding(
+        kind="crash_at_exit", severity="error", ranks=cause.ranks,
+        explanation=(f"the training finished, but the job failed on its way out: {who}'s script ended with code 0"
+                     f"{done}, then {'their processes' if many else 'its process'} died while Python shut "
+                     f"down{said}. The launcher counted that as a failure (exit code "
+                     f"{tables.manifest.get('exit_code')}); everything the ranks recorded before it is complete."),
+        suggestion=("Free what holds a process group before the script ends: a DDP or FSDP model or an optimizer "
+                    "kept in a global outlives `dist.destroy_process_group()`, and gloo's or NCCL's C++ threads then "
+                    "die during the interpreter's teardown. Delete them (`del model, optimizer`) before destroying "
+                    "the group, or keep them inside a `main()` function that returns first."),
+        metrics={"exit_code": tables.manifest.get("exit_code"), "cause": cause.kind},
+        evidence=cause.evidence[:12], time_range=_instant(cause),
+    )
+
+
+def _host_lost(tables: Tables, cause: stops.Stop, record: list[stops.Stop]) -> Finding:
+    if cause.kind == stops.HOST_LOST:
+        ranks = f"; its ranks {_list(cause.ranks)} stopped without an exit record" if cause.ranks else ""
+        what = (f"host {cause.host} was lost: its wrapper is gone without ending its record (killed, or the "
+                f"machine went down), last seen{_at(cause)}{ranks}")
+        todo = (f"Find out what happened to {cause.host} then: the scheduler's log (preemption, the OOM killer, "
+                "a node failure) and the machine's kernel log; its ranks' stderr.log ends where they stopped.")
+    else:
+        what = f"diagtrain's wrapper on host {cause.host} failed ({cause.detail}){_at(cause)} and stopped its job"
+        todo = f"This is diagtrain's fault, not the job's: report it with hosts/{cause.host}/host.json and console.log."
+    return Finding(
+        kind="host_lost", severity="critical", ranks=cause.ranks,
+        explanation=f"{what}.{_followed(tables, cause, record)}", suggestion=todo,
+        metrics={"host": cause.host, "last_seen": cause.time, "cause": cause.kind},
+        evidence=_stop_evidence(cause, record), time_range=_instant(cause),
+    )
+
+
+def _interrupted(tables: Tables, cause: stops.Stop, record: list[stops.Stop], stalled_s: float | None) -> Finding:
+    """A run stopped by a signal: the cause when it made ranks elsewhere fail, else only a fact."""
+    ran_ranks = set(tables.rank_hosts.values())
+    interrupted = {s.host for s in record if s.kind == stops.HOST_INTERRUPTED}
+    whole_run = not stops.consequences(record, cause) or ran_ranks <= interrupted
+    if cause.kind == stops.HOST_INTERRUPTED:
+        who, how = f"host {cause.host}", f"was stopped by {cause.detail}"
+    else:
+        who = f"rank{'s' if len(cause.ranks) > 1 else ''} {_list(cause.ranks)}{_on_host(tables, cause.ranks[0])}"
+        how = f"received {cause.detail}"
+    progress = (f"; no rank had finished a step for {stalled_s:.0f} s before" if stalled_s is not None
+                else "; the ranks were making progress until then")
+    if whole_run:
+        return Finding(
+            kind="interrupted", severity="info", ranks=sorted(tables.rank_hosts) or cause.ranks,
+            explanation=(f"the run was interrupted: {who} {how}{_at(cause)}{progress}. Collectives that some ranks "
+                         "had entered and others had not are where each rank was stopped, not a hang."),
+            suggestion="Nothing to fix if the stop was meant; what was collected up to it is analyzed.",
+            metrics={"signal": cause.detail, "stalled_s": stalled_s, "cause": cause.kind},
+            evidence=cause.evidence[:12], time_range=_instant(cause),
+        )
+    return Finding(
+        kind="interrupted", severity="critical", ranks=cause.ranks,
+        explanation=f"{who} {how}{_at(cause)}{progress}.{_followed(tables, cause, record)}",
+        suggestion=(f"The job failed because {who} was stopped, not because of its code: find who sent "
+                    f"{cause.detail} (a scheduler's preemption or time limit, a person, a health check)."),
+        metrics={"signal": cause.detail, "host": cause.host, "cause": cause.kind},
+        evidence=_stop_evidence(cause, record), time_range=_instant(cause),
+    )
+
+
+def _followed(tables: Tables, cause: stops.Stop, record: list[stops.Stop]) -> str:
+    """A sentence on the ranks that failed after the cause, their connection errors called what they are."""
+    after = stops.consequences(record, cause)
+    lost = sorted({r for s in after if s.kind == stops.CONNECTION for r in s.ranks})
+    other = sorted({r for s in after if s.kind != stops.CONNECTION for r in s.ranks} - set(lost))
+    text = ""
+    if lost:
+        error = next(s.detail for s in after if s.kind == stops.CONNECTION)
+        many = len(lost) > 1
+        text += (f" Then rank{'s' if many else ''} {_list(lost)}{_on_hosts(tables, lost)} failed with "
+                 f"{'connection errors' if many else 'a connection error'} ({stops.connection_error(error)}): "
+                 f"{'they' if many else 'it'} lost {'their' if many else 'its'} peers, a consequence, not a fault of "
+                 f"{'their' if many else 'its'} own.")
+    if other:
+        text += f" Rank{'s' if len(other) > 1 else ''} {_list(other)} stopped after it."
+    return text
+
+
+def _stop_evidence(cause: stops.Stop, record: list[stops.Stop]) -> list[dict]:
+    return [e for s in [cause, *stops.consequences(record, cause)] for e in s.evidence][:12]
+
+
+def _instant(stop: stops.Stop) -> tuple[float, float] | None:
+    return (stop.time, stop.time) if stop.time is not None else None
+
+
+def _on_host(tables: Tables, rank: int) -> str:
+    host = tables.rank_hosts.get(rank)
+    return f" on {host}" if host and len(set(tables.rank_hosts.values())) > 1 else ""
+
+
+def _on_hosts(tables: Tables, ranks: list[int]) -> str:
+    hosts = sorted({h for r in ranks if (h := tables.rank_hosts.get(r))})
+    return f" on {', '.join(hosts)}" if hosts and len(set(tables.rank_hosts.values())) > 1 else ""
+
+
+def _at(stop: stops.Stop) -> str:
+    return f" at {_clock(int(stop.time * 1e9))}" if stop.time is not None else ""
+
+
+def _mismatch_in_logs(tables: Tables) -> list[Finding]:
+    found = []
+    for rank, events in sorted(tables.log_events.items()):
+        for e in events:
+            if e.kind in ("size_mismatch", "collective_mismatch"):
+                found.append(Finding(
+                    kind="collective_mismatch", severity="critical", ranks=[rank],
+                    explanation=f"rank {rank} received a collective that does not match its own: {e.text[:300]}",
+                    suggestion="The ranks issued different collectives or sizes at the same point: make every rank "
+                               "run the same sequence; TORCH_DISTRIBUTED_DEBUG=DETAIL names both sides.",
+                    metrics={"log_kind": e.kind, **{k: v for k, v in e.fields.items() if isinstance(v, (int, str))}},
+                    evidence=[{"type": "log", "rank": rank, "file": "stderr.log", "line": e.line_no}],
+                ))
+                break
+    return found
+
+
+def _hang_in_user_code(tables: Tables) -> Finding | None:
+    in_torch = {r for r in tables.stacks if _waiting_in_torch(tables, r)}
+    outside = sorted(set(tables.stacks) - in_torch)
+    if not outside or not in_torch:
+        return None
+    waits = "; ".join(f"rank {r} waits in {_innermost(tables, r)}" for r in sorted(in_torch)[:4])
+    return Finding(
+        kind="hang", severity="critical", ranks=outside,
+        explanation=(f"rank{'s' if len(outside) > 1 else ''} {_list(outside)} "
+                     f"{'are' if len(outside) > 1 else 'is'} outside any collective, in "
+                     f"{'; '.join(_where(tables, r) for r in outside)}, while the others wait for it: {waits}."),
+        suggestion="That code never reaches its next collective or send: look for a loop, a lock or I/O that does "
+                   "not return on that rank.",
+        metrics={"outside": outside, "waiting": sorted(in_torch)},
+        evidence=[{"type": "stack", "rank": r, "where": _where(tables, r)} for r in sorted(tables.stacks)],
+    )
+
+
+def _mismatch(m: fr.Mismatch) -> Finding:
+    versions = "; ".join(f"rank {r}: {v}" for r, v in sorted(m.versions.items())[:8])
+    return Finding(
+        kind="collective_mismatch", severity="critical", ranks=sorted(m.versions),
+        explanation=f"ranks disagree on collective #{m.seq} of the {m.pg_desc or m.pg} group: {versions}.",
+        suggestion="The ranks issued different collectives (or shapes) at the same point: make every rank run "
+                   "the same sequence; TORCH_DISTRIBUTED_DEBUG=DETAIL checks this at each call.",
+        metrics={"group": m.pg, "seq": m.seq},
+        evidence=[{"type": "flight_recorder", "rank": r, "collective": v} for r, v in sorted(m.versions.items())],
+    )
+
+
+def _main_frames(tables: Tables, rank: int) -> list[dict]:
+    threads = (tables.stacks.get(rank) or {}).get("threads") or []
+    main = next((t for t in threads if t.get("main")), None)
+    # Frames of diagtrain's own wrappers (always-on counters, step hooks) are seen through.
+    return [f for f in main["frames"] if not f.get("diagtrain")] if main else []
+
+
+def _where(tables: Tables, rank: int) -> str:
+    """The innermost frame of the rank's own code (not a library), else what its exit record says."""
+    frames = _main_frames(tables, rank)
+    own = [f for f in frames if not any(m in f["file"] for m in LIBRARY_MARKERS)]
+    if own:
+        f = own[-1]
+        return f"{f['file']}:{f['line']} ({f['function']})"
+    exit_record = tables.exits.get(rank) or {}
+    return exit_record.get("where") or "an unknown place (no stack dump)"
+
+
+def _innermost(tables: Tables, rank: int) -> str:
+    frames = _main_frames(tables, rank)
+    if not frames:
+        return "?"
+    f = frames[-1]
+    return f"{f['file'].split('site-packages/')[-1]}:{f['line']} ({f['function']})"
+
+
+def _waiting_in_torch(tables: Tables, rank: int) -> bool:
+    frames = _main_frames(tables, rank)[-6:]
+    return any(any(p in f["file"] for p in TORCH_COMM_PATHS) for f in frames)
+
+
+def _evidence(tables: Tables, b: fr.Blocked) -> list[dict]:
+    evidence = [{"type": "flight_recorder", "group": b.pg, "seq": b.seq, "op": b.op, "entered_by": b.waiting}]
+    for rank, last in b.missing_last.items():
+        evidence.append({"type": "flight_recorder", "rank": rank,
+                         "last_entered": None if last is None else f"{last.op} #{last.seq}"})
+    for rank in b.missing:
+        evidence.append({"type": "stack", "rank": rank, "where": _where(tables, rank),
+                         "innermost": _innermost(tables, rank)})
+    for rank, events in sorted(tables.log_events.items()):
+        evidence += [{"type": "log", "rank": rank, "line": e.line_no, "text": e.text[:300]} for e in events[:2]]
+    return evidence[:20]
+
+
+def _op(profiling_name: str) -> str:
+    return profiling_name.split(":", 1)[-1]
+
+
+def _list(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks))
+
+
+def _clock(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).strftime("%H:%M:%S UTC")

@@ -1,0 +1,47 @@
+"""low_utilization: a rank's GPU sits without any kernel for much of the steps.
+
+NVML's utilization says whether any kernel ran during the sample window, so low values mean the
+GPU waits (for data, the host, or communication), not that its SMs are partly used.
+"""
+
+from __future__ import annotations
+
+from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.run.tables import Tables
+from diagtrain.profiler.analyzer.settings import section, setting
+
+
+@section("low_utilization")
+class LowUtilization:
+    """When a rank's GPU runs kernels too little of the time during steps."""
+
+    low_util_percent: float = setting(50.0, "a GPU with no kernel half of the time is waiting on something")
+    min_samples: int = setting(3, "fewer samples during steps say nothing")
+
+
+SETTINGS = (LowUtilization,)
+
+
+def detect(tables: Tables) -> list[Finding]:
+    """Ranks whose GPU's median utilization during steps is below ``low_util_percent``."""
+    s = LowUtilization.active()
+    t = tables.telemetry
+    if t is None or "gpu_util_percent" not in t:
+        return []
+    gpu = t[(t["kind"] == "gpu") & t["rank"].notna() & t["step"].notna()]
+    findings = []
+    for rank, rows in gpu.groupby("rank"):
+        util = float(rows["gpu_util_percent"].median())
+        if len(rows) < s.min_samples or util >= s.low_util_percent:
+            continue
+        findings.append(Finding(
+            kind="low_utilization", severity="warning", ranks=[int(rank)],
+            steps=sorted(int(step) for step in rows["step"].unique()),
+            explanation=(f"rank {int(rank)}'s GPU runs kernels only {util:.0f}% of the time during steps "
+                         f"(median of {len(rows)} samples)."),
+            suggestion="Profile a few steps (--profile-steps) to see what the GPU waits for: the data loader, "
+                       "host-side Python, synchronizations, or exposed communication.",
+            metrics={"observed_percent": util, "threshold_percent": s.low_util_percent, "samples": int(len(rows))},
+            evidence=[{"type": "telemetry", "rank": int(rank), "median_gpu_util_percent": util}],
+        ))
+    return findings

@@ -1,0 +1,179 @@
+"""pipeline_bubble: pipeline stages idle more than the schedule must, or the schedule itself idles.
+
+The stages and microbatches come from the run (analyzer/run/structure.py): torch.distributed.pipelining
+schedules and hand-written send/recv alike. With p stages and m microbatches a balanced pipeline
+idles (p-1)/(m+p-1) of each step filling and draining (the shared cost model's bubble). Each
+stage's busy time per step (profiled compute; else its time outside collectives and point-to-point
+from the always-on counters; else the parameters it holds) says which stage sets the pace and by
+how much; the busiest stage's idle share is the bubble the schedule really has. Findings: too few
+microbatches (the analytical bubble alone is large), unequal stages (the others wait for the
+busiest every microbatch), and otherwise a summary of the pipeline as measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady
+from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.run.tables import Tables
+from diagtrain.profiler.analyzer.settings import section, setting
+from diagtrain.profiler.model.pipeline import bubble as bubble_formula
+
+
+@section("pipeline_bubble")
+class PipelineBubble:
+    """When a pipeline's schedule idles too much, and when its stages are unequal."""
+
+    warn_bubble_share: float = setting(0.3, "an analytical bubble of this share of the step is worth more microbatches")
+    imbalance_ratio: float = setting(1.5, "the busiest stage doing this many times the least busy one's work")
+    microbatches_per_stage: int = setting(4, "the microbatches suggested, per stage: a 1F1B bubble under 20%")
+
+
+SETTINGS = (PipelineBubble, Steady)
+
+
+@dataclass
+class StageWork:
+    """Per stage: busy time per step (or a proxy for it), idle share of the step where timed, and
+    the matrix-multiply work where the traces recorded shapes (flops.py)."""
+
+    busy: pd.Series  # stage -> busy ms per step (or parameters held)
+    idle_share: pd.Series  # stage -> share of the step without work (empty for parameter counts)
+    source: str
+    gflops: pd.Series = field(default_factory=lambda: pd.Series(dtype=float))  # stage -> GFLOP per step
+
+    @property
+    def work(self) -> tuple[pd.Series, str]:
+        """What the stages are compared by: counted work where known (a busy host inflates time,
+        not FLOPs), else their busy time or parameters."""
+        if len(self.gflops) == len(self.busy) and (self.gflops > 0).all():
+            return self.gflops, "matrix-multiply FLOPs"
+        return self.busy, self.source
+
+
+def detect(tables: Tables) -> list[Finding]:
+    """Too few microbatches for the stages, and stages of unequal work (or the pipeline as measured)."""
+    settings = PipelineBubble.active()
+    s = tables.structure
+    p, m = s.n_stages, s.microbatches
+    if p < 2:
+        return []
+    # The structure knows no schedule: GPipe's and 1F1B's bubble, the same.
+    bubble = bubble_formula(p, m) if m else None
+    findings = []
+    if bubble is not None and bubble >= settings.warn_bubble_share:
+        findings.append(_few_microbatches(tables, p, int(m), bubble, settings))
+    work = stage_work(tables)
+    # Parameter counts can show an uneven split; only timed work can show a balanced one.
+    if work is not None and (not work.idle_share.empty or _unequal(work, settings)):
+        findings.append(_stages(tables, work, bubble, settings))
+    return findings
+
+
+def _unequal(work: StageWork, settings: PipelineBubble) -> bool:
+    amount, _ = work.work
+    return len(amount) >= 2 and amount.min() > 0 and float(amount.max() / amount.min()) >= settings.imbalance_ratio
+
+
+def stage_work(tables: Tables) -> StageWork | None:
+    """Each stage's work per step from the best evidence the run has, or None without any."""
+    steps = steady(tables.steps)
+    stage = steps["rank"].map(tables.structure.stage_of)
+    steps = steps.assign(stage=stage)[stage.notna()]
+    if "compute_ms" in steps and steps["compute_ms"].notna().any():
+        timed = steps[steps["compute_ms"].notna()]
+        work = _timed(timed, timed["compute_ms"], timed["wall_ms"], "profiled compute time")
+        if "gflops" in timed and timed["gflops"].notna().all():
+            work.gflops = timed.groupby(["stage", "rank"])["gflops"].median().groupby(level="stage").median()
+            work.gflops.index = work.gflops.index.astype(int)
+        return work
+    if "comm_wait_ms" in steps and steps["comm_wait_ms"].notna().any():
+        counted = steps[steps["comm_wait_ms"].notna()]
+        return _timed(counted, counted["wall_ms"] - counted["comm_wait_ms"], counted["wall_ms"],
+                      "time outside communication (counters)")
+    if tables.parameters:
+        held = pd.Series(tables.parameters)
+        by_stage = held.groupby(held.index.map(tables.structure.stage_of)).median()
+        return StageWork(by_stage, pd.Series(dtype=float), "parameters held")
+    return None
+
+
+def _timed(steps: pd.DataFrame, busy: pd.Series, wall: pd.Series, source: str) -> StageWork:
+    """Medians per rank, then per stage: one slow step or one odd rank does not decide."""
+    per_rank = pd.DataFrame({"stage": steps["stage"], "rank": steps["rank"], "busy": busy,
+                             "idle": 1 - busy / wall}).groupby(["stage", "rank"]).median()
+    by_stage = per_rank.groupby(level="stage").median()
+    by_stage.index = by_stage.index.astype(int)
+    return StageWork(by_stage["busy"], by_stage["idle"].clip(lower=0.0), source)
+
+
+def _few_microbatches(tables: Tables, p: int, m: int, bubble: float, settings: PipelineBubble) -> Finding:
+    steps = steady(tables.steps)
+    wall = float(steps["wall_ms"].median()) if len(steps) else None
+    suggested = settings.microbatches_per_stage * p
+    s = tables.structure
+    return Finding(
+        kind="pipeline_bubble", severity="warning", ranks=sorted(int(r) for r in steps["rank"].unique()),
+        explanation=(f"{m} microbatch{'es' if m != 1 else ''} for {p} pipeline stages: each stage idles "
+                     f"(p-1)/(m+p-1) = {bubble:.0%} of every step waiting for the pipeline to fill and drain."),
+        suggestion=(f"Use at least {suggested} microbatches ({settings.microbatches_per_stage}x the stages), "
+                    "or an interleaved schedule."),
+        metrics={"observed_microbatches": m, "stages": p, "expected_bubble": bubble,
+                 "threshold": settings.warn_bubble_share},
+        evidence=[{"type": "structure", "stages_from": s.stage_source, "microbatches_from": s.microbatch_source,
+                   "n_microbatches": m, "pp": p}],
+        impact_ms=(bubble - bubble_formula(p, suggested)) * wall if wall else None,
+    )
+
+
+def _stages(tables: Tables, work: StageWork, bubble: float | None, settings: PipelineBubble) -> Finding:
+    busy = work.busy
+    amount, compared_by = work.work
+    s = tables.structure
+    busiest, lightest = int(amount.idxmax()), int(amount.idxmin())
+    ratio = float(amount.max() / amount.min()) if amount.min() > 0 else float("inf")
+    unequal = _unequal(work, settings)
+    steps = steady(tables.steps)
+    wall = float(steps["wall_ms"].median()) if len(steps) else None
+    timed = not work.idle_share.empty
+    unit = "" if not timed else " ms"
+    per_stage = "; ".join(f"stage {int(st)}: {b:,.0f}{unit}" + (f" (idle {work.idle_share[st]:.0%})" if timed else "")
+                          + (f", {work.gflops[st]:.2f} GFLOP" if st in work.gflops.index else "") for st, b in busy.items())
+    pace = int(busy.idxmax())  # the stage the pipeline waits for: what it idles is the schedule's bubble
+    measured = (f"; the busiest stage idles {work.idle_share[pace]:.0%} of the step"
+                + (f" against the (p-1)/(m+p-1) = {bubble:.0%} of a balanced pipeline with {s.microbatches} microbatches"
+                   if bubble is not None else "") if timed else "")
+    if unequal:
+        explanation = (f"pipeline stage {busiest} does {ratio:.1f}x the work of stage {lightest} (by {compared_by}): "
+                       f"stage {busiest} (ranks {', '.join(map(str, s.stage_ranks(busiest)))}) is the bottleneck and the "
+                       f"other stages wait for it every microbatch. Per stage: {per_stage}{measured}.")
+    else:
+        time_ratio = float(busy.max() / busy.min()) if busy.min() > 0 else float("inf")
+        slowed = compared_by != work.source and time_ratio >= settings.imbalance_ratio
+        explanation = (f"pipeline of {s.n_stages} stages" + (f", {s.microbatches} microbatches" if s.microbatches else "")
+                       + f" (stages from {s.stage_source}); {work.source} per step: {per_stage}{measured}."
+                       + (f" Stage {pace} takes {time_ratio:.1f}x the time of stage {int(busy.idxmin())} for the same "
+                          f"work ({compared_by} within {ratio:.2f}x): its ranks are slowed by something other than the "
+                          "split (other processes on the host, a slower device)." if slowed else ""))
+    layers = (tables.trainer or {}).get("stage_layers")
+    return Finding(
+        kind="pipeline_bubble", severity="warning" if unequal else "info",
+        ranks=s.stage_ranks(busiest) if unequal else sorted(s.stages),
+        explanation=explanation + (f" Layers per stage: {layers}." if layers and unequal else ""),
+        suggestion=("Rebalance the split: move layers from the busiest stage to the others (the first and last "
+                    "stages also carry the embedding and the output layer)." if unequal else
+                    "Nothing to fix: the stages are balanced within the threshold."),
+        metrics={"observed_ratio": ratio, "threshold_ratio": settings.imbalance_ratio, "bottleneck_stage": busiest,
+                 "compared_by": compared_by, "gflops_per_stage": {int(k): round(float(v), 3) for k, v in work.gflops.items()},
+                 "work_per_stage": {int(k): round(float(v), 3) for k, v in busy.items()},
+                 "idle_share_per_stage": {int(k): round(float(v), 3) for k, v in work.idle_share.items()},
+                 "expected_bubble": bubble, "observed_bubble": float(work.idle_share[pace]) if timed else None,
+                 "microbatches": s.microbatches, "source": work.source},
+        evidence=[{"type": "stage", "stage": int(st), "ranks": s.stage_ranks(int(st)), "work": float(w)}
+                  for st, w in busy.items()],
+        # The pipeline moves at the busiest stage's pace; balanced, every stage does the mean.
+        impact_ms=wall * (1 - float(amount.mean() / amount.max())) if wall and unequal else None,
+    )

@@ -1,0 +1,243 @@
+"""straggler: one rank does its own work slower than its peers, and everyone waits for it.
+
+In synchronous training all ranks have the same step time (they meet at every collective), so
+step time cannot point at the slow rank. Its *own* time can: from profiled steps, wall minus the
+time spent inside collectives (the others spend the difference waiting there); from the always-on
+step records, the first phase of the step in which one rank is far above its peers (waiting comes
+later in the step than its cause; a phase a rank spent blocked in collectives is waiting), else
+its step without the time it was blocked in collectives (the counters of any job, see own_time).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from diagtrain.profiler.analyzer.settings import section, setting
+from diagtrain.profiler.analyzer.judge.detectors.base import (LateArrival, Steady, informative_phases, late_on_their_path,
+                                                              steady, time_range)
+from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.judge.own_time import SOURCE as COUNTERS, OwnTime, own_time, waited
+from diagtrain.profiler.analyzer.judge.quantities import Measure, Quantity, phase as phase_quantity
+from diagtrain.profiler.analyzer.run.tables import Tables
+from diagtrain.profiler.util.stats import MAD_TO_SIGMA
+from diagtrain.profiler.util.text import ranges
+
+
+
+@section("straggler")
+class Straggler:
+    """When a rank's own work stands far enough above its peers' to make it the one everyone waits for."""
+
+    min_excess_ms: float = setting(5.0, "below this, scheduling noise on a busy host explains a rank's extra time")
+    min_excess_share: float = setting(0.08, "... or below this share of the median step time")
+    noise_sigmas: float = setting(3.0, "... or within this many robust standard deviations of the peers' own "
+                                  "step-to-step variation (10-30% on a busy host)")
+    min_noise_steps: int = setting(3, "steps needed to estimate a rank's step-to-step variation")
+    unknown_noise_share: float = setting(0.2, "where the peers' variation is unknown (too few steps), the excess must "
+                                         "reach this share of the step: clean ranks on 2 shared cores differ by up to 15%")
+    min_steps: int = setting(2, "one slow step is noise; two in one kind of evidence is a pattern")
+    error_share: float = setting(0.5, "a straggler costing this share of the step or more is an error, not a warning")
+    persistent_share: float = setting(0.5, "slow in fewer than this share of the steps it could be seen in: an "
+                                      "intermittent pause (a busy host gives any rank some), reported as info")
+    more_work: float = setting(1.1, "compute above its peers with matrix-multiply FLOPs within this factor of theirs: "
+                               "the same work done more slowly, said so as information")
+
+
+# Waiting for data is the dataloader_stall detector's finding: a rank standing out there is not a
+# straggler, and in that step its peers' later phases are waiting for it.
+EXCLUDED_PHASES = ("data",)
+# The kinds of evidence, most specific first: a finding seen in several names the one that saw most
+# of its steps, the first of these on a tie (a profiled window is a few steps; records cover all).
+SOURCES = ("trace", "phases", COUNTERS)
+SETTINGS = (Straggler, Steady, LateArrival, OwnTime)
+
+
+def detect(tables: Tables) -> list[Finding]:
+    """Ranks whose own work, in some part of the step, stands above their peers' beyond the noise."""
+    s = Straggler.active()
+    steps = steady(tables.steps)
+    if steps.empty or steps["rank"].nunique() < 2:
+        return []
+    findings = []
+    # A rank late at nearly every collective because it pauses right before its calls has a slow
+    # path to the collective (slow_collective), not slow work. Where the gaps before the calls are
+    # unknown (GPU traces), such a rank's time outside operators could be that pause: only its
+    # phases can make it a straggler then.
+    held, maybe_held = late_on_their_path(tables.collectives)
+    for peers in tables.structure.peer_groups(sorted(steps["rank"].unique())):
+        group = steps[steps["rank"].isin(peers)]
+        if group["rank"].nunique() >= 2:
+            findings += [f for f in _stragglers(group, tables.phases, s) if f.ranks[0] not in held
+                         and (f.ranks[0] not in maybe_held or f.metrics["source"] == "phases")]
+    return findings
+
+
+def _stragglers(steps: pd.DataFrame, phases: list[str], s: Straggler) -> list[Finding]:
+    step_ms = float(steps["wall_ms"].median())
+    threshold = max(s.min_excess_ms, s.min_excess_share * step_ms)
+    slow, compared, measured = _excess(steps, phases, threshold, step_ms, s)  # rank, step, phase, excess_ms, value_ms, peer_ms
+    findings = []
+    for rank, rows in slow.groupby("rank"):
+        # A pattern in one kind of evidence (traces or phase records), not one step of each.
+        counts = rows.groupby("source").size()
+        rows = rows[rows["source"].isin(counts[counts >= s.min_steps].index)]
+        if rows.empty:
+            continue
+        by_source = rows.groupby("source")["step"].nunique()
+        source = max(by_source.index, key=lambda src: (by_source[src], -SOURCES.index(src)))
+        phase = rows.loc[rows["source"] == source, "phase"].mode().iloc[0]
+        per_step = float(rows["excess_ms"].median())
+        # Per step it could be seen in: traces cover only the profiled steps.
+        observed = steps.loc[steps["profiled"], "step"].nunique() if (rows["source"] == "trace").all() else steps["step"].nunique()
+        impact = float(rows["excess_ms"].sum() / max(observed, 1))
+        others = sorted(int(r) for r in steps["rank"].unique() if r != rank)
+        work = _work_ratio(steps, int(rank), rows["step"]) if measured[phase].measure is Measure.COMPUTE else None
+        same_work = work is not None and work < s.more_work
+        findings.append(Finding(
+            kind="straggler",
+            severity="info" if same_work else _severity(per_step, rows["step"].nunique() / max(observed, 1), step_ms, s),
+            ranks=[int(rank)], steps=sorted(int(s) for s in rows["step"]),
+            time_range=time_range(steps[steps["rank"].eq(rank) & steps["step"].isin(rows["step"])]),
+            explanation=(
+                f"rank {rank} is a straggler in steps {ranges(rows['step'])}: {phase} "
+                f"{rows['value_ms'].median():.1f} ms, {per_step:.1f} ms more than its peers' "
+                f"{rows['peer_ms'].median():.1f} ms; rank{'s' if len(others) > 1 else ''} {ranges(others)} "
+                f"wait{'' if len(others) > 1 else 's'} for it at the next collective."
+                + (f" It does the same work as they do ({work:.2f}x their matrix-multiply FLOPs): its compute is "
+                   "slower, not larger (other processes on its host, a slower or throttled device)." if same_work else "")
+            ),
+            suggestion=(
+                f"Look at what rank {rank} does differently there ({phase}): its host or GPU (throttling, "
+                "other processes), its data (larger samples), or code that runs only on that rank."
+            ),
+            metrics={"observed_ms": float(rows["value_ms"].median()), "expected_ms": float(rows["peer_ms"].median()),
+                     "work_ratio": work,
+                     "excess_ms": per_step, "threshold_ms": float(rows["threshold_ms"].median()), "phase": phase,
+                     "quantity": measured[phase].key,
+                     "step_time_median_ms": step_ms,
+                     "source": source, "steps_seen": _seen(compared, int(rank), steps, source)},
+            evidence=[{"type": "steps", "rank": int(rank), "step": int(s), "phase": p, "excess_ms": round(float(e), 3)}
+                      for s, p, e in zip(rows["step"], rows["phase"], rows["excess_ms"])][:20],
+            impact_ms=impact,
+        ))
+    return findings
+
+
+def _seen(compared: set[tuple[int, int]], rank: int, steps: pd.DataFrame, source: str) -> int:
+    """The steps in which ``rank`` was compared with a peer (profiled ones for trace evidence): a step
+    where it was the only rank left after a stall cannot show it slow."""
+    profiled = set(steps.loc[steps["profiled"], "step"]) if "profiled" in steps and source == "trace" else None
+    return sum(1 for r, s in compared if r == rank and (profiled is None or s in profiled))
+
+
+def _work_ratio(steps: pd.DataFrame, rank: int, slow_steps: pd.Series) -> float | None:
+    """The rank's matrix-multiply FLOPs over its peers' median in the steps it was slow in (None
+    where the traces recorded no shapes)."""
+    if "gflops" not in steps:
+        return None
+    rows = steps[steps["step"].isin(slow_steps)]
+    mine, theirs = rows.loc[rows["rank"] == rank, "gflops"], rows.loc[rows["rank"] != rank, "gflops"]
+    if mine.isna().all() or theirs.isna().all() or not theirs.median() > 0:
+        return None
+    return float(mine.median() / theirs.median())
+
+
+def _severity(per_step: float, share_of_steps: float, step_ms: float, s: Straggler) -> str:
+    """error: ``error_share`` of the step or more; warning: seen in at least ``persistent_share`` of the
+    steps it could be seen in; else info (a rank that pauses now and then on a busy host)."""
+    if share_of_steps < s.persistent_share:
+        return "info"
+    return "error" if per_step >= s.error_share * step_ms else "warning"
+
+
+def _quantities(steps: pd.DataFrame, phases: list[str]) -> tuple[pd.DataFrame, dict[str, Quantity]]:
+    """Per rank and step, each part of a rank's own time the detector compares (ms), in columns named
+    by their labels; and each label's quantity."""
+    parts: dict[Quantity, pd.Series] = {}
+    if "comm_ms" in steps:
+        # Clearest first: outside any operator (host stalls), then compute, then both; a busy host
+        # adds noise to compute on every rank alike.
+        parts = {Quantity(Measure.IDLE): steps["idle_ms"], Quantity(Measure.COMPUTE): steps["compute_ms"],
+                 Quantity(Measure.OUTSIDE_COLLECTIVES): steps["wall_ms"] - steps["comm_ms"]}
+    for phase in informative_phases(phases):
+        if f"{phase}_ms" in steps:
+            parts[phase_quantity(phase)] = steps[f"{phase}_ms"]
+    parts.update(own_time(steps))
+    labels = {q.label: q for q in parts}
+    return pd.DataFrame({"rank": steps["rank"], "step": steps["step"], **{q.label: v for q, v in parts.items()}}), labels
+
+
+def _usual(quantities: pd.DataFrame, min_steps: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per rank and quantity: the median over steps, and the robust standard deviation from step
+    to step (NaN with fewer than ``min_steps`` steps)."""
+    values = quantities.drop(columns=["step", "rank"])
+    by_rank = values.groupby(quantities["rank"])
+    usual = by_rank.median()
+    # All ranks at once (a function per rank and quantity cost a second at 1,024 ranks); NaN is skipped.
+    deviation = (values - usual.loc[quantities["rank"]].to_numpy()).abs()
+    noise = MAD_TO_SIGMA * deviation.groupby(quantities["rank"]).median()
+    return usual, noise.where(by_rank.count() >= min_steps)
+
+
+def _excess(steps: pd.DataFrame, phases: list[str], threshold: float,
+            step_ms: float, s: Straggler) -> tuple[pd.DataFrame, set[tuple[int, int]], dict[str, Quantity]]:
+    """Each rank's excess over its peers per step, from traces where profiled, else from phases; the
+    (rank, step) pairs compared with a peer at all; and each compared label's quantity."""
+    quantities, measured = _quantities(steps, phases)
+    usual, noise = _usual(quantities, s.min_noise_steps)
+    excluded = [phase_quantity(p).label for p in EXCLUDED_PHASES if phase_quantity(p).label in measured]
+    # A data stall comes first in a step, also in profiled ones, and explains what follows it.
+    traced = excluded + [label for label, q in measured.items() if q.measure not in (Measure.PHASE, Measure.OWN_TIME)]
+    phased = ([label for label, q in measured.items() if q.measure is Measure.PHASE]
+              + [label for label, q in measured.items() if q.measure is Measure.OWN_TIME])
+    rows, compared = [], set()
+    for step, group in quantities.groupby("step"):
+        profiled = steps.loc[group.index, "profiled"].all() if "profiled" in steps else False
+        # From traces, the first part in which a rank stands out; from phases, the earliest phase
+        # with a slow rank is the cause, and later ones are waiting.
+        for label in (traced if profiled and len(traced) > len(excluded) else phased):
+            measure = measured[label].measure
+            source = "phases" if measure is Measure.PHASE else COUNTERS if measure is Measure.OWN_TIME else "trace"
+            found = _over_peers(step, group["rank"], group[label], label, usual[label], noise[label], source,
+                                threshold, step_ms, s)
+            if found and waited(steps.loc[group.index], measured[label], found[0]["rank"], found[0]["excess_ms"]):
+                continue  # blocked in collectives there: it waited for another rank
+            if found and label in excluded:
+                # A stalled rank: the others wait for it later in this step, so the rest of the
+                # step is compared without it (with one rank left, not at all).
+                group = group[group["rank"] != found[0]["rank"]]
+                continue
+            if found:
+                rows += found
+                break
+        if len(group) >= 2:
+            compared |= {(int(r), int(step)) for r in group["rank"]}
+    return pd.DataFrame(rows, columns=["rank", "step", "phase", "excess_ms", "value_ms", "peer_ms", "source",
+                                       "threshold_ms"]), compared, measured
+
+
+def _over_peers(step: int, ranks: pd.Series, values: pd.Series, label: str, usual: pd.Series, noise: pd.Series,
+                source: str, threshold: float, step_ms: float, s: Straggler) -> list[dict]:
+    """The rank whose value stands above the rest, beyond the noise, if one does."""
+    values = values.to_numpy(dtype=float)
+    if len(values) < 2 or np.isnan(values).any():
+        return []  # a rank alone in this step has no peers to compare with
+    top = int(np.argmax(values))
+    peers = np.delete(values, top)
+    peer = float(np.median(peers))
+    others = [r for r in ranks if r != ranks.iloc[top]]
+    # Above the peers in this step and above what they usually take: one peer's quick step is
+    # not the candidate's slow one.
+    excess = values[top] - max(peer, float(usual.reindex(others).median()))
+    spread_rest = float(peers.max() - peers.min()) if len(peers) > 1 else 0.0
+    # The peers' own variation, not the candidate's: a straggler for part of the run varies a lot.
+    peer_noise = noise.reindex(others).dropna()
+    if len(peer_noise):
+        limit = max(threshold, s.noise_sigmas * float(peer_noise.median()))
+    else:  # too few steps to know how much the peers vary: only a large excess counts
+        limit = max(threshold, s.unknown_noise_share * step_ms)
+    if excess < limit or excess <= 2 * spread_rest:
+        return []
+    return [{"rank": int(ranks.iloc[top]), "step": int(step), "phase": label, "excess_ms": excess,
+             "value_ms": float(values[top]), "peer_ms": peer, "source": source, "threshold_ms": limit}]

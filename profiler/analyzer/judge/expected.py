@@ -1,0 +1,416 @@
+"""Expected vs measured: the run held against the plan's model of its own layout.
+
+Per rank, the model state the layout should leave it (diagtrain.profiler.plan's tensor-by-tensor
+count) against what it holds (parameters.json) and its peak; per collective, the calls and bytes
+the layout implies per step against those in the profiled steps, and the measured transfer time
+against the ring model at the best bandwidth that group reached; for a pipeline, the bubble it lived
+against its schedule's (diagtrain.profiler.model). A large difference the model cannot explain is a
+finding, with its evidence.
+
+The layout comes from trainer.json (the reference trainers); without it the section says what it
+assumed (the manifest's mesh, else plain data parallelism) and raises no finding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from diagtrain.profiler.analyzer.judge import measured as run_measured
+from diagtrain.profiler.analyzer.judge.detectors.base import Steady
+from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.rank.collectives import WHOLE_BUFFER_OPS
+from diagtrain.profiler.analyzer.run.tables import Tables
+from diagtrain.profiler.analyzer.settings import section, setting
+from diagtrain.profiler.model.collectives import ring_time
+from diagtrain.profiler.model.pipeline import bubble as bubble_formula
+from diagtrain.profiler.plan.comm import Collective
+from diagtrain.profiler.plan.comm import collectives as plan_collectives
+from diagtrain.profiler.plan.estimate import Speeds, estimate
+from diagtrain.profiler.plan.hardware import NETWORK, NVLINK
+from diagtrain.profiler.plan.memory import held as plan_held, rank_memory
+from diagtrain.profiler.plan.run_model import Measured, RunModel
+
+
+@section("expected")
+class Expected:
+    """When a run differs from what the plan's model of its own layout says, by more than the model's error."""
+
+    bytes_tolerance_share: float = setting(0.05, "bytes per step of a collective off the model by more than this share "
+                                           "is not rounding: an extra or a missing call (a second bucket, a "
+                                           "re-gather, a broadcast the layout does not need)")
+    small_bytes: int = setting(4096, "... and by more than this: a job's own bookkeeping (a loss all-reduce of a few "
+                               "bytes, an object broadcast) is in no layout; it is listed, never a finding")
+    bubble_excess_share: float = setting(0.15, "a pipeline idling this much more of its step than the schedule "
+                                         "explains with its own stage times has waits the model does not know "
+                                         "(slow sends, a stage stalled outside compute)")
+    peak_ratio: float = setting(1.5, "a GPU peak this many times the model's estimate holds memory the layout does not")
+    peak_min_excess_bytes: int = setting(1 << 30, "... and above it by this much")
+    slow_group_ratio: float = setting(3.0, "a group's collectives taking this many times the ring model at the "
+                                      "group's own best bandwidth are slow")
+    min_group_excess_share: float = setting(0.05, "... and costing this share of the step: noise on tiny messages is "
+                                            "not worth a finding")
+
+
+# The step time and peaks held against the model leave warm-up out as the detectors do (measured.py).
+SETTINGS = (Expected, Steady)
+
+
+def check(tables: Tables, spans_of: Callable[[int], pd.DataFrame | None] = lambda _: None,
+          ) -> tuple[dict[str, Any] | None, list[Finding]]:
+    """The report's ``expected`` section and its findings; (None, []) for a run without steps.
+    ``spans_of(rank)`` gives a rank's timeline spans on the common clock (for the pipeline bubble)."""
+    if tables.steps.empty:
+        return None, []
+    # A plain script records no mesh: the one its DeviceMesh process groups show stands in for it.
+    run = {"world_size": tables.world_size, "mesh": tables.manifest.get("mesh") or tables.structure.mesh or None,
+           "strategy": tables.manifest.get("strategy")}
+    coll = tables.collectives if not tables.collectives.empty else pd.DataFrame()
+    try:
+        rm = run_measured.describe(run, tables.trainer, None, coll, tables.steps, tables.on_gpu)
+    except run_measured.RunInputError as e:
+        return {"available": False, "reason": str(e)}, []
+    m = run_measured.measure(rm, tables.steps, coll, tables.parameters, spans_of)
+    exact = tables.trainer is not None  # the layout is known, not assumed
+    notes = rm.notes if exact else [*rm.notes, "no peak estimate: activations depend on the batch and sequence, "
+                                                  "which the run does not record"]
+    section = {"available": True, "exact_layout": exact, "model": _model(rm), "notes": notes,
+               "state": _state(rm, m, exact), "collectives": _collectives(rm, coll, tables, exact),
+               "bubble": _bubble(rm, m), "step": _step(rm, m)}
+    return section, findings(section, tables, exact, Expected.active())
+
+
+def _model(rm: RunModel) -> dict[str, Any]:
+    mdl, lay = rm.model, rm.layout
+    return {"parameters": mdl.params, "layers": mdl.layers, "hidden": mdl.hidden, "heads": mdl.heads,
+            "seq_len": mdl.seq_len, "vocab": mdl.vocab, "precision": rm.precision.name,
+            "state_bytes_per_parameter": rm.precision.state_bytes, "layout": lay.name(), "dims": asdict(lay)}
+
+
+# -- model state and memory ------------------------------------------------------------------------
+
+
+def _state(rm: RunModel, m: Measured, exact: bool) -> list[dict[str, Any]]:
+    """Per rank, parameters, model state and peak: expected and measured. No peak is estimated for an
+    assumed layout: its activations come from a guessed shape and batch, and they dominate the peak."""
+    rows = []
+    for rank in range(rm.world_size):
+        h = plan_held(rm.model, rm.layout, rank, rm.layers_per_stage)
+        expected = h.shard if rm.layout.zero >= 3 else h.local
+        mem = rank_memory(rm.model, rm.layout, rm.precision, rank, rm.layers_per_stage, rm.impl.ddp_bucket_copy)
+        held = m.held.get(rank)
+        rows.append({"rank": rank, "expected_parameters": expected, "held_parameters": held,
+                     "expected_state_bytes": mem.model_state,
+                     "held_state_bytes": held * rm.precision.state_bytes if held is not None else None,
+                     "expected_peak_bytes": mem.total if exact else None,
+                     "expected_memory": mem.parts() if exact else None,
+                     "peak_bytes": m.peak_bytes.get(rank)})
+    return rows
+
+
+# -- collectives -----------------------------------------------------------------------------------
+
+
+def _trace_bytes(c: Collective, on_gpu: bool) -> float:
+    """A collective's size as the collectives table records it: all-gather and reduce-scatter over the
+    whole group's buffer (nccl-tests' size), on GPU kernels and CPU host ops alike (collectives.py)."""
+    return c.bytes * c.group_size if c.op in WHOLE_BUFFER_OPS else c.bytes
+
+
+def _collectives(rm: RunModel, coll: pd.DataFrame, tables: Tables, exact: bool) -> list[dict[str, Any]]:
+    """Per rank and (op, size): the calls per step the layout implies (when it is known) and those the
+    profiled steps hold, and one call's transfer time against the ring model at its group's best bandwidth."""
+    if coll.empty:
+        return []
+    calls = run_measured.with_steps(coll, tables.steps)
+    calls = calls[[_modeled(d) or op in ("send", "recv") for d, op in zip(calls["pg_desc"], calls["op"])]]
+    calls = calls[calls["bytes"].notna()]
+    if calls.empty:
+        return []
+    calls = calls.assign(kind=run_measured.group_kinds(calls, rm.layout),
+                         size=[len(g) if g is not None and len(g) else n for g, n in
+                               zip(calls["group_ranks"], calls["ranks_seen"])],
+                         key=[round(float(b)) for b in calls["bytes"]])
+    bw = run_measured.best_bandwidth(rm, coll)
+    # One aggregation for all ranks: one per rank cost ~15 ms each, 15 s at 1,024 ranks.
+    seen_by_rank = calls.groupby(["rank", "op", "key"]).agg(
+        calls=("step", "size"), transfer_us=("transfer_us", "median"), kind=("kind", "first"), size=("size", "max"))
+    # Rows as dicts per rank, in one pass: a .xs and a .loc per rank and key cost ~1.5 ms a rank.
+    measured_by_rank: dict[int, dict[tuple, dict[str, Any]]] = {}
+    for (rank, op, key), row in zip(seen_by_rank.index, seen_by_rank.to_dict("records")):
+        measured_by_rank.setdefault(rank, {})[(op, key)] = row
+    rows = []
+    for rank, steps in calls.groupby("rank")["step"].nunique().items():
+        measured = measured_by_rank[rank]
+        expected: dict[tuple, list[Collective]] = {}
+        if exact:
+            for c in plan_collectives(rm.model, rm.layout, rm.precision, int(rank), impl=rm.impl,
+                                      layers_per_stage=rm.layers_per_stage):
+                expected.setdefault((c.op, round(_trace_bytes(c, tables.on_gpu))), []).append(c)
+            measured = _onto_expected(seen_by_rank.xs(rank, level="rank"), expected).to_dict("index")
+        for key in sorted(set(expected) | set(measured)):
+            cs = expected.get(key, [])
+            row = measured.get(key)
+            group = cs[0].group if cs else (row["kind"] if row is not None else None)
+            bandwidth = bw.get(group) if group else None
+            rows.append({"rank": int(rank), "op": key[0], "bytes": key[1], "group": group,
+                         "purpose": ", ".join(sorted({c.purpose for c in cs})) or None,
+                         "expected_calls": sum(c.calls for c in cs) if exact else None,
+                         "measured_calls": float(row["calls"]) / steps if row is not None else 0.0,
+                         "measured_transfer_ms": float(row["transfer_us"]) / 1e3 if row is not None else None,
+                         "model_ms": _model_ms(key, cs, row, bandwidth, tables.on_gpu),
+                         "best_busbw_gbps": bandwidth / 1e9 if bandwidth else None})
+    return rows
+
+
+def _onto_expected(seen: pd.DataFrame, expected: dict[tuple, list[Collective]]) -> pd.DataFrame:
+    """Measured calls recorded by their local input (a host all-gather whose group is unknown, so its
+    whole buffer is too) put under the whole-buffer size the layout gives them, where that matches."""
+    keys = []
+    for (op, size), row in seen.iterrows():
+        whole = (op, round(size * max(int(row["size"]), 1)))
+        moved = op in WHOLE_BUFFER_OPS and (op, size) not in expected and whole in expected
+        keys.append(whole if moved else (op, size))
+    if keys == list(seen.index):
+        return seen
+    seen = seen.set_axis(pd.MultiIndex.from_tuples(keys, names=seen.index.names))
+    return seen.groupby(level=[0, 1]).agg(calls=("calls", "sum"), transfer_us=("transfer_us", "median"),
+                                          kind=("kind", "first"), size=("size", "max"))
+
+
+def _model_ms(key: tuple[str, int], cs: list[Collective], row: dict[str, Any] | None, bandwidth: float | None,
+              on_gpu: bool) -> float | None:
+    """One call's ring time at ``bandwidth``: the layout's collective, else the measured call's own size and group."""
+    if not bandwidth:
+        return None
+    if cs:
+        return cs[0].seconds_per_call(bandwidth) * 1e3
+    op, size = key
+    n = int(row["size"]) if row is not None and row["size"] else 2
+    whole = size  # the table records all-gathers by their whole buffer (collectives.py)
+    return ring_time(op, whole, n, bandwidth) * 1e3
+
+
+def _modeled(desc: Any) -> bool:
+    """A group the model knows: a DeviceMesh dimension, the default group, or one not named."""
+    text = str(desc or "")
+    return text.startswith("mesh_") or text in ("", "default_pg", "None", "nan", "?")
+
+
+# -- pipeline and step -------------------------------------------------------------------------------
+
+
+def _bubble(rm: RunModel, m: Measured) -> dict[str, Any] | None:
+    lay = rm.layout
+    if lay.pp < 2:
+        return None
+    out = {"stages": lay.stages, "microbatches": lay.microbatches, "schedule": lay.schedule,
+           "formula": bubble_formula(lay.pp, lay.microbatches, lay.schedule, lay.virtual_stages)}
+    if m.pipeline:
+        out.update(measured=m.pipeline.measured, with_stage_times=m.pipeline.with_stage_times,
+                   stage_busy_ms=m.pipeline.stage_busy_ms)
+    return out
+
+
+def _step(rm: RunModel, m: Measured) -> dict[str, Any] | None:
+    """The step the model predicts with the speeds this run reached, against the measured one."""
+    if not m.flops or m.step_s is None:
+        return None
+    fallback = max(m.group_bw.values(), default=None)
+    if fallback is None and rm.world_size > 1:
+        return None
+    speeds = Speeds(m.flops, {NVLINK: fallback or 1.0, NETWORK: fallback or 1.0}, m.group_bw)
+    e = estimate(rm.model, rm.layout, rm.precision, speeds, impl=rm.impl, layers_per_stage=rm.layers_per_stage)
+    return {"measured_ms": m.step_s * 1e3, "model_ms": e.step * 1e3,
+            "components_ms": {k: v * 1e3 for k, v in e.components.items()},
+            "achieved_tflops_per_rank": m.flops / 1e12,
+            "best_busbw_gbps": {k: v / 1e9 for k, v in m.group_bw.items()}}
+
+
+# -- findings ----------------------------------------------------------------------------------------
+
+
+def findings(section: dict[str, Any], tables: Tables, exact: bool, s: Expected) -> list[Finding]:
+    """Differences the model cannot explain, each with the numbers on both sides; none for a layout
+    the section had to assume (a difference would say more about the assumption than the run)."""
+    if not exact:
+        return []
+    found = _state_findings(section) + _collective_findings(section, s) + _bubble_findings(section, tables, s)
+    if tables.on_gpu:
+        found += _peak_findings(section, s)
+        found += _slow_group_findings(section, s)
+    return found
+
+
+def _state_findings(section: dict[str, Any]) -> list[Finding]:
+    off = [r for r in section["state"] if r["held_parameters"] is not None
+           and round(r["held_parameters"]) != round(r["expected_parameters"])]
+    if not off:
+        return []
+    layout = section["model"]["layout"]
+    worst = max(off, key=lambda r: abs(r["held_parameters"] - r["expected_parameters"]))
+    return [Finding(
+        kind="state_mismatch", severity="warning", ranks=[r["rank"] for r in off],
+        explanation=(f"rank {worst['rank']} holds {worst['held_parameters']:,} parameters where {layout} should leave it "
+                     f"{worst['expected_parameters']:,.0f} ({len(off)} rank{'s' if len(off) > 1 else ''} differ): the model is "
+                     "not split the way the run's configuration says."),
+        suggestion="Check that every module is wrapped (FSDP units, tensor-parallel plan) and that no rank builds "
+                   "parameters the layout does not assign it.",
+        metrics={"observed_parameters": worst["held_parameters"], "expected_parameters": worst["expected_parameters"],
+                 "threshold": "exact"},
+        evidence=[{"type": "file", "file": f"ranks/{r['rank']}/parameters.json", "held": r["held_parameters"],
+                   "expected": r["expected_parameters"]} for r in off])]
+
+
+def _collective_findings(section: dict[str, Any], s: Expected) -> list[Finding]:
+    per_rank: dict[tuple, dict[str, float]] = {}
+    for r in section["collectives"]:
+        key = (r["op"], r["group"] or "unattributed")
+        d = per_rank.setdefault(key, {"expected": 0.0, "measured": 0.0, "ranks": set()})
+        d["expected"] += r["expected_calls"] * r["bytes"]
+        d["measured"] += r["measured_calls"] * r["bytes"]
+        if abs(r["expected_calls"] - r["measured_calls"]) > s.bytes_tolerance_share * max(r["expected_calls"], 1):
+            d["ranks"].add(r["rank"])
+    out = []
+    for (op, group), d in per_rank.items():
+        if not d["ranks"] or abs(d["measured"] - d["expected"]) <= max(s.bytes_tolerance_share * d["expected"],
+                                                                     s.small_bytes):
+            continue
+        ratio = d["measured"] / d["expected"] if d["expected"] else float("inf")
+        out.append(Finding(
+            kind="unexpected_communication", severity="warning", ranks=sorted(d["ranks"]),
+            explanation=(f"{op} in the {group} group moves {d['measured'] / 2**20:.2f} MiB per step over its ranks; "
+                         f"the layout ({section['model']['layout']}) needs {d['expected'] / 2**20:.2f} MiB "
+                         f"({ratio:.2f}x)."),
+            suggestion="Look for collectives the layout does not need (buffer broadcasts, unused parameters, "
+                       "a gradient sync on every micro-step) or ones it needs that did not run.",
+            metrics={"observed_bytes_per_step": d["measured"], "expected_bytes_per_step": d["expected"],
+                     "threshold_ratio": 1 + s.bytes_tolerance_share},
+            evidence=[{"type": "collectives", "rank": r["rank"], "op": r["op"], "bytes": r["bytes"],
+                       "expected_calls": r["expected_calls"], "measured_calls": r["measured_calls"]}
+                      for r in section["collectives"] if (r["op"], r["group"] or "unattributed") == (op, group)
+                      and r["rank"] in d["ranks"]][:16]))
+    return out
+
+
+def _bubble_findings(section: dict[str, Any], tables: Tables, s: Expected) -> list[Finding]:
+    b = section.get("bubble")
+    if not b or b.get("measured") is None:
+        return []
+    explained = b.get("with_stage_times") or b["formula"]
+    if b["measured"] - explained < s.bubble_excess_share:
+        return []
+    # On CPU (gloo) a shared host stalls ranks by turns and every wait looks like bubble: info there.
+    severity = "warning" if tables.on_gpu else "info"
+    return [Finding(
+        kind="bubble_above_model", severity=severity, ranks=sorted(int(r) for r in tables.steps["rank"].unique()),
+        explanation=(f"the pipeline idles {b['measured']:.0%} of its forward-backward time; {b['schedule']} with "
+                     f"{b['stages']} stages and {b['microbatches']} microbatches explains {b['formula']:.0%} "
+                     f"({explained:.0%} with the stages' measured times)."),
+        suggestion="Look at the pipeline sends and receives on the timeline: slow transfers, or a stage that stops "
+                   "between microbatches (host syncs, data loading inside the schedule).",
+        metrics={"observed_bubble": b["measured"], "expected_bubble": explained, "threshold": s.bubble_excess_share},
+        evidence=[{"type": "stage", "stage": st, "busy_ms": ms} for st, ms in (b.get("stage_busy_ms") or {}).items()])]
+
+
+def _peak_findings(section: dict[str, Any], s: Expected) -> list[Finding]:
+    over = [r for r in section["state"] if r["peak_bytes"] and
+            r["peak_bytes"] > s.peak_ratio * r["expected_peak_bytes"] and
+            r["peak_bytes"] - r["expected_peak_bytes"] > s.peak_min_excess_bytes]
+    if not over:
+        return []
+    worst = max(over, key=lambda r: r["peak_bytes"] - r["expected_peak_bytes"])
+    return [Finding(
+        kind="memory_above_model", severity="warning", ranks=[r["rank"] for r in over],
+        explanation=(f"rank {worst['rank']} peaks at {worst['peak_bytes'] / 2**30:.1f} GiB; its layout explains "
+                     f"{worst['expected_peak_bytes'] / 2**30:.1f} GiB (model state, gathered weights, activations)."),
+        suggestion="Profile memory (torch.cuda.memory._record_memory_history) for what else stays allocated: "
+                   "caches, tensors kept across steps, fragmentation.",
+        metrics={"observed_bytes": worst["peak_bytes"], "expected_bytes": worst["expected_peak_bytes"],
+                 "threshold_ratio": s.peak_ratio, "threshold_bytes": s.peak_min_excess_bytes},
+        evidence=[{"type": "steps", "rank": r["rank"], "peak_bytes": r["peak_bytes"],
+                   "expected": r["expected_memory"]} for r in over])]
+
+
+def _slow_group_findings(section: dict[str, Any], s: Expected) -> list[Finding]:
+    step = section.get("step") or {}
+    if not step:
+        return []
+    rows = [r for r in section["collectives"] if r["model_ms"] and r["measured_transfer_ms"] is not None]
+    out = []
+    for group in sorted({r["group"] for r in rows}):
+        mine = [r for r in rows if r["group"] == group]
+        measured = sum(r["measured_transfer_ms"] * r["measured_calls"] for r in mine) / len({r["rank"] for r in mine})
+        model = sum(r["model_ms"] * r["measured_calls"] for r in mine) / len({r["rank"] for r in mine})
+        if model <= 0 or measured < s.slow_group_ratio * model or \
+                measured - model < s.min_group_excess_share * step["measured_ms"]:
+            continue
+        out.append(Finding(
+            kind="slow_collective_group", severity="warning", ranks=sorted({r["rank"] for r in mine}),
+            explanation=(f"the {group} group's collectives take {measured:.1f} ms per step; at the best bandwidth the "
+                         f"group reached ({mine[0]['best_busbw_gbps']:.1f} GB/s) the ring model needs {model:.1f} ms."),
+            suggestion="Compare the slow calls with the fast ones: message sizes too small to reach bandwidth, "
+                       "contention with other traffic, or a transport change (see the NCCL logs).",
+            metrics={"observed_ms": measured, "expected_ms": model, "threshold_ratio": s.slow_group_ratio},
+            evidence=[{"type": "collectives", **{k: r[k] for k in ("rank", "op", "bytes", "measured_transfer_ms",
+                                                                   "model_ms")}} for r in mine[:16]]))
+    return out
+
+
+# -- report text -------------------------------------------------------------------------------------
+
+
+def markdown(section: dict[str, Any] | None, max_rows: int = 64) -> list[str]:
+    """The report.md lines of the section, at most ``max_rows`` rows per table (all of them stay in report.json)."""
+    if not section:
+        return []
+    if not section.get("available"):
+        return ["### Expected vs measured", "", f"Not compared: {section.get('reason')}", ""]
+    model = section["model"]
+    lines = ["### Expected vs measured", "",
+             f"Model: {model['parameters']:,.0f} parameters, {model['layers']} layers, hidden {model['hidden']}, "
+             f"{model['precision']} ({model['state_bytes_per_parameter']} bytes of state per parameter); "
+             f"layout {model['layout']}{'' if section['exact_layout'] else ' (assumed)'}."]
+    lines += [f"- assumed: {n}" for n in section["notes"]] + [""]
+    lines += ["| rank | parameters expected | held | state expected (MiB) | held (MiB) | peak estimate (MiB) | peak (MiB) |",
+              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in section["state"][:max_rows]:
+        lines.append("| {} | {:,.0f} | {} | {:.2f} | {} | {} | {} |".format(
+            r["rank"], r["expected_parameters"], "" if r["held_parameters"] is None else f"{r['held_parameters']:,}",
+            r["expected_state_bytes"] / 2**20,
+            "" if r["held_state_bytes"] is None else f"{r['held_state_bytes'] / 2**20:.2f}",
+            _mib(r["expected_peak_bytes"]), _mib(r["peak_bytes"])))
+    lines.append("")
+    if section["collectives"]:
+        lines += ["| rank | group | op | bytes | calls/step expected | measured | transfer per call, median (ms) "
+                  "| ring model per call (ms) |",
+                  "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+        for r in section["collectives"][:max_rows]:
+            expected = "" if r["expected_calls"] is None else f"{r['expected_calls']:g}"
+            lines.append(f"| {r['rank']} | {r['group'] or '?'} | {r['op']} | {r['bytes']:,} | {expected} | "
+                         f"{r['measured_calls']:g} | {_num(r['measured_transfer_ms'])} | {_num(r['model_ms'])} |")
+        lines.append("")
+    b = section.get("bubble")
+    if b:
+        measured = f"; measured {b['measured']:.0%}" if b.get("measured") is not None else ""
+        staged = f" ({b['with_stage_times']:.0%} with the stages' measured times)" if b.get("with_stage_times") else ""
+        lines += [f"Pipeline bubble: {b['schedule']}, {b['stages']} stages, {b['microbatches']} microbatches: "
+                  f"formula {b['formula']:.0%}{staged}{measured}.", ""]
+    s = section.get("step")
+    if s:
+        lines += [f"Step: measured {s['measured_ms']:.1f} ms; the model at this run's speeds "
+                  f"({s['achieved_tflops_per_rank'] * 1e3:.1f} GFLOP/s per rank, best bus bandwidth "
+                  + ", ".join(f"{k} {v:.2f} GB/s" for k, v in s["best_busbw_gbps"].items())
+                  + f") predicts {s['model_ms']:.1f} ms.", ""]
+    return lines
+
+
+def _mib(n: float | None) -> str:
+    return "" if n is None else f"{n / 2**20:.1f}"
+
+
+def _num(x: float | None) -> str:
+    return "" if x is None or (isinstance(x, float) and np.isnan(x)) else f"{x:.3g}"

@@ -1,0 +1,63 @@
+"""One schema for what every detector finds (see DESIGN.md, "Findings")."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SEVERITIES = ("info", "warning", "error", "critical")
+# metrics key of a finding whose impact_ms is what removing the cause could save at most (all exposed
+# communication overlapped), not a what-if's measured saving: shown as "up to".
+UPPER_BOUND = "impact_is_upper_bound"
+# The verdicts on why a run stopped (detectors/hang.py): read first whatever their severity.
+STOP_KINDS = ("hang", "crash", "crash_at_exit", "interrupted")
+
+
+@dataclass
+class Finding:
+    """A problem, located (ranks, steps, time) and explained in words a person can act on.
+
+    ``metrics`` holds ``observed``, ``expected`` and ``threshold`` (and anything else useful);
+    ``evidence`` holds references: trace events, log lines, flight-recorder entries, files.
+    ``impact_ms`` is the step time saved per step if the cause were removed (what-if replay), or its
+    upper bound (``metrics[UPPER_BOUND]``); None where nothing in the job could realize a saving.
+    """
+
+    kind: str
+    severity: str
+    explanation: str
+    suggestion: str
+    ranks: list[int] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+    time_range: tuple[float, float] | None = None  # Unix seconds
+    metrics: dict[str, Any] = field(default_factory=dict)
+    evidence: list[dict[str, Any]] = field(default_factory=list)
+    impact_ms: float | None = None
+    settings: dict[str, Any] = field(default_factory=dict)  # "section.name" -> value it was judged with
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"severity {self.severity!r} is not one of {SEVERITIES}")
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (the findings.json / report.json record)."""
+        d = asdict(self)
+        d["time_range"] = list(self.time_range) if self.time_range else None
+        return d
+
+
+def order(findings: list[Finding]) -> list[Finding]:
+    """Most worth fixing first: why the run stopped, warnings and worse by impact, then the
+    informational ones."""
+    actionable = SEVERITIES.index("warning")
+    return sorted(findings, key=lambda f: (f.severity != "critical" and f.kind not in STOP_KINDS,
+                                           SEVERITIES.index(f.severity) < actionable,
+                                           -(f.impact_ms or 0.0), -SEVERITIES.index(f.severity)))
+
+
+def saving_text(finding: dict[str, Any]) -> str:
+    """``~12.3 ms/step`` or ``up to 12.3 ms/step`` for a finding's JSON record; '' when it claims no saving."""
+    if not finding.get("impact_ms"):
+        return ""
+    bound = "up to " if (finding.get("metrics") or {}).get(UPPER_BOUND) else "~"
+    return f"{bound}{finding['impact_ms']:.1f} ms/step"

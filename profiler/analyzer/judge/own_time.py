@@ -1,0 +1,46 @@
+"""A rank's own time from the always-on step counters, without traces.
+
+In synchronous training a rank that finishes its part early waits for the slowest one inside the
+next collective, so a fast rank's step and phases are as long as the slow rank's. The counters in
+steps.jsonl (``comm_ms``: time blocked in collectives and point-to-point operations; ``phase_comm_ms``:
+the same per phase) take that waiting out: a step without it is the rank's own time, and a phase
+that stands out only because the rank was blocked in it was spent waiting for another rank.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from diagtrain.profiler.analyzer.judge.quantities import Measure, Quantity
+from diagtrain.profiler.analyzer.settings import section, setting
+
+
+@section("own_time")
+class OwnTime:
+    """When a rank's excess in a phase was time spent waiting for another rank, not its own work."""
+
+    waiting_share: float = setting(0.5, "a phase whose excess over its peers was at least this share time blocked "
+                                   "in collectives was spent waiting for another rank (the cause is elsewhere)")
+
+
+OWN_TIME = Quantity(Measure.OWN_TIME)
+SOURCE = "counters"  # the kind of evidence, beside "trace" and "phases"
+
+
+def own_time(steps: pd.DataFrame) -> dict[Quantity, pd.Series]:
+    """``{OWN_TIME: wall - blocked in communication}`` per step row, where the counters measured it."""
+    if "comm_wait_ms" not in steps or steps["comm_wait_ms"].isna().all():
+        return {}
+    return {OWN_TIME: steps["wall_ms"] - steps["comm_wait_ms"]}
+
+
+def waited(step_rows: pd.DataFrame, quantity: Quantity, rank: int, excess_ms: float) -> bool:
+    """Whether ``rank``'s excess in ``quantity`` (a phase) in these rows of one step is mostly time
+    blocked in collectives, beyond what its peers were blocked there."""
+    column = f"{quantity.phase}_comm_wait_ms"
+    if quantity.measure is not Measure.PHASE or column not in step_rows:
+        return False
+    blocked = step_rows.set_index("rank")[column].dropna()
+    if rank not in blocked or len(blocked) < 2:
+        return False
+    return float(blocked[rank] - blocked.drop(rank).median()) >= OwnTime.active().waiting_share * excess_ms

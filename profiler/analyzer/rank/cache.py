@@ -1,0 +1,97 @@
+"""A rank's cache, ``analysis/cache/<key>/``: its timeline spans and its results, kept while its inputs
+do not change, so that a second analysis of a run reads no trace again."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+
+import pandas as pd
+
+from diagtrain.profiler.analyzer.rank import timeline
+from diagtrain.profiler.analyzer.rank.p2p import P2PCalls
+from diagtrain.profiler.analyzer.rank.result import RankResult
+from diagtrain.profiler.analyzer.read.discover import RankInput
+from diagtrain.profiler.analyzer.read.inputs import Skipped
+from diagtrain.profiler.analyzer.read.trace_file import TraceFile
+from diagtrain.profiler.run_dir import write_json_atomic
+from diagtrain.profiler.util.bounded_read import display
+from diagtrain.profiler.util.parquet import write_parquet, write_parquet_pieces
+
+CACHE_VERSION = 8  # bump when what the cache holds changes
+SPANS_FILE = "spans.parquet"  # the rank's timeline spans, which the judge and the dashboard read back
+
+
+def spans_path(cache_root: Path, result: RankResult) -> Path:
+    """Where the worker wrote this rank's timeline spans."""
+    return cache_root / result.key / SPANS_FILE
+
+
+def write_spans(cache: Path, traces: list[TraceFile], on_gpu: bool) -> bool:
+    """Write the rank's timeline spans a piece at a time, as they are made (never all of them held);
+    False where the cache cannot be written (the analysis then goes on without it)."""
+    pieces = (piece for t in traces for piece in timeline.span_pieces(t.events, on_gpu, t.epoch_offset_us))
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            write_parquet_pieces(cache / SPANS_FILE, pieces)
+        return True
+    except OSError:
+        return False
+
+
+def signature(item: RankInput) -> str:
+    """What the cache of ``item`` was made from: the cache version and each input file's size and time."""
+    parts = [f"v{CACHE_VERSION}"]
+    for f in [*item.files, *([item.flight_recorder] if item.flight_recorder else [])]:
+        try:
+            st = f.stat()
+        except OSError as e:  # a dangling or looping link: its read says so; the signature just differs
+            parts.append(f"{display(f)}:{e.errno}")
+            continue
+        parts.append(f"{display(f)}:{st.st_size}:{st.st_mtime_ns}")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()
+
+
+def read_cache(cache: Path, signature: str) -> RankResult | None:
+    """The rank's results from its cache, if the cache was made from these inputs (``signature``)."""
+    try:
+        meta = json.loads((cache / "summary.json").read_text())
+        if meta.get("signature") != signature:
+            return None
+        steps = pd.read_parquet(cache / "steps.parquet")
+        collectives = pd.read_parquet(cache / "collectives.parquet")
+        segments = pd.read_parquet(cache / "segments.parquet")
+        members = {pg: tuple(int(r) for r in ranks) for pg, ranks in meta.get("groups", {}).items()}
+        if "pg" in collectives:
+            collectives["group_ranks"] = [members.get(str(pg), ()) for pg in collectives["pg"]]
+        fields = {k: v for k, v in meta.items() if k not in ("signature", "skipped", "segments", "p2p", "groups")}
+        skipped = [Skipped(**s) for s in meta.get("skipped") or []]
+        return RankResult(**fields, steps=steps, collectives=collectives, skipped=skipped, cached=True,
+                          segments=segments, p2p=P2PCalls.from_json(meta.get("p2p") or {}))
+    except Exception:  # noqa: BLE001 - a cache from another version, or damaged: read the traces again
+        return None
+
+
+def write_cache(cache: Path, signature: str, result: RankResult) -> None:
+    """The rank's results beside its spans, and last the summary that makes them a cache of its traces."""
+    try:
+        meta = {k: v for k, v in asdict(result).items() if k not in ("steps", "collectives", "cached", "segments")}
+        # A group's members once, not on each of its rows (a row per collective, a member per rank).
+        collectives = result.collectives
+        if "group_ranks" in collectives:
+            first = collectives.drop_duplicates("pg")
+            meta["groups"] = {str(pg): [int(r) for r in ranks] for pg, ranks in zip(first["pg"], first["group_ranks"])}
+            collectives = collectives.drop(columns="group_ranks")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            write_parquet(cache / "steps.parquet", result.steps)
+            write_parquet(cache / "collectives.parquet", collectives)
+            write_parquet(cache / "segments.parquet", result.segments)
+        write_json_atomic(cache / "summary.json", {**meta, "signature": signature})
+    except OSError:
+        pass  # a read-only place: analysis still works, only without a cache

@@ -1,0 +1,290 @@
+"""Cross-rank reading of flight-recorder dumps: who entered which collective of which group.
+
+Works on what gloo gives with torch 2.13 (every collective recorded, state always "scheduled",
+empty pg_config) as well as on NCCL dumps (states and timings), from diagtrain's JSON dumps or
+NCCL's own pickled ``TORCH_FR_DUMP_TEMP_FILE`` files.
+
+A pickle is never loaded with :mod:`pickle`'s default unpickler, which runs whatever code the file
+names: a run directory is data from elsewhere. NCCL's dumps are plain data (dicts, lists, tuples,
+strings, numbers), so they are read by an unpickler that builds only that and refuses every
+reference to a class or function.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import pickle
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from diagtrain.profiler.analyzer.read.inputs import MAX_DUMP_BYTES, expect, rank_number
+from diagtrain.profiler.run_dir import group_key, group_members
+from diagtrain.profiler.util.bounded_read import InputError, read_input
+
+_RANK_SUFFIX = re.compile(r"(\d+)(?:\.json)?$")
+PLAIN_TYPES = (dict, list, tuple, str, bytes, int, float, bool, type(None))
+MAX_PICKLE_DEPTH = 32  # a real dump nests 7 deep (dump, entries, entry, input_sizes, a shape, ...)
+# Shared references let a small pickle stand for an enormous tree (the same long string a million
+# times); a real dump unfolds to a few values and characters per byte of file.
+PICKLE_EXPANSION = 64
+PICKLE_EXPANSION_FLOOR = 1 << 20
+
+
+@dataclass
+class Entry:
+    """One collective as one rank recorded it."""
+
+    rank: int
+    pg: str
+    pg_desc: str | None
+    seq: int
+    op: str
+    sizes: Any
+    dtypes: Any
+    created_ns: int
+    state: str | None
+    frames: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class Blocked:
+    """A collective some members of its group entered and others never did."""
+
+    pg: str
+    pg_desc: str | None
+    seq: int
+    op: str
+    since_ns: int
+    waiting: list[int]  # ranks that entered it
+    missing: list[int]  # ranks that never did
+    missing_last: dict[int, Entry | None]  # each missing rank's last collective on that group
+
+
+@dataclass
+class Mismatch:
+    """Ranks disagreeing on what collective #seq of a group is."""
+
+    pg: str
+    pg_desc: str | None
+    seq: int
+    versions: dict[int, str]  # rank -> "op sizes dtypes"
+
+
+def read_dump(path: Path) -> dict[str, Any]:
+    """A dump as a dict (diagtrain's / torch's JSON, or NCCL's pickle), its entries checked.
+
+    Raises :class:`InputError` naming the file for anything that is not a dump, and for a pickle
+    that refers to any class or function.
+    """
+    raw = read_input(path, MAX_DUMP_BYTES)
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):
+        doc = unpickle_plain(bytes(raw), path)
+    expect(doc, dict, path)
+    return with_clean_entries(doc, path)
+
+
+class _PlainData(pickle.Unpickler):
+    """Builds only what the pickle opcodes themselves build; every global is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"it refers to {module}.{name}, and a flight-recorder dump holds only plain "
+                                     "data (dicts, lists, strings, numbers); not loaded")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise pickle.UnpicklingError("it refers to an object outside the file; not loaded")
+
+
+def unpickle_plain(raw: bytes, path: str | Path = "<pickle>") -> Any:
+    """The plain data in pickle ``raw``; :class:`InputError` for anything else (no code ever runs)."""
+    try:
+        value = _PlainData(io.BytesIO(raw)).load()
+    except pickle.UnpicklingError as e:
+        if str(e).startswith("it refers"):
+            raise InputError(path, f"unsafe pickle: {e}") from None
+        raise InputError(path, f"neither JSON nor a pickle ({e})") from None
+    except Exception as e:  # noqa: BLE001 - garbage makes the unpickler raise almost anything
+        raise InputError(path, f"neither JSON nor a pickle ({type(e).__name__}: {e})"[:300]) from None
+    _check_plain(value, max(PICKLE_EXPANSION * len(raw), PICKLE_EXPANSION_FLOOR), path)
+    return value
+
+
+def _check_plain(value: Any, budget: int, path: str | Path) -> None:
+    """Plain data only, nested at most MAX_PICKLE_DEPTH, unfolding to at most ``budget`` values and characters."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if type(item) not in PLAIN_TYPES:
+            raise InputError(path, f"the pickle holds a {type(item).__name__}, not plain data")
+        if depth > MAX_PICKLE_DEPTH:
+            raise InputError(path, f"the pickle nests deeper than {MAX_PICKLE_DEPTH} levels")
+        budget -= 1 + (len(item) if isinstance(item, (str, bytes)) else 0)
+        if budget < 0:
+            raise InputError(path, "the pickle unfolds to far more data than it holds (shared or cyclic references)")
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for kv in item.items() for v in kv)
+        elif isinstance(item, (list, tuple)):
+            stack.extend((v, depth + 1) for v in item)
+
+
+def with_clean_entries(dump: dict[str, Any], path: str | Path = "<dump>") -> dict[str, Any]:
+    """``dump`` with each entry checked: malformed ones left out and counted in ``malformed_entries``."""
+    raw = dump.get("entries")
+    raw = expect(raw, list, path, "its 'entries'") if raw is not None else []
+    clean = [e for e in map(_clean_entry, raw) if e is not None]
+    return {**dump, "entries": clean, "malformed_entries": len(raw) - len(clean)}
+
+
+def _clean_entry(e: Any) -> dict[str, Any] | None:
+    """An entry with the fields the analysis reads in their types, or None if it cannot be one."""
+    if not isinstance(e, dict):
+        return None
+    pg = e.get("process_group")
+    if pg is None:
+        pg = (str(e.get("pg_id")), None)
+    elif isinstance(pg, (list, tuple)) and pg and isinstance(pg[0], (str, int)) and not isinstance(pg[0], bool):
+        pg = (str(pg[0]), pg[1] if len(pg) > 1 and isinstance(pg[1], str) else None)
+    else:
+        return None
+    seq, created, name = e.get("collective_seq_id", 0), e.get("time_created_ns", 0), e.get("profiling_name", "?")
+    if not _is_int(seq) or not _is_number(created) or not isinstance(name, str):
+        return None
+    state = e.get("state")
+    frames = e.get("frames")
+    return {**e, "process_group": pg, "collective_seq_id": seq, "time_created_ns": int(created),
+            "profiling_name": name, "state": state if isinstance(state, str) else None,
+            "frames": [f for f in frames if isinstance(f, dict)] if isinstance(frames, list) else [],
+            "input_sizes": _list_or_none(e.get("input_sizes")), "input_dtypes": _list_or_none(e.get("input_dtypes")),
+            "is_p2p": e.get("is_p2p") is True}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v) and abs(v) < 2**63
+
+
+def _list_or_none(v: Any) -> list | None:
+    return list(v) if isinstance(v, (list, tuple)) else None
+
+
+def rank_of_dump(path: Path, dump: dict[str, Any]) -> int | None:
+    """The rank a dump belongs to: its own field if any, else the number ending its file name."""
+    if rank_number(dump.get("rank")) is not None:
+        return dump["rank"]
+    m = _RANK_SUFFIX.search(path.name)
+    return rank_number(m.group(1)) if m else None
+
+
+def entries(rank: int, dump: dict[str, Any]) -> list[Entry]:
+    """The collectives (not point-to-point) of one rank's dump."""
+    found = []
+    for e in dump.get("entries") or []:
+        if e.get("is_p2p"):
+            continue
+        pg = e.get("process_group") or [str(e.get("pg_id")), None]
+        found.append(Entry(rank=rank, pg=str(pg[0]), pg_desc=pg[1] if len(pg) > 1 else None,
+                           seq=int(e.get("collective_seq_id", 0)), op=str(e.get("profiling_name", "?")),
+                           sizes=e.get("input_sizes"), dtypes=e.get("input_dtypes"),
+                           created_ns=int(e.get("time_created_ns", 0)), state=e.get("state"),
+                           frames=list(e.get("frames") or [])))
+    return found
+
+
+def keyed_by_members(dumps: dict[int, dict[str, Any]], groups_by_rank: dict[int, dict]) -> list[Entry]:
+    """Every rank's collectives, each group keyed by its name and member ranks (``run_dir.group_key``).
+
+    Subgroups of one DeviceMesh dimension share a name; their member lists tell them apart.
+    """
+    found = [e for rank, dump in dumps.items() for e in entries(rank, dump)]
+    for e in found:
+        group = (groups_by_rank.get(e.rank, {}).get(e.pg) or {})
+        if group.get("ranks"):
+            e.pg_desc = e.pg_desc or group.get("desc")
+            e.pg = group_key(e.pg, tuple(int(r) for r in group["ranks"]))
+    return found
+
+
+def members(groups: dict[str, dict], all_entries: list[Entry]) -> dict[str, list[int]]:
+    """Ranks of each group: from the process-group map where known, else who recorded it."""
+    out = {pg: sorted(info.get("ranks") or []) for pg, info in groups.items()}
+    for e in all_entries:
+        if not out.get(e.pg):
+            out.setdefault(e.pg, [])
+        if e.rank not in out[e.pg] and not groups.get(e.pg):
+            out[e.pg] = sorted({*out[e.pg], e.rank})
+    return out
+
+
+def blocked(all_entries: list[Entry], groups: dict[str, list[int]], ranks: set[int]) -> list[Blocked]:
+    """Collectives missing some members, earliest first (the first one is what everything waits on)."""
+    last: dict[tuple[str, int], Entry] = {}
+    by_key: dict[tuple[str, int], list[Entry]] = {}
+    for e in all_entries:
+        if last.get((e.pg, e.rank)) is None or e.seq > last[(e.pg, e.rank)].seq:
+            last[(e.pg, e.rank)] = e
+        by_key.setdefault((e.pg, e.seq), []).append(e)
+    found = []
+    for pg, member_ranks in groups.items():
+        present = [r for r in member_ranks if r in ranks]  # ranks whose dump we have
+        if len(present) < 2:
+            continue
+        seqs = {r: last[(pg, r)].seq if (pg, r) in last else 0 for r in present}
+        missing = [r for r in present if seqs[r] < max(seqs.values())]
+        if not missing:
+            continue
+        seq = min(seqs[r] for r in missing) + 1
+        entered = by_key.get((pg, seq), [])
+        first = min(entered, key=lambda e: e.created_ns)
+        found.append(Blocked(pg=pg, pg_desc=first.pg_desc, seq=seq, op=first.op, since_ns=first.created_ns,
+                             waiting=sorted(e.rank for e in entered),
+                             missing=sorted(r for r in present if seqs[r] < seq),
+                             missing_last={r: last.get((pg, r)) for r in present if seqs[r] < seq}))
+    return sorted(found, key=lambda b: b.since_ns)
+
+
+def mismatches(all_entries: list[Entry]) -> list[Mismatch]:
+    """Same group and sequence number, different op, sizes or dtypes."""
+    by_key: dict[tuple[str, int], list[Entry]] = {}
+    for e in all_entries:
+        by_key.setdefault((e.pg, e.seq), []).append(e)
+    found = []
+    for (pg, seq), group in sorted(by_key.items(), key=lambda kv: min(e.created_ns for e in kv[1])):
+        versions = {e.rank: f"{e.op} {e.sizes} {e.dtypes}" for e in group}
+        # Rooted ops give inputs on one side only (scatter's non-roots pass none): compare the
+        # op everywhere, the sizes among the ranks that gave some.
+        with_inputs = {f"{e.op} {e.sizes} {e.dtypes}" for e in group if e.sizes}
+        if len({e.op for e in group}) > 1 or len(with_inputs) > 1:
+            found.append(Mismatch(pg=pg, pg_desc=group[0].pg_desc, seq=seq, versions=versions))
+    return found
+
+
+def cross_rank(all_entries: list[Entry], tail: int) -> list[dict[str, Any]]:
+    """The last ``tail`` collectives of each group, one row each: who entered it, who did not."""
+    by_key: dict[tuple[str, int], list[Entry]] = {}
+    members_of: dict[str, set[int]] = {}
+    for e in all_entries:
+        by_key.setdefault((e.pg, e.seq), []).append(e)
+        members_of.setdefault(e.pg, set()).add(e.rank)
+    for pg, recorded in members_of.items():
+        members_of[pg] = recorded | set(group_members(pg))  # listed in the key once keyed by members
+    rows = []
+    for pg in sorted(members_of):
+        seqs = sorted(seq for (g, seq) in by_key if g == pg)[-tail:]
+        for seq in seqs:
+            group = by_key[(pg, seq)]
+            entered = {e.rank: e for e in group}
+            first = min(group, key=lambda e: e.created_ns)
+            rows.append({"group": first.pg_desc or pg, "group_key": pg, "seq": seq, "op": first.op,
+                         "created_ns": first.created_ns, "entered": sorted(entered),
+                         "missing": sorted(members_of[pg] - set(entered)),
+                         "states": {str(r): e.state for r, e in sorted(entered.items())},
+                         "sizes": {str(r): f"{e.sizes} {e.dtypes}" for r, e in sorted(entered.items())}})
+    return rows
