@@ -26,6 +26,11 @@ CLEAN_REPEATS = 3
 ACTIONABLE = ("warning", "error", "critical")
 MODES = {"profiled": ["--profile-steps", PROFILE], "no flags": []}
 RUN_TIMEOUT_S = 600
+# The verdict a periodic checkpoint on one rank should get (a rank late every few steps). Which kind
+# is right for it is still being decided (issue 37): change it here, the impact benchmark follows.
+CHECKPOINT_KIND = "straggler"
+# The extra MiB each checkpoint writes (and fsyncs): the tiny model's own state saves in a few ms.
+CHECKPOINT_MB = "64"
 
 
 @dataclass
@@ -59,12 +64,22 @@ FAULTS = [
     Case("uneven-batch-ddp", "ddp_loader.py", 2, ["--batch-rank", "1", "--batch-scale", "8"], ("straggler", [1])),
     Case("slow-item-ddp", "ddp_loader.py", 2, ["--slow-item-rank", "1", "--slow-item-every", "3"],
          ("dataloader_stall", [1])),
+    # Every item slow to read on one rank, in every step (32 items a batch: ~64 ms a step).
+    Case("slow-loader-ddp", "ddp_loader.py", 2, ["--slow-loader-rank", "1", "--slow-loader-ms", "2"],
+         ("dataloader_stall", [1])),
+    # One rank saves a checkpoint (torch.save + fsync) after every 4th optimizer step.
+    Case("checkpoint-ddp", "ddp_loader.py", 2,
+         ["--checkpoint-rank", "0", "--checkpoint-every", "4", "--checkpoint-mb", CHECKPOINT_MB],
+         (CHECKPOINT_KIND, [0])),
     Case("slow-item-ddp-workers", "ddp_loader.py", 2,
          ["--workers", "2", "--slow-item-rank", "0", "--slow-item-every", "2", "--slow-item-ms", "600"],
          ("dataloader_stall", [0])),
     Case("hook-delay-ddp", "ddp_loader.py", 2, ["--hook-delay-rank", "1", "--hook-delay-ms", "30"],
          ("slow_collective", [1])),
     Case("extra-memory-ddp", "ddp_loader.py", 2, ["--hold-rank", "1", "--hold-mb", "300"], ("memory_imbalance", [1])),
+    # One rank keeps every step's loss with its graph, and 16 MiB of outputs with it: memory that grows.
+    # 16 MiB a step: with steps 4-8 profiled or building the trace, steps 9 and 10 alone must show it.
+    Case("leak-ddp", "ddp_loader.py", 2, ["--leak-rank", "1", "--leak-mb", "16"], ("memory_growth", [1])),
     Case("hang-ddp", "ddp_loader.py", 2, ["--hang-rank", "1", "--hang-step", "5"], ("hang", [1]),
          ["--hang-timeout", HANG_TIMEOUT_S]),
     Case("crash-ddp", "ddp_loader.py", 2, ["--crash-rank", "1", "--crash-step", "5"], ("crash", [1])),

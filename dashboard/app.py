@@ -82,12 +82,18 @@ class Dashboard:
             html.Div(["What to do: ", f["suggestion"]], className="suggestion"),
         ], id={"type": "finding", "index": i}, className="finding", n_clicks=0, title="show on the timeline")
             for i, f in findings]
+        lost_head, lost_rows = overview.time_lost(run.report)
+        lost = html.Table([html.Tr([html.Th(h) for h in ("cause", "when", "lost", "per step", "share of the run")])]
+                          + [html.Tr([html.Td(v) for v in row]) for row in lost_rows], className="facts")
         health = [html.Li(f"{h['severity']}: {h['message']}") for h in run.report.get("health") or []]
         skipped = [html.Li(f"{s['path']}: {s['reason']}") for s in run.report.get("skipped") or []]
         return html.Div([
             html.H3("Run"), facts,
             html.H3(f"Findings ({len(findings)})"),
             html.Div(cards or [html.P("No problems found.")], id="findings"),
+            html.Div([html.H3("Where the time went"), html.P(lost_head),
+                      lost if lost_rows else html.P("No rank made the others wait beyond the noise.")],
+                     id="time-lost") if lost_head else None,
             html.Div([html.H3("Trace health"), html.Ul(health)]) if health else None,
             html.Div([html.H3("Skipped inputs"), html.Ul(skipped)]) if skipped else None,
         ])

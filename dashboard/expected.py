@@ -6,6 +6,7 @@ from typing import Any
 
 from diagtrain.dashboard.data import RunData
 from diagtrain.dashboard.figures import empty
+from diagtrain.profiler.analyzer.judge.expected import model_line, unknown_words
 from diagtrain.profiler.util.units import MIB
 
 MODEL_FINDINGS = ("state_mismatch", "unexpected_communication", "bubble_above_model", "memory_above_model",
@@ -31,15 +32,26 @@ def summary(run: RunData) -> list[str]:
     if not s.get("available"):
         return [f"Not compared: {s.get('reason')}"]
     m = s["model"]
-    lines = [f"Model: {m['parameters']:,.0f} parameters, {m['layers']} layers, hidden {m['hidden']}, {m['precision']}; "
-             f"layout {m['layout']}{'' if s['exact_layout'] else ' (assumed)'}."]
+    if s["exact_layout"]:
+        lines = [f"Model: {m['parameters']:,.0f} parameters, {m['layers']} layers, hidden {m['hidden']}, "
+                 f"{m['precision']}; layout {m['layout']}."]
+    else:  # a run without trainer.json: what it measured, and what it did not record
+        lines = [model_line(s)]
+        if s.get("unknown"):
+            lines.append(f"Not known: {unknown_words(s['unknown'])}.")
     lines += [f"Assumed: {n}" for n in s.get("notes") or []]
     step = s.get("step")
-    if step:
+    if step and step.get("model_ms") is not None:
         lines.append(f"Step: measured {step['measured_ms']:.1f} ms, the model at this run's speeds "
                      f"{step['model_ms']:.1f} ms.")
+    elif step:
+        lines.append(f"Step: measured {step['measured_ms']:.1f} ms; no model prediction without the shape and batch.")
     b = s.get("bubble")
-    if b:
+    if b and b.get("formula") is None:
+        measured = f"measured {b['measured']:.0%}" if b.get("measured") is not None else "not measured"
+        lines.append(f"Pipeline bubble ({b['stages']} stages): {measured}; no formula without the schedule and "
+                     "its microbatches.")
+    elif b:
         measured = f", measured {b['measured']:.0%}" if b.get("measured") is not None else ""
         lines.append(f"Pipeline bubble ({b['schedule']}, {b['stages']} stages, {b['microbatches']} microbatches): "
                      f"formula {b['formula']:.0%}{measured}.")

@@ -65,3 +65,16 @@ def _fault(f: dict[str, Any]) -> str:
     params = ", ".join(f"{k}={v}" for k, v in (f.get("params") or {}).items())
     rank = f" rank {f['rank']}" if f.get("rank") is not None else ""
     return f"{f['kind']}{rank}" + (f" ({params})" if params else "")
+
+
+def time_lost(report: dict[str, Any]) -> tuple[str, list[list[str]]]:
+    """The ledger's "where the time went": a sentence on the run, and a row per cause (rank and part,
+    when, seconds lost, per step, share of the run); ("", []) for a run without a ledger."""
+    ledger = report.get("ledger") or {}
+    if not ledger.get("steady_steps"):
+        return "", []
+    head = (f"{ledger['steady_steps']} steady steps, {ledger['job_s']:.2f} s of job time; "
+            f"{ledger['waiting_s']:.2f} s blocked in collectives in all (noise {ledger['noise_ms']:.1f} ms).")
+    rows = [[f"rank {c['rank']}, {c['part']}", c["pattern"] if c["pattern"] != "intermittent" else f"steps {ranges(c['steps'])}",
+             f"{c['lost_s']:.2f} s", f"{c['per_step_ms']:.1f} ms", f"{c['share']:.0%}"] for c in ledger.get("causes") or []]
+    return head, rows

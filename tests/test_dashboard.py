@@ -23,6 +23,7 @@ from diagtrain.dashboard import (
     distribution,
     heatmap,
     memory,
+    overview,
     rows,
     style,
     telemetry,
@@ -478,3 +479,14 @@ def test_clicking_a_group_row_opens_it_into_its_ranks():
     assert board.expand_group(click, None, None, expand, 0) == []  # clicked again: closed
     with pytest.raises(app.PreventUpdate):
         board.expand_group({"points": [{"x": 1.0, "y": 0}]}, None, None, [], 0)  # the straggler's own lane
+
+
+def test_the_overview_says_where_the_time_went(straggler):
+    head, rows = overview.time_lost(straggler.report)
+    [f] = [f for f in straggler.findings if f["kind"] == "straggler"]
+    assert head.startswith(f"{straggler.report['ledger']['steady_steps']} steady steps")
+    # The costliest cause is the straggler's rank, and what it lost is the finding's price.
+    assert rows[0][0].startswith(f"rank {f['ranks'][0]},")
+    assert rows[0][2] == f"{straggler.report['ledger']['causes'][0]['lost_s']:.2f} s"
+    page = app.Dashboard([straggler]).render_tab("overview", 0)
+    assert "time-lost" in str(page)

@@ -162,3 +162,4 @@ def test_compare_names_the_settings_that_differ_and_the_dashboard_shows_changed_
     assert settings_text({"settings": {"overridden": {"straggler.min_excess_ms": 250.0}}}) == \
         "changed: straggler.min_excess_ms=250.0"
     assert settings_text({}).startswith("not recorded")
+

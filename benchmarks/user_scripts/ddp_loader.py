@@ -1,10 +1,13 @@
 """DDP with a DistributedSampler and a real DataLoader (optionally with worker processes).
 
     torchrun --nproc-per-node 2 ddp_loader.py [--workers 2] [--slow-rank 1] [--batch-rank 1]
-        [--slow-item-rank 1 --slow-item-every 3] [--hook-delay-rank 1] [--hold-rank 1] ...
+        [--slow-item-rank 1 --slow-item-every 3] [--hook-delay-rank 1] [--hold-rank 1] [--leak-rank 1] ...
+        [--slow-loader-rank 1 --slow-loader-ms 2] [--checkpoint-rank 0 --checkpoint-every 4 --checkpoint-mb 64]
 """
 
 import argparse
+import os
+import tempfile
 import time
 
 import torch
@@ -25,6 +28,20 @@ parser.add_argument("--slow-item-every", type=int, default=3)
 parser.add_argument("--slow-item-ms", type=float, default=240.0)
 parser.add_argument("--hook-delay-rank", type=int, default=-1, help="this rank's DDP comm hook waits first")
 parser.add_argument("--hook-delay-ms", type=float, default=30.0)
+parser.add_argument("--leak-rank", type=int, default=-1,
+                    help="this rank keeps every step's loss with its graph in a list (losses.append(loss)), and "
+                         "--leak-mb of outputs with it: memory that grows step after step")
+parser.add_argument("--leak-mb", type=int, default=16,
+                    help="MiB kept each step on --leak-rank (predictions gathered for an end-of-epoch metric)")
+parser.add_argument("--slow-loader-rank", type=int, default=-1,
+                    help="every item is slow to read on this rank, in every step (a slow disk, heavy decoding)")
+parser.add_argument("--slow-loader-ms", type=float, default=2.0,
+                    help="each item's extra read time on --slow-loader-rank (x --batch items a step)")
+parser.add_argument("--checkpoint-rank", type=int, default=-1,
+                    help="this rank saves model and optimizer state to disk (fsynced) every --checkpoint-every steps")
+parser.add_argument("--checkpoint-every", type=int, default=4)
+parser.add_argument("--checkpoint-mb", type=int, default=0,
+                    help="an extra blob of this many MiB in each checkpoint (the tiny model's state alone saves in ms)")
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
@@ -46,6 +63,8 @@ class Samples(Dataset):
         # Unshuffled DistributedSampler: rank r's k-th batch holds items (k*batch + j)*world + r.
         if rank == args.slow_item_rank and (i // world // self.batch) % args.slow_item_every == 0:
             time.sleep(args.slow_item_ms / 1e3 / self.batch)  # a cold read, a large image to decode
+        if rank == args.slow_loader_rank:
+            time.sleep(args.slow_loader_ms / 1e3)  # every read slow: a network file system, a costly transform
         return torch.randn(WIDTH, generator=g), torch.randn(1, generator=g)
 
 
@@ -66,7 +85,27 @@ if rank == args.hook_delay_rank:
     model.register_comm_hook(None, delayed_allreduce)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 faults = Faults(args, rank)
+checkpoint_path = None
+if rank == args.checkpoint_rank:
+    # One file, overwritten by every save (as a "latest" checkpoint is); on disk, not in page cache alone.
+    handle, checkpoint_path = tempfile.mkstemp(prefix=f"ckpt-rank{rank}-", suffix=".pt")
+    os.close(handle)
+    # --checkpoint-mb: the rest of a larger model's state, written from one small buffer so that the
+    # rank holds no more memory than its peers (that would be another fault, extra memory).
+    chunk = os.urandom(2**20)
 
+
+def save_checkpoint() -> None:
+    """What a training loop does every few steps on one rank: torch.save the state, then fsync it."""
+    with open(checkpoint_path, "wb") as f:
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, f)
+        for _ in range(args.checkpoint_mb):
+            f.write(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+leaked = []  # --leak-rank: what the loop keeps from every step
 step = 0
 for x, y in loader:
     step += 1
@@ -74,5 +113,12 @@ for x, y in loader:
         break
     faults.before_forward(step)
     loss = torch.nn.functional.mse_loss(model(x), y)
+    if rank == args.leak_rank:
+        # The classic leak: the loss itself instead of loss.item(), and with it outputs kept for a metric.
+        leaked.append((loss, torch.full((args.leak_mb * 2**20 // 4,), float(step))))
     finish_step(loss, optimizer, step)
+    if checkpoint_path and step % args.checkpoint_every == 0:
+        save_checkpoint()
+if checkpoint_path:
+    os.unlink(checkpoint_path)
 dist.destroy_process_group()

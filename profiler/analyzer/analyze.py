@@ -19,7 +19,7 @@ from diagtrain.profiler.analyzer.rank.cache import spans_path
 from diagtrain.profiler.analyzer.rank.result import RankResult
 from diagtrain.profiler.analyzer.read.discover import discover
 from diagtrain.profiler.analyzer.report import document, outputs
-from diagtrain.profiler.analyzer.run import health, tables
+from diagtrain.profiler.analyzer.run import health, ledger, tables
 from diagtrain.profiler.analyzer.run.spans import read_spans
 from diagtrain.profiler.util.heap import arrow_on_the_c_heap
 
@@ -44,13 +44,14 @@ def analyze(path: Path, out: Path, formats: list[str], workers: int,
     t = tables.build(path, results, flight_recorder)
     skipped += t.skipped
     notes = health.check(t, results)
+    t.ledger = ledger.build(t)
     with settings.overriding(overrides or {}):
-        findings, path_section, model_section = pipeline.judge(t, spans_reader(t, results, analysis_dir / "cache"),
-                                                               progress, notes)
-        doc = document.build(path, t, findings, notes, [asdict(s) for s in skipped])
+        verdict = pipeline.judge(t, spans_reader(t, results, analysis_dir / "cache"), progress, notes)
+        doc = document.build(path, t, verdict.findings, notes, [asdict(s) for s in skipped])
         doc["settings"] = used_settings(overrides or {})
-    doc["expected"] = model_section
-    doc["critical_path"] = path_section
+    doc["expected"] = verdict.expected
+    doc["critical_path"] = verdict.critical_path
+    doc["ledger"] = verdict.ledger
     progress("writing the results")
     outputs.write(analysis_dir, t, doc, results)
     document.write(out, doc, formats, t)

@@ -84,6 +84,7 @@ class Comparison:
     findings: list[by_cause.FindingChange] = field(default_factory=list)
     machine: machine.MachineCheck = field(default_factory=machine.MachineCheck)
     notes: list[str] = field(default_factory=list)
+    time_lost: list[dict[str, Any]] = field(default_factory=list)  # per cause: BASE's and NEW's cost (time_lost())
 
     @property
     def regressions(self) -> list[MetricResult]:
@@ -155,10 +156,25 @@ def compare(base: list[dict], new: dict, threshold_pct: float, same_machine: boo
     for scope, name, unit, runs, mine in metrics:
         comparison.results.append(judge.metric(name, scope, runs, mine, unit))
     comparison.notes += check.notes + settings_notes(base, new)
+    comparison.time_lost = time_lost(base, new)
     if len(base) == 1 and comparison.inconclusive:
         comparison.notes.append(f"One baseline run cannot tell a change below x{noise.ONE_RUN_CEILING:g} from the "
                                 f"difference between two clean runs; {keep_runs_hint()}")
     return comparison
+
+
+def time_lost(base: list[dict], new: dict) -> list[dict[str, Any]]:
+    """Per cause of the runs' ledgers (a rank and the part of its step the others waited for): the job
+    time it cost per step in BASE (mean over its runs, 0 where a run had no such cause) and in NEW,
+    costliest in NEW first. Empty where no run recorded a ledger."""
+    def per_cause(summary: dict) -> dict[tuple[int, str], float]:
+        return {(c["rank"], c["part"]): c["per_step_ms"] for c in summary.get("time_lost") or []}
+
+    theirs, mine = [per_cause(b) for b in base], per_cause(new)
+    keys = set(mine).union(*theirs) if theirs else set(mine)
+    rows = [{"rank": r, "part": part, "base_ms_per_step": float(np.mean([t.get((r, part), 0.0) for t in theirs])) if theirs else 0.0,
+             "new_ms_per_step": mine.get((r, part), 0.0)} for r, part in keys]
+    return sorted(rows, key=lambda x: (-x["new_ms_per_step"], -x["base_ms_per_step"], x["rank"], x["part"]))
 
 
 def settings_notes(base: list[dict], new: dict) -> list[str]:

@@ -60,6 +60,11 @@ def markdown(c: regression.Comparison) -> str:
                    f"{r.p_value:.2g} | {_num(r.base_p90)} → {_num(r.new_p90)} |")
     out += ["", "### Findings, by cause", ""]
     out += [f"- {line}" for line in by_cause(c)]
+    if c.time_lost:
+        out += ["", "### Time lost per cause (job time per step, from each run's ledger)", "",
+                "| cause | BASE | NEW |", "| --- | ---: | ---: |"]
+        out += [f"| rank {x['rank']}, {x['part']} | {x['base_ms_per_step']:.1f} ms | {x['new_ms_per_step']:.1f} ms |"
+                for x in c.time_lost[:10]]
     return "\n".join(out) + "\n"
 
 

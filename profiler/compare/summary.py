@@ -87,6 +87,9 @@ def summarize(run: Path) -> dict[str, Any]:
         "findings": [{"kind": f["kind"], "ranks": f["ranks"], "severity": f["severity"], "explanation": f["explanation"],
                       "impact_ms": f.get("impact_ms")} for f in report["findings"]],
         "machine": machine.facts(run, timed),
+        # What each cause cost the job (the ledger; absent in runs without step counters).
+        "time_lost": [{k: c[k] for k in ("rank", "part", "per_step_ms", "lost_s", "pattern")}
+                      for c in (report.get("ledger") or {}).get("causes") or []],
         # The thresholds its findings were judged with (None: analyzed before settings were recorded).
         "settings": (report.get("settings") or {}).get("values"),
     }

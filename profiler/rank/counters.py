@@ -21,6 +21,10 @@ from the program:
   run-queue delay, from ``/proc``): what tells "this rank did more work" from "this rank was
   starved by another process". And the process's minor page faults: a rank whose allocator gives
   memory back to the kernel and touches it again every step does the same work more slowly.
+- **memory** at each step's end: the process's resident memory (``/proc/self/statm``, one read),
+  and on a GPU the CUDA caching allocator's allocated and reserved bytes and its peak (read, never
+  reset here: the user's own ``max_memory_allocated`` stays theirs): what shows memory that grows
+  step after step (a leak) in a job that was never profiled.
 
 Only the training thread counts (the main thread, or the one that runs the StepRecorder or steps
 the optimizer, for loops run in a thread of their own): a training step is spent there. Everything here is cheap (a few
@@ -53,6 +57,10 @@ NS_PER_S = 1e9
 # run for this many steps, to learn the outermost modules (the model, the loss), which then keep
 # hooks of their own while the global ones go.
 LEARN_STEPS = 2
+try:
+    PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")  # /proc/self/statm counts pages
+except (AttributeError, ValueError, OSError):  # not a POSIX system: no statm either
+    PAGE_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,7 @@ class Reading:
     cpu_s: float
     runq_s: float | None  # None: /proc/<pid>/task/<tid>/schedstat cannot be read here
     page_faults: int | None = None  # minor page faults of the process; None: no getrusage here
+    rss_bytes: int | None = None  # resident memory now (not cumulative); None: no /proc/self/statm here
 
     def since(self, before: Reading) -> dict[str, Any]:
         """The step record's counter fields for the interval from ``before`` to this reading."""
@@ -75,6 +84,8 @@ class Reading:
             fields["runq_ms"] = round((self.runq_s - before.runq_s) * 1e3, 3)
         if self.page_faults is not None and before.page_faults is not None:
             fields["page_faults"] = self.page_faults - before.page_faults
+        if self.rss_bytes is not None:
+            fields["rss_bytes"] = self.rss_bytes  # at the interval's end
         return fields
 
 
@@ -149,6 +160,8 @@ class Counters:
         self._roots_known = True
         self._steps_seen = 0
         self._schedstat = _open_schedstat(threading.main_thread().native_id)
+        self._statm: tuple[int, int | None] | None = None  # (pid, descriptor): opened by that process
+        self._gpu_failed = False  # reading the CUDA allocator's statistics failed once: not tried again
         self._p2p_first: list | None = None  # this step's first point-to-point call: [kind, peer]
         self._p2p: dict[str, dict[int, int]] = {"send": {}, "recv": {}}  # kind -> peer -> calls this step
         self._samples = 0  # samples in the batches the training thread loaded this step
@@ -335,7 +348,8 @@ class Counters:
         if self.failed:
             return None
         try:
-            return Reading(self.comm_s, self._comm_calls(), time.process_time(), self._runq_s(), _page_faults())
+            return Reading(self.comm_s, self._comm_calls(), time.process_time(), self._runq_s(), _page_faults(),
+                           self._rss_bytes())
         except Exception as e:  # noqa: BLE001
             self.fail(e)
             return None
@@ -360,6 +374,56 @@ class Counters:
         # "<ns on a CPU> <ns waiting on a run queue> <timeslices>"
         return int(os.pread(self._schedstat, 64, 0).split()[1]) / NS_PER_S
 
+    def _rss_bytes(self) -> int | None:
+        pid = os.getpid()
+        if self._statm is None or self._statm[0] != pid:  # "self" is the process that opened it: a forked child reopens
+            self._statm = (pid, _open_proc_file("/proc/self/statm"))
+        if self._statm[1] is None:
+            return None
+        try:
+            # "<size> <resident> <shared> ..." in pages
+            return int(os.pread(self._statm[1], 128, 0).split()[1]) * PAGE_BYTES
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def gpu_memory(self, device: Any = None, peak_since_step: bool = False) -> dict[str, Any]:
+        """The step record's GPU memory fields now (:func:`gpu_memory_fields`), on the recorder's CUDA
+        ``device`` or, where the job initialized CUDA, its current device; ``{}`` on a CPU job.
+        ``peak_since_step``: the recorder reset the allocator's peak when the step began."""
+        if self._gpu_failed:
+            return {}
+        try:
+            cuda = getattr(sys.modules.get("torch"), "cuda", None)
+            if cuda is None:
+                return {}
+            if device is None or getattr(device, "type", None) != "cuda":
+                if not cuda.is_initialized():
+                    return {}  # a CPU job, or one that has not touched its GPU: nothing to read, nothing started
+                device = cuda.current_device()
+            return gpu_memory_fields(cuda.memory_stats_as_nested_dict(device), peak_since_step)
+        except Exception as e:  # noqa: BLE001 - GPU memory is optional; the other counters stay
+            self._gpu_failed = True
+            print(f"diagtrain: GPU memory per step not recorded: {type(e).__name__}: {e}", file=sys.stderr)
+            return {}
+
+
+def gpu_memory_fields(stats: dict[str, Any], peak_since_step: bool = False) -> dict[str, Any]:
+    """``gpu_allocated_bytes``, ``gpu_reserved_bytes`` (now) and ``gpu_peak_bytes`` (the most allocated)
+    from the CUDA caching allocator's statistics as ``torch.cuda.memory_stats_as_nested_dict`` gives
+    them; ``{}`` when they hold none (an allocator that keeps no statistics).
+
+    The peak is torch's ``max_memory_allocated``, never reset here (that would change the job's own
+    numbers): ``gpu_peak_since`` says whether it is this step's (``"step"``: a recorder on that device
+    resets it as each step begins, see peak_memory) or the process's since it started (``"start"``).
+    """
+    try:
+        allocated, reserved = stats["allocated_bytes"]["all"], stats["reserved_bytes"]["all"]
+        fields = {"gpu_allocated_bytes": int(allocated["current"]), "gpu_reserved_bytes": int(reserved["current"]),
+                  "gpu_peak_bytes": int(allocated["peak"])}
+    except (KeyError, TypeError, ValueError):
+        return {}
+    return {**fields, "gpu_peak_since": "step" if peak_since_step else "start"}
+
 
 def _page_faults() -> int | None:
     """The process's minor page faults so far (None where there is no getrusage)."""
@@ -368,8 +432,13 @@ def _page_faults() -> int | None:
 
 def _open_schedstat(thread_id: int | None) -> int | None:
     """A descriptor on a thread's scheduler statistics (Linux), kept open: one read per step."""
+    return _open_proc_file(f"/proc/self/task/{thread_id}/schedstat")
+
+
+def _open_proc_file(path: str) -> int | None:
+    """A descriptor on a ``/proc`` file, kept open (None where there is none: not Linux)."""
     try:
-        return os.open(f"/proc/self/task/{thread_id}/schedstat", os.O_RDONLY)
+        return os.open(path, os.O_RDONLY)
     except OSError:
         return None
 

@@ -69,10 +69,12 @@ class StepRecorder:
     one. Time spent inside :meth:`phase` blocks is summed per phase name, and so is the time the
     rank was blocked in communication inside each (``phase_comm_ms``). Every record also carries
     the always-on counters of :mod:`~diagtrain.profiler.rank.counters`: ``comm_ms``,
-    ``comm_calls``, ``cpu_ms`` and ``runq_ms``. The recorder that `diagtrain run` drives from the
-    optimizer hooks (``implicit``) takes its phases from the counters too. It never raises into the
-    training loop: a record it cannot write (a full disk) or a window it cannot profile is dropped
-    with one warning (see :mod:`diagtrain.profiler.rank.trouble`), and training goes on.
+    ``comm_calls``, ``cpu_ms``, ``runq_ms``, ``page_faults``, ``rss_bytes`` and, on a GPU,
+    ``gpu_allocated_bytes``, ``gpu_reserved_bytes`` and ``gpu_peak_bytes``. The recorder that
+    `diagtrain run` drives from the optimizer hooks (``implicit``) takes its phases from the
+    counters too. It never raises into the training loop: a record it cannot write (a full disk)
+    or a window it cannot profile is dropped with one warning (see
+    :mod:`diagtrain.profiler.rank.trouble`), and training goes on.
     """
 
     def __init__(
@@ -220,6 +222,7 @@ class StepRecorder:
             **({"p2p": p2p} if p2p else {}),
             "peak_mem_bytes": self._memory.read(),
             "mem_source": self._memory.source,
+            **COUNTERS.gpu_memory(self.device, peak_since_step=self._memory.source == "cuda_max_allocated"),
             **({"samples": samples} if samples else {}),
             **metrics,
         }

@@ -562,7 +562,8 @@ def analyze(tables: Tables) -> RunPaths:
 
 def with_impacts(findings: list[Finding], run: RunPaths) -> list[Finding]:
     """A straggler's ``impact_ms`` from the graph where it exists: the mean saving per profiled step of
-    bringing the rank's slow part to its peers' median (the detector's estimate stays elsewhere)."""
+    bringing the rank's slow part to its peers' median (the detector's estimate stays elsewhere). One the
+    ledger priced over the whole run keeps that price; the replay is recorded beside it (``critical_path_ms``)."""
     for f in findings:
         if f.kind != "straggler" or not f.ranks:
             continue
@@ -573,10 +574,13 @@ def with_impacts(findings: list[Finding], run: RunPaths) -> list[Finding]:
         if not steps:
             continue
         savings = [saving_us(g, peer_scale(g, rank, phase)) for g in steps]
+        f.settings.update(values(CriticalPath.active()))  # the what-if that priced it
+        if f.metrics.get("impact_source") == "ledger":  # priced over every step: the replay is its check
+            f.metrics["critical_path_ms"] = float(np.mean(savings)) / 1e3
+            continue
         f.metrics["detector_impact_ms"] = f.impact_ms
         f.metrics["impact_source"] = "critical_path"
         f.impact_ms = float(np.mean(savings)) / 1e3
-        f.settings.update(values(CriticalPath.active()))  # the what-if that set its impact
     return findings
 
 

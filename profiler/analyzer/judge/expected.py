@@ -8,7 +8,10 @@ against its schedule's (diagtrain.profiler.model). A large difference the model 
 finding, with its evidence.
 
 The layout comes from trainer.json (the reference trainers); without it the section says what it
-assumed (the manifest's mesh, else plain data parallelism) and raises no finding.
+assumed (the manifest's mesh, else plain data parallelism) and raises no finding. Nor does it
+borrow a shape: a plain script records no layers, hidden size, sequence or batch, so the section
+gives the size the run measured, the layout it could infer, per-rank shares that need no shape, and
+lists the rest under ``unknown`` (no peak, compute or step-time estimate rests on a guess).
 """
 
 from __future__ import annotations
@@ -26,11 +29,13 @@ from diagtrain.profiler.analyzer.rank.collectives import WHOLE_BUFFER_OPS
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.analyzer.settings import section, setting
 from diagtrain.profiler.model.collectives import ring_time
+from diagtrain.profiler.model.precision import model_state
 from diagtrain.profiler.model.pipeline import bubble as bubble_formula
 from diagtrain.profiler.plan.comm import Collective
 from diagtrain.profiler.plan.comm import collectives as plan_collectives
 from diagtrain.profiler.plan.estimate import Speeds, estimate
 from diagtrain.profiler.plan.hardware import NETWORK, NVLINK
+from diagtrain.profiler.plan.layout import Layout
 from diagtrain.profiler.plan.memory import held as plan_held, rank_memory
 from diagtrain.profiler.plan.run_model import Measured, RunModel
 
@@ -75,11 +80,15 @@ def check(tables: Tables, spans_of: Callable[[int], pd.DataFrame | None] = lambd
         return {"available": False, "reason": str(e)}, []
     m = run_measured.measure(rm, tables.steps, coll, tables.parameters, spans_of)
     exact = tables.trainer is not None  # the layout is known, not assumed
-    notes = rm.notes if exact else [*rm.notes, "no peak estimate: activations depend on the batch and sequence, "
-                                                  "which the run does not record"]
-    section = {"available": True, "exact_layout": exact, "model": _model(rm), "notes": notes,
-               "state": _state(rm, m, exact), "collectives": _collectives(rm, coll, tables, exact),
-               "bubble": _bubble(rm, m), "step": _step(rm, m)}
+    if exact:
+        section = {"available": True, "exact_layout": True, "model": _model(rm), "notes": rm.notes,
+                   "state": _state(rm, m, exact), "collectives": _collectives(rm, coll, tables, exact),
+                   "bubble": _bubble(rm, m), "step": _step(rm, m)}
+    else:
+        section = {"available": True, "exact_layout": False, "model": _inferred_model(rm),
+                   "notes": _inferred_notes(rm), "unknown": unknown(rm.layout),
+                   "state": _state(rm, m, exact), "collectives": _collectives(rm, coll, tables, exact),
+                   "bubble": _inferred_bubble(rm, m), "step": _measured_step(m)}
     return section, findings(section, tables, exact, Expected.active())
 
 
@@ -90,12 +99,86 @@ def _model(rm: RunModel) -> dict[str, Any]:
             "state_bytes_per_parameter": rm.precision.state_bytes, "layout": lay.name(), "dims": asdict(lay)}
 
 
+# -- a run that records no shape: what it measured and what it did not ------------------------------
+
+# What a plain script does not record, by the key the section (or trainer.json's model) would give it.
+UNKNOWN = {"layers": "layers", "hidden": "hidden size", "heads": "attention heads", "seq_len": "sequence length",
+           "vocab": "vocabulary", "batch": "batch size", "grad_accum": "gradient accumulation",
+           "activation_checkpointing": "activation checkpointing"}
+UNKNOWN_PIPELINE = {"microbatches": "microbatches", "schedule": "pipeline schedule"}
+
+
+def unknown(layout: Layout) -> list[str]:
+    """What the section cannot know of a run without trainer.json (``UNKNOWN``'s keys)."""
+    return [*UNKNOWN, *(UNKNOWN_PIPELINE if layout.pp > 1 else ())]
+
+
+def _inferred_model(rm: RunModel) -> dict[str, Any]:
+    """The size the run's gradient reductions measured and the layout read off its groups and traffic;
+    no shape (``describe`` gives the planner the nearest well-known one, which this section never shows)."""
+    lay = rm.layout
+    assumed = any(n.startswith(run_measured.NO_MESH) for n in rm.notes)
+    return {"parameters": rm.model.params, "parameters_from": "gradient reductions",
+            "layers": None, "hidden": None, "heads": None, "seq_len": None, "vocab": None,
+            "precision": rm.precision.name, "precision_assumed": True,
+            "state_bytes_per_parameter": rm.precision.state_bytes, "layout": lay.name(),
+            "layout_from": "assumed" if assumed else "inferred",
+            "dims": {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "zero": lay.zero}}
+
+
+def _inferred_notes(rm: RunModel) -> list[str]:
+    """``describe``'s assumptions less the borrowed shape, and what the state columns rest on."""
+    lay = rm.layout
+    notes = [n for n in rm.notes if not n.startswith(run_measured.SHAPE_ASSUMED)]
+    notes.append(f"{rm.precision.name} weights, gradients and Adam's two moments ({rm.precision.state_bytes} bytes "
+                 "per parameter): the model-state columns rest on it")
+    split = [f"{n} {what} ranks" for n, what in ((lay.tp, "tensor-parallel"), (lay.pp, "pipeline"),
+                                                 (lay.dp if lay.zero >= 3 else 1, "sharding")) if n > 1]
+    if split:
+        notes.append(f"per-rank parameters split the size evenly over {' x '.join(split)} "
+                     "(the real split depends on the shape)")
+    return notes
+
+
+def _even_split(rm: RunModel) -> tuple[float, float]:
+    """(parameters a rank computes with, parameters it keeps after ZeRO's sharding): the measured size
+    spread evenly over the layout, the only split that needs no shape."""
+    lay = rm.layout
+    local = rm.model.params / (lay.tp * lay.pp)
+    return local, local / lay.dp if lay.zero >= 1 else local
+
+
+def _inferred_bubble(rm: RunModel, m: Measured) -> dict[str, Any] | None:
+    """A pipeline's measured bubble; its schedule and microbatches are not recorded, so no formula."""
+    if rm.layout.pp < 2:
+        return None
+    return {"stages": rm.layout.pp, "microbatches": None, "schedule": None, "formula": None, "with_stage_times": None,
+            "measured": m.pipeline.measured if m.pipeline else None,
+            "stage_busy_ms": m.pipeline.stage_busy_ms if m.pipeline else None}
+
+
+def _measured_step(m: Measured) -> dict[str, Any] | None:
+    """The measured step and bandwidths; no model time or FLOP/s: both need the shape and batch."""
+    if m.step_s is None:
+        return None
+    return {"measured_ms": m.step_s * 1e3, "model_ms": None, "components_ms": None, "achieved_tflops_per_rank": None,
+            "best_busbw_gbps": {k: v / 1e9 for k, v in m.group_bw.items()}}
+
+
 # -- model state and memory ------------------------------------------------------------------------
 
 
 def _state(rm: RunModel, m: Measured, exact: bool) -> list[dict[str, Any]]:
     """Per rank, parameters, model state and peak: expected and measured. No peak is estimated for an
     assumed layout: its activations come from a guessed shape and batch, and they dominate the peak."""
+    if not exact:  # no shape: the even split, model state only
+        local, shard = _even_split(rm)
+        state = sum(model_state(local, shard, rm.layout.zero, rm.precision).values())
+        return [{"rank": rank, "expected_parameters": shard if rm.layout.zero >= 3 else local,
+                 "held_parameters": m.held.get(rank), "expected_state_bytes": state,
+                 "held_state_bytes": m.held[rank] * rm.precision.state_bytes if rank in m.held else None,
+                 "expected_peak_bytes": None, "expected_memory": None, "peak_bytes": m.peak_bytes.get(rank)}
+                for rank in range(rm.world_size)]
     rows = []
     for rank in range(rm.world_size):
         h = plan_held(rm.model, rm.layout, rank, rm.layers_per_stage)
@@ -370,10 +453,9 @@ def markdown(section: dict[str, Any] | None, max_rows: int = 64) -> list[str]:
     if not section.get("available"):
         return ["### Expected vs measured", "", f"Not compared: {section.get('reason')}", ""]
     model = section["model"]
-    lines = ["### Expected vs measured", "",
-             f"Model: {model['parameters']:,.0f} parameters, {model['layers']} layers, hidden {model['hidden']}, "
-             f"{model['precision']} ({model['state_bytes_per_parameter']} bytes of state per parameter); "
-             f"layout {model['layout']}{'' if section['exact_layout'] else ' (assumed)'}."]
+    lines = ["### Expected vs measured", "", model_line(section)]
+    if section.get("unknown"):
+        lines.append(f"- not known: {unknown_words(section['unknown'])}")
     lines += [f"- assumed: {n}" for n in section["notes"]] + [""]
     lines += ["| rank | parameters expected | held | state expected (MiB) | held (MiB) | peak estimate (MiB) | peak (MiB) |",
               "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -394,18 +476,45 @@ def markdown(section: dict[str, Any] | None, max_rows: int = 64) -> list[str]:
                          f"{r['measured_calls']:g} | {_num(r['measured_transfer_ms'])} | {_num(r['model_ms'])} |")
         lines.append("")
     b = section.get("bubble")
-    if b:
+    if b and b.get("formula") is None:
+        measured = f"measured {b['measured']:.0%}" if b.get("measured") is not None else "not measured"
+        lines += [f"Pipeline bubble over {b['stages']} stages: {measured} (no formula: the schedule and its "
+                  "microbatches are not known).", ""]
+    elif b:
         measured = f"; measured {b['measured']:.0%}" if b.get("measured") is not None else ""
         staged = f" ({b['with_stage_times']:.0%} with the stages' measured times)" if b.get("with_stage_times") else ""
         lines += [f"Pipeline bubble: {b['schedule']}, {b['stages']} stages, {b['microbatches']} microbatches: "
                   f"formula {b['formula']:.0%}{staged}{measured}.", ""]
     s = section.get("step")
-    if s:
+    if s and s.get("model_ms") is None:
+        lines += [f"Step: measured {s['measured_ms']:.1f} ms; no model prediction (its compute needs the model's "
+                  "shape and batch, which the run does not record).", ""]
+    elif s:
         lines += [f"Step: measured {s['measured_ms']:.1f} ms; the model at this run's speeds "
                   f"({s['achieved_tflops_per_rank'] * 1e3:.1f} GFLOP/s per rank, best bus bandwidth "
                   + ", ".join(f"{k} {v:.2f} GB/s" for k, v in s["best_busbw_gbps"].items())
                   + f") predicts {s['model_ms']:.1f} ms.", ""]
     return lines
+
+
+def model_line(section: dict[str, Any]) -> str:
+    """The section's first line: the model as the run gave it (trainer.json), else only what it measured."""
+    model = section["model"]
+    if section["exact_layout"]:
+        return (f"Model: {model['parameters']:,.0f} parameters, {model['layers']} layers, hidden {model['hidden']}, "
+                f"{model['precision']} ({model['state_bytes_per_parameter']} bytes of state per parameter); "
+                f"layout {model['layout']}.")
+    source = f" (read off its {model['parameters_from']})" if model.get("parameters_from") else ""
+    return (f"Model: {model['parameters']:,.0f} parameters{source}, shape not recorded; {model['precision']} "
+            f"assumed ({model['state_bytes_per_parameter']} bytes of state per parameter); "
+            f"layout {model['layout']} ({model.get('layout_from') or 'assumed'}).")
+
+
+def unknown_words(keys: list[str]) -> str:
+    """What the run did not record, in words, and what the section leaves out for it."""
+    words = {**UNKNOWN, **UNKNOWN_PIPELINE}
+    return (", ".join(words.get(k, k) for k in keys) + ": the run records no model shape or batch, so no peak, "
+            "compute or step-time estimate, and no finding that would need them")
 
 
 def _mib(n: float | None) -> str:

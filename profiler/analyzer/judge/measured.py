@@ -46,6 +46,13 @@ class MeasuredRun:
                                           "run fully sharded (FSDP, ZeRO-3): a DDP job gathers only small metrics")
 
 
+# The note ``describe`` leaves on a run whose shape it took from the nearest well-known model. The
+# planner needs a shape for its what-ifs (``plan --from`` says so, and --layers/--hidden/--seq correct
+# it); the analyzer's expected-vs-measured section reports none of it (judge/expected.py).
+SHAPE_ASSUMED = "shape assumed"
+NO_MESH = "no mesh recorded"  # the note on a run whose layout is plain data parallelism by assumption
+
+
 class RunInputError(ValueError):
     """A run the plan cannot describe; the message names the file and what is missing."""
 
@@ -67,7 +74,7 @@ def describe(run: dict[str, Any], trainer: dict | None, total_params: float | No
     notes = []
     if dims["pp"] * dims["dp"] * dims["tp"] != world:
         dims = {"pp": 1, "dp": world, "tp": 1}
-        notes.append(f"no mesh recorded: assumed plain data parallelism over the {world} ranks")
+        notes.append(f"{NO_MESH}: assumed plain data parallelism over the {world} ranks")
     profiled = with_steps(collectives, steps)
     params = total_params
     if params is None:
@@ -78,7 +85,7 @@ def describe(run: dict[str, Any], trainer: dict | None, total_params: float | No
                      f"({ASSUMED.grad}-byte gradients assumed"
                      f"{f', one rank holding 1/{shards} of them' if shards > 1 else ''})")
     model = shape_for(params)
-    notes.append(f"shape assumed from the nearest well-known model: {model.layers} layers, hidden {model.hidden}, "
+    notes.append(f"{SHAPE_ASSUMED} from the nearest well-known model: {model.layers} layers, hidden {model.hidden}, "
                  f"sequence {model.seq_len} (pass --layers/--hidden/--seq to correct)")
     zero = 3 if (run.get("strategy") or "").lower() in ("fsdp", "zero3") else 0
     if not zero and run.get("strategy") is None and _gathers_weights(profiled, params):

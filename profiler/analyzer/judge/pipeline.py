@@ -9,13 +9,14 @@ Every finding records the settings its detector ran with (``Finding.settings``).
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable
 
 import pandas as pd
 
 from diagtrain.profiler.analyzer import settings
-from diagtrain.profiler.analyzer.judge import contention, critical_path, expected
+from diagtrain.profiler.analyzer.judge import contention, cost, critical_path, expected
 from diagtrain.profiler.analyzer.judge.explained import explained
 from diagtrain.profiler.analyzer.judge.findings import Finding, order
 from diagtrain.profiler.analyzer.run.tables import Tables
@@ -32,11 +33,15 @@ DETECTORS = (
     "gpu_throttling",
     "low_utilization",
     "host_contention",
+    "memory_growth",
     "missing_evidence",
 )
 
 # Passes over the detectors' findings, in order; each takes (findings, tables) and returns findings.
 PASSES: tuple[tuple[str, Callable[[list[Finding], Tables], list[Finding]]], ...] = (
+    # Stragglers and data stalls priced by what they cost the job over the whole run (the ledger),
+    # with one severity rule; a cause in the ledger that no detector named becomes a finding.
+    ("cost", cost.priced),
     # A rank slowed by other processes on its host, or by its allocator's memory churn, is lowered to
     # info and said so: it is not a straggler or a late rank.
     ("host contention", contention.own_work_only),
@@ -49,16 +54,36 @@ def detector_modules() -> dict[str, ModuleType]:
     return {name: importlib.import_module(f"{__package__}.detectors.{name}") for name in DETECTORS}
 
 
+@dataclass
+class Judgement:
+    """What judgement gives the report: the findings, ranked, and the sections they rest on."""
+
+    findings: list[Finding]
+    critical_path: dict[str, Any]
+    expected: dict[str, Any] | None
+    ledger: dict[str, Any] | None
+
+
 def judge(t: Tables, spans_of: Callable[[int], pd.DataFrame | None], progress: Callable[[str], None],
-          notes: list[dict]) -> tuple[list[Finding], dict[str, Any], dict[str, Any] | None]:
-    """(findings ranked, the critical-path section, the expected-vs-measured section). A failing step
-    is reported (in ``notes`` too for a detector), never fatal."""
+          notes: list[dict]) -> Judgement:
+    """Detectors, passes, the critical path and expected vs measured. A failing step is reported (in
+    ``notes`` too for a detector), never fatal."""
     progress("running the detectors")
-    findings = order(run_passes(run_detectors(t, progress, notes), t, progress))
+    findings = run_passes(run_detectors(t, progress, notes), t, progress)
     progress("tracing the critical path")
     path_section = trace_critical_path(t, findings, progress)
+    findings = cost.reconcile(findings)
     model_section, model_findings = check_expected(t, spans_of, progress)
-    return order(findings + model_findings), path_section, model_section
+    return Judgement(order(findings + model_findings), path_section, model_section, ledger_section(t, progress))
+
+
+def ledger_section(t: Tables, progress: Callable[[str], None]) -> dict[str, Any] | None:
+    """The report's "where the time went"; a failure is reported, never fatal."""
+    try:
+        return cost.ledger_section(t)
+    except Exception as e:  # noqa: BLE001 - the findings stand without it
+        progress(f"ledger failed: {type(e).__name__}: {e}")
+        return {"available": False, "reason": f"{type(e).__name__}: {e}"}
 
 
 def run_detectors(t: Tables, progress: Callable[[str], None], notes: list[dict] | None = None) -> list[Finding]:

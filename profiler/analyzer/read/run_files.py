@@ -303,13 +303,22 @@ def _p2p(value: Any) -> dict[str, Any] | None:
     return {"first": list(first), **counts}
 
 
+# Memory at a step's end (bytes): the process's resident memory; on a GPU the caching allocator's
+# allocated and reserved bytes and its peak, since the step began or since the process started
+# (``gpu_peak_since``, one of PEAK_SINCE).
+MEMORY_COUNTERS = ("rss_bytes", "gpu_allocated_bytes", "gpu_reserved_bytes", "gpu_peak_bytes")
+PEAK_SINCE = ("step", "start")
+
+
 def _counters(record: dict[str, Any]) -> dict[str, Any]:
     """The always-on counters of a step record as step-table columns, None where unknown or impossible.
     ``comm_ms`` there (time blocked in communication) becomes ``comm_wait_ms``: ``comm_ms`` is the traces' time in collectives."""
     columns = {"comm_wait_ms": _bounded(record.get("comm_ms"), MAX_STEP_MS),
                "comm_calls": _bounded(record.get("comm_calls"), math.inf),
                "cpu_ms": _bounded(record.get("cpu_ms"), MAX_STEP_MS), "runq_ms": _bounded(record.get("runq_ms"), MAX_STEP_MS),
-               "page_faults": _bounded(record.get("page_faults"), math.inf)}
+               "page_faults": _bounded(record.get("page_faults"), math.inf),
+               **{k: _bounded(record.get(k), MAX_MEMORY_BYTES) for k in MEMORY_COUNTERS},
+               "gpu_peak_since": record.get("gpu_peak_since") if record.get("gpu_peak_since") in PEAK_SINCE else None}
     waits = record.get("phase_comm_ms")
     if isinstance(waits, dict):
         columns.update({f"{k}_comm_wait_ms": _bounded(v, MAX_STEP_MS) for k, v in waits.items() if isinstance(k, str)})

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from diagtrain.profiler.analyzer.judge import critical_path, expected
+from diagtrain.profiler.analyzer.judge import cost, critical_path, expected
 from diagtrain.profiler.analyzer.judge.findings import Finding, saving_text
 from diagtrain.profiler.analyzer.run.health import UNCOUNTED_CHECKS
 from diagtrain.profiler.analyzer.run.tables import Tables
@@ -80,6 +80,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [f"{i}. **{f['severity'].upper()} {f['kind']}**{impact}: {f['explanation']}",
                   f"   - *What to do:* {f['suggestion']}",
                   f"   - *Thresholds:* {_thresholds(f['metrics'])}", ""]
+    lines += cost.markdown(report.get("ledger"))
     lines += critical_path.markdown(report.get("critical_path"))
     lines += _rank_table(report["ranks"])
     lines += expected.markdown(report.get("expected"))

@@ -40,7 +40,9 @@ class Tables:
     """Everything the detectors look at."""
 
     # rank, step, start, end (Unix s), wall_ms, <phase>_ms, peak_mem_bytes, the always-on counters
-    # (comm_wait_ms, <phase>_comm_wait_ms, comm_calls, cpu_ms, runq_ms, page_faults; NaN where not measured), trace columns
+    # (comm_wait_ms, <phase>_comm_wait_ms, comm_calls, cpu_ms, runq_ms, page_faults, and memory at the step's end:
+    # rss_bytes, gpu_allocated_bytes, gpu_reserved_bytes, gpu_peak_bytes, gpu_peak_since; NaN where not measured),
+    # trace columns
     steps: pd.DataFrame
     ranks: pd.DataFrame  # one row per rank: the report's per-rank record
     collectives: pd.DataFrame  # matched across ranks (see collectives.match)
@@ -66,6 +68,7 @@ class Tables:
     notes: list[dict] = field(default_factory=list)  # health notes from reading them (impossible values, ...)
     segments: pd.DataFrame = field(default_factory=pd.DataFrame)  # each rank's work per profiled step (work_segments)
     structure: Structure = field(default_factory=Structure)  # groups, mesh, pipeline stages
+    ledger: pd.DataFrame = field(default_factory=pd.DataFrame)  # where each rank's step went (run/ledger.py)
 
 
 def build(run_dir: Path, results: list[RankResult], flight_recorder_dir: Path | None = None) -> Tables:
@@ -226,7 +229,8 @@ def read_step_records(folders: dict[int, Path], inputs: Inputs,
 
 
 # The always-on counters' columns in the steps table (run_files.read_steps); absent: not measured.
-COUNTER_COLUMNS = ("comm_wait_ms", "comm_calls", "cpu_ms", "runq_ms", "page_faults")
+COUNTER_COLUMNS = ("comm_wait_ms", "comm_calls", "cpu_ms", "runq_ms", "page_faults", *rf.MEMORY_COUNTERS,
+                   "gpu_peak_since")
 
 
 def _join_steps(recorded: pd.DataFrame, traced: pd.DataFrame) -> pd.DataFrame:

@@ -1,0 +1,287 @@
+"""What each cause cost the job, from the ledger of time (run/ledger.py): findings priced, ranked and judged by it.
+
+A cause is a rank and the part of its step (a phase, or work outside the phases) in which the others
+waited for it. Its cost is the job's wall time that removing it would have saved, step by step over
+the whole run (not only the profiled steps), so a cause present in every step, one that recurs every
+k steps (a checkpoint, an evaluation) and one that happened twice are told apart and priced alike.
+A step is charged to a cause only above the noise measured on the run itself. Severity follows one
+rule for every kind (:func:`severity`): the share of the run's time lost, and whether the cause is a
+pattern (every step, or periodic) or came and went.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady
+from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.judge.quantities import Measure, Quantity, SlowCause
+from diagtrain.profiler.analyzer.run.ledger import OUTSIDE, excess_column, work_column
+from diagtrain.profiler.analyzer.run.tables import Tables
+from diagtrain.profiler.analyzer.settings import section, setting, values
+from diagtrain.profiler.util.stats import MAD_TO_SIGMA
+from diagtrain.profiler.util.text import ranges
+
+EVERY_STEP, INTERMITTENT = "every step", "intermittent"
+
+
+@section("cost")
+class Cost:
+    """When a step is charged to a cause, how a cause's pattern is named, and how much lost time matters."""
+
+    noise_sigmas: float = setting(3.0, "a step is charged to a cause only when its saving exceeds this many robust "
+                                  "standard deviations of the ranks' own step-to-step variation in this run")
+    min_saving_ms: float = setting(2.0, "... and at least this many ms: timer resolution and scheduling jitter")
+    min_steps: int = setting(2, "a cause charged in a single step is an accident, not a pattern")
+    every_step_share: float = setting(0.6, "charged in this share of the steady steps or more: present in every step")
+    min_periods: int = setting(3, "a period is named only when the cause recurs at a fixed interval this many times")
+    warning_share: float = setting(0.05, "a pattern that cost the job this share of its steady time is worth a warning")
+    error_share: float = setting(0.25, "... and this share, an error: a quarter of the run lost to one cause")
+    disagree_share: float = setting(0.3, "the critical path's what-if and the ledger disagree when they differ by more "
+                                    "than this share of the larger (and by more than the noise)")
+
+
+@dataclass
+class Cause:
+    """One rank's part of the step that the others waited for, and what it cost the job."""
+
+    rank: int
+    part: str  # a phase, or OUTSIDE
+    steps: list[int]  # the steady steps charged to it
+    lost_ms: float  # job wall time it cost, summed over those steps
+    per_step_ms: float  # ... averaged over every steady step of the run
+    share: float  # ... as a share of the run's steady time
+    pattern: str  # EVERY_STEP, "every k steps", or INTERMITTENT
+    period: int | None
+    own_ms: float  # the rank's median work in that part, in the charged steps
+    peer_ms: float  # its peers' median there
+
+    def to_json(self) -> dict[str, Any]:
+        """The report's record of this cause."""
+        return {"rank": self.rank, "part": self.part, "steps": self.steps, "lost_s": round(self.lost_ms / 1e3, 4),
+                "per_step_ms": round(self.per_step_ms, 3), "share": round(self.share, 4), "pattern": self.pattern,
+                "period_steps": self.period, "own_ms": round(self.own_ms, 3), "peer_ms": round(self.peer_ms, 3)}
+
+
+SETTINGS = (Cost, Steady)
+
+
+def noise_ms(ledger: pd.DataFrame) -> float:
+    """The ranks' own step-to-step variation (robust standard deviation of own time, median over ranks)."""
+    spread = ledger.groupby("rank")["own_ms"].agg(lambda v: MAD_TO_SIGMA * float(np.median(np.abs(v - np.median(v)))))
+    return float(spread.median()) if len(spread) else 0.0
+
+
+def causes(t: Tables, c: Cost | None = None) -> tuple[list[Cause], dict[str, Any]]:
+    """Every cause charged in the run's steady steps, costliest first; and the run's totals."""
+    c = c or Cost.active()
+    ledger = _steady(t)
+    if ledger.empty:
+        return [], {}
+    noise = noise_ms(ledger)
+    bar = max(c.min_saving_ms, c.noise_sigmas * noise)
+    charged = ledger[ledger["saving_ms"] > bar]
+    steps = sorted(int(s) for s in ledger["step"].unique())
+    job_ms = float(ledger.groupby("step")["job_ms"].first().sum())
+    found = []
+    for (rank, part), rows in charged.groupby(["rank", "cause_phase"]):
+        if len(rows) < c.min_steps:
+            continue
+        charged_steps = sorted(int(s) for s in rows["step"])
+        pattern, period = _pattern(charged_steps, steps, c)
+        lost = float(rows["saving_ms"].sum())
+        peers = ledger[ledger["step"].isin(charged_steps) & (ledger["rank"] != rank)]
+        found.append(Cause(int(rank), str(part), charged_steps, lost, lost / len(steps), lost / job_ms if job_ms else 0.0,
+                           pattern, period, float(rows[work_column(part)].median()),
+                           float(peers[work_column(part)].median()) if len(peers) else float("nan")))
+    found.sort(key=lambda x: -x.lost_ms)
+    totals = {"steady_steps": len(steps), "job_s": round(job_ms / 1e3, 4), "noise_ms": round(noise, 3),
+              "charged_above_ms": round(bar, 3),
+              "waiting_s": round(float(ledger["wait_ms"].sum()) / 1e3, 4),
+              "starved_s": round(float(ledger["starved_ms"].sum()) / 1e3, 4) if ledger["starved_ms"].notna().any() else None}
+    return found, totals
+
+
+def severity(share: float, pattern: str, c: Cost) -> str:
+    """One rule for every kind: a pattern (every step, periodic) by the share of the run it cost; a cause
+    that came and went is information (a busy host gives any rank some pauses)."""
+    if pattern == INTERMITTENT:
+        return "info"
+    return "error" if share >= c.error_share else "warning" if share >= c.warning_share else "info"
+
+
+def priced(findings: list[Finding], t: Tables) -> list[Finding]:
+    """Stragglers, data stalls and late ranks priced by the ledger (impact: the job time they cost, per step
+    over the whole run), with their pattern and the uniform severity; causes no detector named become findings."""
+    c = Cost.active()
+    found, totals = causes(t, c)
+    if not found:
+        return findings
+    covered: set[tuple[int, str]] = set()
+    for f in findings:
+        mine = _causes_of(f, found)
+        if mine:
+            _price(f, mine, totals, c, t)
+            covered |= {(x.rank, x.part) for x in mine}
+    for cause in found:
+        if (cause.rank, cause.part) not in covered and cause.pattern != INTERMITTENT and cause.share >= c.warning_share:
+            findings.append(_finding(cause, totals, c, t))
+    return findings
+
+
+def reconcile(findings: list[Finding]) -> list[Finding]:
+    """Where the critical path's what-if (profiled steps) and the ledger's price of the same steps disagree
+    beyond the noise, the finding claims the range between them, not one number it cannot stand behind."""
+    c = Cost.active()
+    for f in findings:
+        replay, ledger = f.metrics.get("critical_path_ms"), f.metrics.get("ledger_profiled_ms")
+        if replay is None or ledger is None:
+            continue
+        gap = abs(replay - ledger)
+        if gap > c.disagree_share * max(replay, ledger) and gap > f.metrics.get("ledger_noise_ms", 0.0) \
+                and f.impact_ms and ledger > 0:
+            # Both price the profiled steps; the claim is over the whole run: it is widened by their ratio.
+            ratio = replay / ledger
+            f.metrics["impact_range_ms"] = [round(f.impact_ms * min(ratio, 1.0), 3), round(f.impact_ms * max(ratio, 1.0), 3)]
+            f.metrics["impact_disputed"] = ("the critical path's what-if of the profiled steps says "
+                                            f"{replay:.1f} ms/step, the step records' ledger {ledger:.1f} ms/step")
+    return findings
+
+
+def _steady(t: Tables) -> pd.DataFrame:
+    ledger = getattr(t, "ledger", None)
+    if ledger is None or ledger.empty:
+        return pd.DataFrame()
+    kept = steady(ledger[["rank", "step"]].drop_duplicates())
+    return ledger[ledger["step"].isin(kept["step"].unique())]
+
+
+def _pattern(charged: list[int], steps: list[int], c: Cost) -> tuple[str, int | None]:
+    if len(charged) >= c.every_step_share * len(steps):
+        return EVERY_STEP, 1
+    gaps = {b - a for a, b in zip(charged, charged[1:])}
+    if len(gaps) == 1 and len(charged) >= c.min_periods and (period := gaps.pop()) > 1:
+        return f"every {period} steps", period
+    return INTERMITTENT, None
+
+
+def _causes_of(f: Finding, found: list[Cause]) -> list[Cause]:
+    """The ledger's causes a finding names: a data stall its rank's data part; a straggler, or a rank late
+    at its collectives because it pauses before its calls, its rank's other parts (a straggler's own
+    phase, when it names one the ledger has)."""
+    late = f.kind == "slow_collective" and f.metrics.get("cause") == SlowCause.LATE_ARRIVAL
+    if len(f.ranks) != 1 or not (late or f.kind in ("straggler", "dataloader_stall")):
+        return []
+    mine = [x for x in found if x.rank == f.ranks[0]]
+    if f.kind == "dataloader_stall":
+        return [x for x in mine if x.part == "data"]
+    mine = [x for x in mine if x.part != "data"]
+    key = f.metrics.get("quantity")
+    quantity = Quantity.from_key(key) if key else None
+    if quantity is not None and quantity.measure is Measure.PHASE:
+        return [x for x in mine if x.part == quantity.phase] or mine
+    return mine
+
+
+def _price(f: Finding, mine: list[Cause], totals: dict[str, Any], c: Cost, t: Tables) -> None:
+    lost = sum(x.lost_ms for x in mine)
+    share = sum(x.share for x in mine)
+    main = max(mine, key=lambda x: x.lost_ms)
+    f.metrics.update(_cost_metrics(mine, totals, t))
+    f.metrics["detector_impact_ms"] = f.impact_ms
+    f.impact_ms = lost / totals["steady_steps"]
+    # The ledger charges a step only above the run's noise, so on a busy host it can see a pattern in
+    # fewer steps than the detector that compared the rank with its peers: there the detector's
+    # judgement of how often it happened stands, priced by the ledger.
+    if f.severity != "critical" and main.pattern != INTERMITTENT:
+        f.severity = severity(share, main.pattern, c)
+    f.explanation += " " + _cost_words(main, lost, share, totals)
+    f.settings.update(values(c))
+
+
+def _finding(cause: Cause, totals: dict[str, Any], c: Cost, t: Tables) -> Finding:
+    """A finding for a cause that no detector named, in its own words."""
+    others = sorted(int(r) for r in t.steps["rank"].unique() if r != cause.rank)
+    part = f"{cause.part} phase" if cause.part != OUTSIDE else "work outside its recorded phases"
+    when = "in every step" if cause.pattern == EVERY_STEP else f"{cause.pattern} (steps {ranges(cause.steps)})"
+    data = cause.part == "data"
+    f = Finding(
+        kind="dataloader_stall" if data else "straggler", severity=severity(cause.share, cause.pattern, c),
+        ranks=[cause.rank], steps=cause.steps,
+        explanation=(f"rank {cause.rank}'s {part} takes {cause.own_ms:.1f} ms against its peers' {cause.peer_ms:.1f} ms "
+                     f"{when}; rank{'s' if len(others) > 1 else ''} {ranges(others)} wait{'' if len(others) > 1 else 's'} "
+                     "for it at the next collective. " + _cost_words(cause, cause.lost_ms, cause.share, totals)),
+        suggestion=(f"Make rank {cause.rank}'s data loading keep up: more DataLoader workers, prefetching, or a "
+                    "faster dataset (__getitem__) on that rank." if data else
+                    f"Look at what rank {cause.rank} does in its {part} {when} that its peers do not: a checkpoint, "
+                    "an evaluation or logging on one rank, garbage collection, a slower device or host."),
+        metrics={"observed_ms": cause.own_ms, "expected_ms": cause.peer_ms, "source": "ledger",
+                 "quantity": (Quantity(Measure.PHASE, cause.part) if cause.part != OUTSIDE else Quantity(Measure.OWN_TIME)).key,
+                 **_cost_metrics([cause], totals, t)},
+        evidence=[{"type": "ledger", "rank": cause.rank, "step": s, "part": cause.part} for s in cause.steps][:20],
+        impact_ms=cause.per_step_ms,
+    )
+    f.settings.update(values(c))
+    return f
+
+
+def _cost_metrics(mine: list[Cause], totals: dict[str, Any], t: Tables) -> dict[str, Any]:
+    main = max(mine, key=lambda x: x.lost_ms)
+    lost = sum(x.lost_ms for x in mine)
+    profiled = _profiled_saving(t, main.rank, [x.part for x in mine])
+    return {"lost_s": round(lost / 1e3, 4), "lost_ms_per_step": lost / totals["steady_steps"],
+            "share_of_run": sum(x.share for x in mine), "pattern": main.pattern, "period_steps": main.period,
+            "ledger_noise_ms": totals["noise_ms"], "ledger_profiled_ms": profiled, "impact_source": "ledger"}
+
+
+def _profiled_saving(t: Tables, rank: int, parts: list[str]) -> float | None:
+    """The ledger's mean saving over the profiled steps, for this rank's parts: what the critical path
+    prices from the traces of the same steps."""
+    if "profiled" not in t.steps or not t.steps["profiled"].any():
+        return None
+    profiled = set(t.steps.loc[t.steps["profiled"].astype(bool), "step"])
+    rows = t.ledger[t.ledger["step"].isin(profiled)]
+    if rows.empty:
+        return None
+    mine = rows[(rows["rank"] == rank) & rows["cause_phase"].isin(parts)]
+    return float(mine["saving_ms"].sum()) / rows["step"].nunique()
+
+
+def _cost_words(cause: Cause, lost_ms: float, share: float, totals: dict[str, Any]) -> str:
+    when = ("in every step" if cause.pattern == EVERY_STEP else
+            f"{cause.pattern} (steps {ranges(cause.steps)})" if cause.period else f"in steps {ranges(cause.steps)}")
+    return (f"Over the run it cost the job {lost_ms / 1e3:.2f} s of {totals['job_s']:.2f} s ({share:.0%}), "
+            f"{lost_ms / totals['steady_steps']:.1f} ms per step on average, {when}.")
+
+
+def ledger_section(t: Tables) -> dict[str, Any] | None:
+    """The report's ledger section: the run's totals and every cause with its cost (None without a ledger)."""
+    found, totals = causes(t)
+    if not totals:
+        return None
+    return {**totals, "causes": [x.to_json() for x in found]}
+
+
+def markdown(ledger_section: dict[str, Any] | None) -> list[str]:
+    """The report's "Where the time went" lines."""
+    if not ledger_section:
+        return []
+    s = ledger_section
+    lines = ["### Where the time went", "",
+             f"{s['steady_steps']} steady steps, {s['job_s']:.2f} s of job time; the ranks spent {s['waiting_s']:.2f} s "
+             "blocked in collectives and point-to-point calls in all"
+             + (f", and {s['starved_s']:.2f} s waiting for a CPU" if s.get("starved_s") else "")
+             + f". Steps are charged to a cause above {s['charged_above_ms']:.1f} ms (this run's noise: "
+             f"{s['noise_ms']:.1f} ms).", ""]
+    if not s["causes"]:
+        return lines + ["No rank made the others wait beyond the noise.", ""]
+    lines += ["| cause | when | lost | per step | share of the run |", "| --- | --- | ---: | ---: | ---: |"]
+    for x in s["causes"][:10]:
+        when = x["pattern"] if x["pattern"] != INTERMITTENT else f"steps {ranges(x['steps'])}"
+        lines.append(f"| rank {x['rank']}, {x['part']} | {when} | {x['lost_s']:.2f} s | {x['per_step_ms']:.1f} ms | "
+                     f"{x['share']:.0%} |")
+    return lines + [""]

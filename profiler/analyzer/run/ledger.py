@@ -1,0 +1,116 @@
+"""Where the run's time went: one row per rank and step, from the always-on counters of every step.
+
+In synchronous training every rank's step lasts as long as the slowest rank's: the others wait for it
+in the next collective. The counters say how long each rank was blocked in collectives and
+point-to-point calls (``comm_wait_ms``, per phase ``<phase>_comm_wait_ms``), so a step splits into
+
+    wall = work in each phase (the phase less its blocked time) + work outside any phase + waiting
+
+and the rank's *own* time (wall less waiting) is what it would take if nobody made it wait. A rank
+whose own time stands above its peers' (the ranks that do the same work: the same pipeline stage)
+costs the job what removing that excess would save the step: the excess, but at most down to the
+next-slowest rank's own time (that rank would then be the one everyone waits for). That saving is
+charged to the phase in which the rank's excess lies, and every other rank's wait in that step is
+attributed to it (``waited_for``, ``waited_for_phase``).
+
+Only accounting here, no judgement: what counts as noise, and which causes are findings, is the
+judge's (judge/cost.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from diagtrain.profiler.analyzer.run.tables import Tables
+
+OUTSIDE = "outside phases"  # the label of work the rank did outside every recorded phase
+# The ledger's columns besides the per-phase work (``work_<phase>_ms``) and excess (``excess_<phase>_ms``).
+COLUMNS = ["rank", "step", "wall_ms", "job_ms", "wait_ms", "own_ms", "starved_ms", "peer_own_ms", "excess_ms",
+           "saving_ms", "cause_phase", "waited_for", "waited_for_phase"]
+
+
+def build(t: Tables) -> pd.DataFrame:
+    """The ledger of ``t``'s steps (empty when no step recorded the time blocked in collectives)."""
+    steps = t.steps
+    if steps.empty or "comm_wait_ms" not in steps or steps["comm_wait_ms"].isna().all():
+        return pd.DataFrame(columns=COLUMNS)
+    steps = steps.dropna(subset=["comm_wait_ms", "wall_ms"])
+    phases = [p for p in t.phases if f"{p}_ms" in steps]
+    ledger = pd.DataFrame({"rank": steps["rank"].astype(int), "step": steps["step"].astype(int),
+                           "wall_ms": steps["wall_ms"].astype(float), "wait_ms": steps["comm_wait_ms"].astype(float)})
+    ledger["wait_ms"] = ledger["wait_ms"].clip(lower=0.0, upper=ledger["wall_ms"])
+    ledger["own_ms"] = ledger["wall_ms"] - ledger["wait_ms"]
+    ledger["starved_ms"] = steps["runq_ms"].astype(float) if "runq_ms" in steps else np.nan
+    for p in phases:
+        blocked = steps[f"{p}_comm_wait_ms"].fillna(0.0) if f"{p}_comm_wait_ms" in steps else 0.0
+        ledger[f"work_{p}_ms"] = (steps[f"{p}_ms"].fillna(0.0) - blocked).clip(lower=0.0)
+    worked = ledger[[f"work_{p}_ms" for p in phases]].sum(axis=1) if phases else 0.0
+    ledger[f"work_{_column(OUTSIDE)}_ms"] = (ledger["own_ms"] - worked).clip(lower=0.0)
+    ledger = ledger.reset_index(drop=True)
+    ledger["job_ms"] = ledger.groupby("step")["wall_ms"].transform("max")
+    parts = [*phases, OUTSIDE]
+    _peer_baselines(ledger, t.structure.peer_groups(sorted(ledger["rank"].unique())), parts)
+    _savings(ledger, parts)
+    return ledger[COLUMNS + [c for c in ledger.columns if c not in COLUMNS]]
+
+
+def work_column(part: str) -> str:
+    """The ledger's column of a part's work."""
+    return f"work_{_column(part)}_ms"
+
+
+def excess_column(part: str) -> str:
+    """The ledger's column of a part's excess over the peers."""
+    return f"excess_{_column(part)}_ms"
+
+
+def _column(part: str) -> str:
+    return part.replace(" ", "_")
+
+
+def _peer_baselines(ledger: pd.DataFrame, groups: list[list[int]], parts: list[str]) -> None:
+    """Each row's peers' median own time (and per part) in its step, and its excess over it: the
+    median of the *other* ranks of its peer group, so the rank itself never sets its own bar."""
+    ledger["peer_own_ms"] = np.nan
+    for part in parts:
+        ledger[excess_column(part)] = 0.0
+    group_of = {r: i for i, g in enumerate(groups) for r in g}
+    ledger["_group"] = ledger["rank"].map(group_of).fillna(-1).astype(int)
+    for _, rows in ledger.groupby(["step", "_group"]):
+        if len(rows) < 2:
+            continue
+        ledger.loc[rows.index, "peer_own_ms"] = _median_of_others(rows["own_ms"].to_numpy())
+        for part in parts:
+            values = rows[work_column(part)].to_numpy()
+            ledger.loc[rows.index, excess_column(part)] = np.clip(values - _median_of_others(values), 0.0, None)
+    del ledger["_group"]
+    ledger["excess_ms"] = (ledger["own_ms"] - ledger["peer_own_ms"]).clip(lower=0.0).fillna(0.0)
+
+
+def _median_of_others(values: np.ndarray) -> np.ndarray:
+    return np.array([np.median(np.delete(values, i)) for i in range(len(values))])
+
+
+def _savings(ledger: pd.DataFrame, parts: list[str]) -> None:
+    """What removing each rank's excess would save its step, the part it lies in, and whom each rank waited for."""
+    ledger["saving_ms"] = 0.0
+    ledger["cause_phase"] = None
+    ledger["waited_for"] = -1
+    ledger["waited_for_phase"] = None
+    excess = ledger[[excess_column(p) for p in parts]].to_numpy()
+    for _, rows in ledger.groupby("step"):
+        own = rows["own_ms"].to_numpy()
+        if len(own) < 2:
+            continue
+        order = np.argsort(own)
+        top, next_own = rows.index[order[-1]], own[order[-2]]
+        saving = min(float(ledger.at[top, "excess_ms"]), float(ledger.at[top, "own_ms"]) - float(next_own))
+        if saving <= 0:
+            continue
+        part = parts[int(np.argmax(excess[ledger.index.get_loc(top)]))]
+        ledger.at[top, "saving_ms"] = saving
+        ledger.at[top, "cause_phase"] = part
+        others = rows.index[rows.index != top]
+        ledger.loc[others, "waited_for"] = int(ledger.at[top, "rank"])
+        ledger.loc[others, "waited_for_phase"] = part
