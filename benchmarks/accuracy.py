@@ -5,8 +5,9 @@ rank(s) and, where the fault has a step range, steps inside it.
 1. Reference trainers: `diagtrain train` runs with injected faults (ground truth in injected.json).
 2. Plain user scripts (benchmarks/user_scripts/, no diagtrain import) under
    `diagtrain run -- torchrun ...`, each once with --profile-steps and once with no flags at all;
-   faults people really have (a slow rank, an uneven batch, a slow dataset item, a delaying comm
-   hook, an unbalanced pipeline split, extra memory, a hang, a crash) and a clean twin of every
+   faults people really have (a slow rank, an uneven batch, a slow dataset item, a data loader slow
+   on one rank in every step, a checkpoint every 4th step on one rank, a delaying comm hook, an
+   unbalanced pipeline split, extra memory, memory that grows every step, a hang, a crash) and a clean twin of every
    script, the clean ones run 3 times and once more beside a CPU hog.
 
     python benchmarks/accuracy.py [--table reference|user|both] [--only NAME]

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady
-from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.judge.findings import UPPER_BOUND, Finding
 from diagtrain.profiler.analyzer.judge.quantities import Measure, Quantity, SlowCause
 from diagtrain.profiler.analyzer.run.ledger import OUTSIDE, excess_column, work_column
 from diagtrain.profiler.analyzer.run.tables import Tables
@@ -41,6 +41,8 @@ class Cost:
     min_periods: int = setting(3, "a period is named only when the cause recurs at a fixed interval this many times")
     warning_share: float = setting(0.05, "a pattern that cost the job this share of its steady time is worth a warning")
     error_share: float = setting(0.25, "... and this share, an error: a quarter of the run lost to one cause")
+    validated_kinds: str = setting("straggler,dataloader_stall", "kinds whose price benchmarks/impact.py holds within "
+                                   "30% of the saving measured against a clean twin; others claim a bound ('up to')")
     disagree_share: float = setting(0.3, "the critical path's what-if and the ledger disagree when they differ by more "
                                     "than this share of the larger (and by more than the noise)")
 
@@ -71,8 +73,8 @@ SETTINGS = (Cost, Steady)
 
 
 def noise_ms(ledger: pd.DataFrame) -> float:
-    """The ranks' own step-to-step variation (robust standard deviation of own time, median over ranks)."""
-    spread = ledger.groupby("rank")["own_ms"].agg(lambda v: MAD_TO_SIGMA * float(np.median(np.abs(v - np.median(v)))))
+    """The ranks' own step-to-step variation (robust standard deviation of running time, median over ranks)."""
+    spread = ledger.groupby("rank")["running_ms"].agg(lambda v: MAD_TO_SIGMA * float(np.median(np.abs(v - np.median(v)))))
     return float(spread.median()) if len(spread) else 0.0
 
 
@@ -192,6 +194,8 @@ def _price(f: Finding, mine: list[Cause], totals: dict[str, Any], c: Cost, t: Ta
     share = sum(x.share for x in mine)
     main = max(mine, key=lambda x: x.lost_ms)
     f.metrics.update(_cost_metrics(mine, totals, t))
+    if f.kind not in c.validated_kinds.split(","):
+        f.metrics[UPPER_BOUND] = True  # a price not yet held against a clean twin: claimed as a bound
     f.metrics["detector_impact_ms"] = f.impact_ms
     f.impact_ms = lost / totals["steady_steps"]
     # The ledger charges a step only above the run's noise, so on a busy host it can see a pattern in

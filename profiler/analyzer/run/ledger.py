@@ -6,12 +6,15 @@ point-to-point calls (``comm_wait_ms``, per phase ``<phase>_comm_wait_ms``), so 
 
     wall = work in each phase (the phase less its blocked time) + work outside any phase + waiting
 
-and the rank's *own* time (wall less waiting) is what it would take if nobody made it wait. A rank
-whose own time stands above its peers' (the ranks that do the same work: the same pipeline stage)
-costs the job what removing that excess would save the step: the excess, but at most down to the
-next-slowest rank's own time (that rank would then be the one everyone waits for). That saving is
-charged to the phase in which the rank's excess lies, and every other rank's wait in that step is
-attributed to it (``waited_for``, ``waited_for_phase``).
+and the rank's *own* time (wall less waiting) is what it would take if nobody made it wait. Part
+of it the rank spent runnable but without a CPU (``starved_ms``, the scheduler's run-queue time):
+that is the host's doing, and ranks are compared on the rest (``running_ms``). On 8 ranks sharing 2
+cores a rank's own time is half starvation, and a rank that sleeps frees the CPU for its peers. A
+rank whose running time stands above its peers' (the ranks that do the same work: the same pipeline
+stage) costs the job what removing that excess would save the step: the excess, but at most down to
+the next-slowest rank's (that rank would then be the one everyone waits for). That saving is charged
+to the phase in which the rank's excess lies, and every other rank's wait in that step is attributed
+to it (``waited_for``, ``waited_for_phase``).
 
 Only accounting here, no judgement: what counts as noise, and which causes are findings, is the
 judge's (judge/cost.py).
@@ -26,7 +29,8 @@ from diagtrain.profiler.analyzer.run.tables import Tables
 
 OUTSIDE = "outside phases"  # the label of work the rank did outside every recorded phase
 # The ledger's columns besides the per-phase work (``work_<phase>_ms``) and excess (``excess_<phase>_ms``).
-COLUMNS = ["rank", "step", "wall_ms", "job_ms", "wait_ms", "own_ms", "starved_ms", "peer_own_ms", "excess_ms",
+COLUMNS = ["rank", "step", "wall_ms", "job_ms", "wait_ms", "own_ms", "starved_ms", "running_ms", "peer_running_ms",
+           "excess_ms",
            "saving_ms", "cause_phase", "waited_for", "waited_for_phase"]
 
 
@@ -42,6 +46,7 @@ def build(t: Tables) -> pd.DataFrame:
     ledger["wait_ms"] = ledger["wait_ms"].clip(lower=0.0, upper=ledger["wall_ms"])
     ledger["own_ms"] = ledger["wall_ms"] - ledger["wait_ms"]
     ledger["starved_ms"] = steps["runq_ms"].astype(float) if "runq_ms" in steps else np.nan
+    ledger["running_ms"] = (ledger["own_ms"] - ledger["starved_ms"].fillna(0.0)).clip(lower=0.0)
     for p in phases:
         blocked = steps[f"{p}_comm_wait_ms"].fillna(0.0) if f"{p}_comm_wait_ms" in steps else 0.0
         ledger[f"work_{p}_ms"] = (steps[f"{p}_ms"].fillna(0.0) - blocked).clip(lower=0.0)
@@ -70,9 +75,9 @@ def _column(part: str) -> str:
 
 
 def _peer_baselines(ledger: pd.DataFrame, groups: list[list[int]], parts: list[str]) -> None:
-    """Each row's peers' median own time (and per part) in its step, and its excess over it: the
-    median of the *other* ranks of its peer group, so the rank itself never sets its own bar."""
-    ledger["peer_own_ms"] = np.nan
+    """Each row's peers' median running time (and work per part) in its step, and its excess over it:
+    the median of the *other* ranks of its peer group, so the rank itself never sets its own bar."""
+    ledger["peer_running_ms"] = np.nan
     for part in parts:
         ledger[excess_column(part)] = 0.0
     group_of = {r: i for i, g in enumerate(groups) for r in g}
@@ -80,12 +85,12 @@ def _peer_baselines(ledger: pd.DataFrame, groups: list[list[int]], parts: list[s
     for _, rows in ledger.groupby(["step", "_group"]):
         if len(rows) < 2:
             continue
-        ledger.loc[rows.index, "peer_own_ms"] = _median_of_others(rows["own_ms"].to_numpy())
+        ledger.loc[rows.index, "peer_running_ms"] = _median_of_others(rows["running_ms"].to_numpy())
         for part in parts:
             values = rows[work_column(part)].to_numpy()
             ledger.loc[rows.index, excess_column(part)] = np.clip(values - _median_of_others(values), 0.0, None)
     del ledger["_group"]
-    ledger["excess_ms"] = (ledger["own_ms"] - ledger["peer_own_ms"]).clip(lower=0.0).fillna(0.0)
+    ledger["excess_ms"] = (ledger["running_ms"] - ledger["peer_running_ms"]).clip(lower=0.0).fillna(0.0)
 
 
 def _median_of_others(values: np.ndarray) -> np.ndarray:
@@ -100,12 +105,12 @@ def _savings(ledger: pd.DataFrame, parts: list[str]) -> None:
     ledger["waited_for_phase"] = None
     excess = ledger[[excess_column(p) for p in parts]].to_numpy()
     for _, rows in ledger.groupby("step"):
-        own = rows["own_ms"].to_numpy()
-        if len(own) < 2:
+        running = rows["running_ms"].to_numpy()
+        if len(running) < 2:
             continue
-        order = np.argsort(own)
-        top, next_own = rows.index[order[-1]], own[order[-2]]
-        saving = min(float(ledger.at[top, "excess_ms"]), float(ledger.at[top, "own_ms"]) - float(next_own))
+        order = np.argsort(running)
+        top, next_running = rows.index[order[-1]], running[order[-2]]
+        saving = min(float(ledger.at[top, "excess_ms"]), float(ledger.at[top, "running_ms"]) - float(next_running))
         if saving <= 0:
             continue
         part = parts[int(np.argmax(excess[ledger.index.get_loc(top)]))]
