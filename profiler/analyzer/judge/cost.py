@@ -193,7 +193,9 @@ def _price(f: Finding, mine: list[Cause], totals: dict[str, Any], c: Cost, t: Ta
     lost = sum(x.lost_ms for x in mine)
     share = sum(x.share for x in mine)
     main = max(mine, key=lambda x: x.lost_ms)
-    f.metrics.update(_cost_metrics(mine, totals, t))
+    # The detector's own reading of a period (from every step it saw) stands where it made one.
+    f.metrics.update({k: v for k, v in _cost_metrics(mine, totals, t).items()
+                      if not (k == "period_steps" and f.metrics.get(k) is not None)})
     if f.kind not in c.validated_kinds.split(","):
         f.metrics[UPPER_BOUND] = True  # a price not yet held against a clean twin: claimed as a bound
     f.metrics["detector_impact_ms"] = f.impact_ms
