@@ -95,6 +95,28 @@ def test_a_periodic_cause_is_named_with_its_period_and_priced_over_the_whole_run
     assert set(checkpoint_steps.loc[checkpoint_steps["rank"] != 0, "waited_for_phase"]) == {"outside phases"}
 
 
+def test_two_ranks_slow_in_the_same_step_share_what_the_step_lost(tmp_path):
+    # Rank 0 is 80 ms slow in forward in steps 3-6, rank 1 60 ms in its data in steps 3, 6, 9: in steps 3
+    # and 6 removing either alone saves little, yet together they cost the step 80 ms.
+    extra = {(0, s): {"forward": 80.0} for s in (3, 4, 5, 6)}
+    for s in (3, 6, 9):
+        extra[(1, s)] = {"data": 60.0}
+    # Four ranks: the bar is the other ranks' median, so two slow ranks out of three would set each other's.
+    report, ledger = analyzed(records_run(tmp_path, extra, ranks=4))
+    both = ledger[ledger["step"].isin([3, 6])].set_index("rank")
+    # The 60 ms both reach is shared equally, the 20 ms only rank 0 reaches is its own.
+    assert both.loc[0, "lost_ms"].to_numpy() == pytest.approx(50.0, abs=2.0)
+    assert both.loc[1, "lost_ms"].to_numpy() == pytest.approx(30.0, abs=2.0)
+    assert both.loc[0, "saving_ms"].to_numpy() == pytest.approx(20.0, abs=2.0)  # alone: down to rank 1's level
+    # The shares add up to what the step lost.
+    assert both.groupby("step")["lost_ms"].sum().to_numpy() == pytest.approx(80.0, abs=2.5)
+    causes = {(c["rank"], c["part"]): c for c in report["ledger"]["causes"]}
+    assert causes[(0, "forward")]["steps"] == [3, 4, 5, 6]
+    assert causes[(0, "forward")]["lost_s"] == pytest.approx((2 * 80 + 2 * 50) / 1e3, abs=0.01)
+    assert causes[(1, "data")]["steps"] == [3, 6, 9]
+    assert causes[(1, "data")]["lost_s"] == pytest.approx((2 * 30 + 60) / 1e3, abs=0.01)
+
+
 def test_a_data_phase_slow_in_every_step_on_one_rank_is_a_data_stall(tmp_path):
     # Typical for that rank, so a stall detector that compares a rank with itself cannot see it.
     run = records_run(tmp_path, {(1, s): {"data": 60.0} for s in range(1, STEPS + 1)}, ranks=2)

@@ -86,7 +86,7 @@ def causes(t: Tables, c: Cost | None = None) -> tuple[list[Cause], dict[str, Any
         return [], {}
     noise = noise_ms(ledger)
     bar = max(c.min_saving_ms, c.noise_sigmas * noise)
-    charged = ledger[ledger["saving_ms"] > bar]
+    charged = ledger[ledger["lost_ms"] > bar]
     steps = sorted(int(s) for s in ledger["step"].unique())
     job_ms = float(ledger.groupby("step")["job_ms"].first().sum())
     found = []
@@ -95,7 +95,7 @@ def causes(t: Tables, c: Cost | None = None) -> tuple[list[Cause], dict[str, Any
             continue
         charged_steps = sorted(int(s) for s in rows["step"])
         pattern, period = _pattern(charged_steps, steps, c)
-        lost = float(rows["saving_ms"].sum())
+        lost = float(rows["lost_ms"].sum())
         peers = ledger[ledger["step"].isin(charged_steps) & (ledger["rank"] != rank)]
         found.append(Cause(int(rank), str(part), charged_steps, lost, lost / len(steps), lost / job_ms if job_ms else 0.0,
                            pattern, period, float(rows[work_column(part)].median()),
@@ -254,7 +254,7 @@ def _profiled_saving(t: Tables, rank: int, parts: list[str]) -> float | None:
     if rows.empty:
         return None
     mine = rows[(rows["rank"] == rank) & rows["cause_phase"].isin(parts)]
-    return float(mine["saving_ms"].sum()) / rows["step"].nunique()
+    return float(mine["lost_ms"].sum()) / rows["step"].nunique()
 
 
 def _cost_words(cause: Cause, lost_ms: float, share: float, totals: dict[str, Any]) -> str:

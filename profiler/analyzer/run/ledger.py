@@ -11,10 +11,18 @@ of it the rank spent runnable but without a CPU (``starved_ms``, the scheduler's
 that is the host's doing, and ranks are compared on the rest (``running_ms``). On 8 ranks sharing 2
 cores a rank's own time is half starvation, and a rank that sleeps frees the CPU for its peers. A
 rank whose running time stands above its peers' (the ranks that do the same work: the same pipeline
-stage) costs the job what removing that excess would save the step: the excess, but at most down to
-the next-slowest rank's (that rank would then be the one everyone waits for). That saving is charged
-to the phase in which the rank's excess lies, and every other rank's wait in that step is attributed
-to it (``waited_for``, ``waited_for_phase``).
+stage) holds the step up. Two numbers say by how much:
+
+- ``saving_ms``: what removing that rank's excess alone would save the step (the excess, but at most
+  down to the next-slowest rank's, which would then be the one everyone waits for);
+- ``lost_ms``: its share of the time the step lost to every rank's excess together (the step less
+  what it would take with none). Where two ranks are slow in the same step, removing either alone
+  saves nothing, yet together they cost the step their excess: each millisecond above the level the
+  step would have without them is shared equally by the ranks that reach it (the Shapley value of
+  the step's maximum), so the shares add up to the step's loss and a rank alone gets its saving.
+
+The share is charged to the phase in which the rank's excess lies; every other rank's wait in that
+step is attributed to the slowest rank (``waited_for``, ``waited_for_phase``).
 
 Only accounting here, no judgement: what counts as noise, and which causes are findings, is the
 judge's (judge/cost.py).
@@ -31,7 +39,7 @@ OUTSIDE = "outside phases"  # the label of work the rank did outside every recor
 # The ledger's columns besides the per-phase work (``work_<phase>_ms``) and excess (``excess_<phase>_ms``).
 COLUMNS = ["rank", "step", "wall_ms", "job_ms", "wait_ms", "own_ms", "starved_ms", "running_ms", "peer_running_ms",
            "excess_ms",
-           "saving_ms", "cause_phase", "waited_for", "waited_for_phase"]
+           "saving_ms", "lost_ms", "cause_phase", "waited_for", "waited_for_phase"]
 
 
 def build(t: Tables) -> pd.DataFrame:
@@ -98,8 +106,10 @@ def _median_of_others(values: np.ndarray) -> np.ndarray:
 
 
 def _savings(ledger: pd.DataFrame, parts: list[str]) -> None:
-    """What removing each rank's excess would save its step, the part it lies in, and whom each rank waited for."""
+    """What removing each rank's excess would save its step, its share of the step's loss, the part it
+    lies in, and whom each rank waited for."""
     ledger["saving_ms"] = 0.0
+    ledger["lost_ms"] = 0.0
     ledger["cause_phase"] = None
     ledger["waited_for"] = -1
     ledger["waited_for_phase"] = None
@@ -108,14 +118,30 @@ def _savings(ledger: pd.DataFrame, parts: list[str]) -> None:
         running = rows["running_ms"].to_numpy()
         if len(running) < 2:
             continue
+        shares = shapley_of_max(running, rows["excess_ms"].to_numpy())
+        for i in np.flatnonzero(shares > 0):
+            row = rows.index[i]
+            ledger.at[row, "lost_ms"] = float(shares[i])
+            ledger.at[row, "cause_phase"] = parts[int(np.argmax(excess[ledger.index.get_loc(row)]))]
         order = np.argsort(running)
         top, next_running = rows.index[order[-1]], running[order[-2]]
         saving = min(float(ledger.at[top, "excess_ms"]), float(ledger.at[top, "running_ms"]) - float(next_running))
         if saving <= 0:
             continue
-        part = parts[int(np.argmax(excess[ledger.index.get_loc(top)]))]
         ledger.at[top, "saving_ms"] = saving
-        ledger.at[top, "cause_phase"] = part
         others = rows.index[rows.index != top]
         ledger.loc[others, "waited_for"] = int(ledger.at[top, "rank"])
-        ledger.loc[others, "waited_for_phase"] = part
+        ledger.loc[others, "waited_for_phase"] = ledger.at[top, "cause_phase"]
+
+
+def shapley_of_max(running: np.ndarray, excess: np.ndarray) -> np.ndarray:
+    """Each rank's share of the step's loss: the step lasts ``max(running)`` and would last ``floor``, the
+    highest of the ranks' running times less their excess; each level between is shared equally by the
+    ranks whose running time reaches above it."""
+    floor = float(np.max(running - excess))
+    levels = np.unique(np.concatenate([[floor], running[running > floor]]))
+    shares = np.zeros(len(running))
+    for low, high in zip(levels, levels[1:]):
+        above = running >= high
+        shares[above] += (high - low) / above.sum()
+    return shares
