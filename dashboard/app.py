@@ -189,6 +189,7 @@ class Dashboard:
         stacks = hang.stacks(run)
         status = run.report.get("run", {}).get("status")
         intro = (f"The run ended {status}." if hang.stopped(run) else
+                 "Flight-recorder dumps alone: no run record says how the job ended." if status is None else
                  "The run did not hang; the flight recorder below is its last collectives.")
         verdict = [f for f in run.findings if f["kind"] in ("hang", "crash", "collective_mismatch")]
         return html.Div([

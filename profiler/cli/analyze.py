@@ -23,13 +23,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``diagtrain analyze``."""
     p = subparsers.add_parser(
         "analyze", help="find stragglers, bubbles, slow collectives, stalls and memory imbalance in a run",
-        description="Analyze a diagtrain run directory, or any folder of PyTorch Profiler traces (one file per\n"
-        "rank). Writes analysis/ (Parquet tables, findings.json) and report.md/json/html.",
+        description="Analyze a diagtrain run directory, any folder of PyTorch Profiler traces (one file per\n"
+        "rank), or a folder of flight-recorder dumps of a hung job (the hang verdict alone). Writes analysis/ (Parquet tables, findings.json) and report.md/json/html.",
         epilog="examples:\n  diagtrain analyze runs/20261122T010833Z-3d --format md,json,html\n"
-        "  diagtrain analyze /shared/runs/big-job --scheduler tcp://head-node:8786   # ranks load on a Dask cluster",
+        "  diagtrain analyze /shared/runs/big-job --scheduler tcp://head-node:8786   # ranks load on a Dask cluster\n"
+        "  diagtrain analyze /tmp/fr-dumps   # NCCL flight-recorder dumps (TORCH_FR_DUMP_TEMP_FILE=/tmp/fr-dumps/rank_)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("path", nargs="?", help="run directory or folder of traces")
+    p.add_argument("path", nargs="?", help="run directory, folder of traces, or folder of flight-recorder dumps "
+                   "(one per rank, as TORCH_FR_DUMP_TEMP_FILE writes them)")
     p.add_argument("--format", default="md,json,html", help="report formats, comma-separated: md,json,html")
     p.add_argument("--out", help="where to write analysis/ and the reports (default: PATH for a diagtrain run "
                    "directory; beside any other folder, as PATH-diagtrain, so that folder is left as it was)")
@@ -75,9 +77,15 @@ def run_analyze(args: argparse.Namespace, argv: list[str]) -> int:
         return _usage(err, f"--format {args.format!r}: choose from {', '.join(report.FORMATS)}")
     if not path.is_dir():
         return _usage(err, f"{path}: no such directory")
+    fr_dir = Path(args.flight_recorder) if args.flight_recorder else None
+    if fr_dir is not None and not fr_dir.is_dir():
+        return _usage(err, f"--flight-recorder {fr_dir}: no such directory")
     if not _has_inputs(path):
-        return _usage(err, f"{display(path)}: nothing to analyze: no diagtrain run there (ranks/, manifest.json) "
-                      "and no PyTorch Profiler traces (*.json, *.json.gz)")
+        if fr_dir is None and _holds_dumps(path):
+            fr_dir = path  # a folder of flight-recorder dumps alone, as a hung job leaves them
+        elif fr_dir is None:
+            return _usage(err, f"{display(path)}: nothing to analyze: no diagtrain run there (ranks/, manifest.json), "
+                          "no PyTorch Profiler traces (*.json, *.json.gz) and no flight-recorder dumps")
     out = Path(args.out) if args.out else default_out(path)
     made_out = not out.exists()
     try:
@@ -89,9 +97,6 @@ def run_analyze(args: argparse.Namespace, argv: list[str]) -> int:
                   f"goes beside it, to {out} (--out DIR to choose)", markup=False)
     if args.workers < 1:
         return _usage(err, "--workers must be at least 1")
-    fr_dir = Path(args.flight_recorder) if args.flight_recorder else None
-    if fr_dir is not None and not fr_dir.is_dir():
-        return _usage(err, f"--flight-recorder {fr_dir}: no such directory")
     scheduler = args.scheduler or os.environ.get(SCHEDULER_ENV) or None
     if scheduler:  # the workers run in other working directories: they are given whole paths
         path, out = Path(os.path.abspath(path)), Path(os.path.abspath(out))
@@ -207,6 +212,16 @@ def _has_inputs(path: Path) -> bool:
         return any(p.name in ("ranks", "manifest.json") or p.name.endswith((".json", ".json.gz")) for p in path.iterdir())
     except OSError:
         return True  # let the analysis say what it cannot read
+
+
+def _holds_dumps(path: Path) -> bool:
+    """Whether ``path`` holds flight-recorder dumps (files that start as a pickle or a dump's JSON)."""
+    from diagtrain.profiler.analyzer.read.flight_records import looks_like_dump
+
+    try:
+        return any(looks_like_dump(p) for p in path.iterdir() if p.is_file())
+    except OSError:
+        return False
 
 
 def _usage(err: Console, message: str) -> int:

@@ -48,6 +48,16 @@ class Entry:
     created_ns: int
     state: str | None
     frames: list[dict] = field(default_factory=list)
+    pg_id: str | None = None  # the rank's own id of the group, which its ``pg_status`` is keyed by
+    out_sizes: Any = None
+
+
+@dataclass
+class Progress:
+    """How far one rank got on one group: the last collective it entered, and the last that completed."""
+
+    entered: int
+    completed: int | None  # None: the dump does not say (gloo records no completion)
 
 
 @dataclass
@@ -72,6 +82,20 @@ class Mismatch:
     pg_desc: str | None
     seq: int
     versions: dict[int, str]  # rank -> "op sizes dtypes"
+
+
+def looks_like_dump(path: Path) -> bool:
+    """Whether a file starts as a flight-recorder dump does: a pickle (protocol 2 or later), or a JSON object
+    with the dump's keys and no trace events. Only its first bytes are read."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    if len(head) > 1 and head[0] == 0x80 and head[1] >= 2:
+        return True
+    text = head.lstrip()
+    return text[:1] == b"{" and b'"traceEvents"' not in text and (b'"entries"' in text or b'"pg_config"' in text)
 
 
 def read_dump(path: Path) -> dict[str, Any]:
@@ -194,7 +218,60 @@ def entries(rank: int, dump: dict[str, Any]) -> list[Entry]:
                            seq=int(e.get("collective_seq_id", 0)), op=str(e.get("profiling_name", "?")),
                            sizes=e.get("input_sizes"), dtypes=e.get("input_dtypes"),
                            created_ns=int(e.get("time_created_ns", 0)), state=e.get("state"),
-                           frames=list(e.get("frames") or [])))
+                           frames=list(e.get("frames") or []),
+                           pg_id=str(e["pg_id"]) if _is_int(e.get("pg_id")) else None,
+                           out_sizes=_list_or_none(e.get("output_sizes"))))
+    return found
+
+
+def groups_of_dump(dump: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The process groups a dump's ``pg_config`` lists, as process_groups.json has them (NCCL writes each
+    group's ranks as a string, ``"[0, 1]"``); a group whose ranks cannot be read is left out."""
+    config = dump.get("pg_config")
+    groups = {}
+    for name, info in (config.items() if isinstance(config, dict) else ()):
+        ranks = info.get("ranks") if isinstance(info, dict) else None
+        if isinstance(ranks, str):
+            try:
+                ranks = json.loads(ranks)
+            except ValueError:
+                continue
+        if isinstance(ranks, list) and ranks and all(_is_int(r) for r in ranks):
+            desc = info.get("desc")
+            groups[str(name)] = {"desc": desc if isinstance(desc, str) else None, "ranks": ranks}
+    return groups
+
+
+def wrapped(dump: dict[str, Any]) -> bool:
+    """Whether the rank's ring buffer overflowed: its oldest entries are gone, so a group without an entry
+    there says nothing about whether the rank took part in it."""
+    ids = [e["record_id"] for e in dump.get("entries") or [] if _is_int(e.get("record_id"))]
+    return bool(ids) and min(ids) > 0
+
+
+def progress(dumps: dict[int, dict[str, Any]], all_entries: list[Entry]) -> dict[tuple[str, int], Progress]:
+    """Per (group, rank): the last collective entered and completed, from the entries and, where the dump has
+    it, its ``pg_status`` (which outlives the ring buffer)."""
+    found: dict[tuple[str, int], Progress] = {}
+    key_of_id: dict[tuple[int, str], str] = {}
+    for e in all_entries:
+        mine = found.setdefault((e.pg, e.rank), Progress(entered=e.seq, completed=None))
+        mine.entered = max(mine.entered, e.seq)
+        if e.state == "completed":
+            mine.completed = max(mine.completed or 0, e.seq)
+        if e.pg_id is not None:
+            key_of_id[(e.rank, e.pg_id)] = e.pg
+    for rank, dump in dumps.items():
+        status = dump.get("pg_status")
+        for pg_id, record in (status.items() if isinstance(status, dict) else ()):
+            pg = key_of_id.get((rank, str(pg_id)))
+            if pg is None or not isinstance(record, dict):
+                continue
+            mine = found[(pg, rank)]
+            if _is_int(enqueued := record.get("last_enqueued_collective")):
+                mine.entered = max(mine.entered, enqueued)
+            if _is_int(completed := record.get("last_completed_collective")) and completed >= 0:
+                mine.completed = max(mine.completed or 0, completed)
     return found
 
 
@@ -213,18 +290,25 @@ def keyed_by_members(dumps: dict[int, dict[str, Any]], groups_by_rank: dict[int,
 
 
 def members(groups: dict[str, dict], all_entries: list[Entry]) -> dict[str, list[int]]:
-    """Ranks of each group: from the process-group map where known, else who recorded it."""
+    """Ranks of each group: from the process-group map or the group's key where known, else who recorded it."""
     out = {pg: sorted(info.get("ranks") or []) for pg, info in groups.items()}
     for e in all_entries:
+        keyed = group_members(e.pg) if ":" in e.pg else ()  # a bare name ("74") is not a key
         if not out.get(e.pg):
-            out.setdefault(e.pg, [])
-        if e.rank not in out[e.pg] and not groups.get(e.pg):
+            out[e.pg] = sorted(keyed)
+        if e.rank not in out[e.pg] and not groups.get(e.pg) and not keyed:
             out[e.pg] = sorted({*out[e.pg], e.rank})
     return out
 
 
-def blocked(all_entries: list[Entry], groups: dict[str, list[int]], ranks: set[int]) -> list[Blocked]:
-    """Collectives missing some members, earliest first (the first one is what everything waits on)."""
+def blocked(all_entries: list[Entry], groups: dict[str, list[int]], ranks: set[int],
+            reached: dict[tuple[str, int], Progress] | None = None, unknown: set[int] = frozenset()) -> list[Blocked]:
+    """Collectives missing some members, earliest first (the first one is what everything waits on).
+
+    ``reached``: how far each rank got on each group (default: its entries); a rank in ``unknown`` (its
+    ring buffer overflowed) without a record of a group is left out of that group, not called missing.
+    """
+    reached = reached if reached is not None else progress({}, all_entries)
     last: dict[tuple[str, int], Entry] = {}
     by_key: dict[tuple[str, int], list[Entry]] = {}
     for e in all_entries:
@@ -233,15 +317,18 @@ def blocked(all_entries: list[Entry], groups: dict[str, list[int]], ranks: set[i
         by_key.setdefault((e.pg, e.seq), []).append(e)
     found = []
     for pg, member_ranks in groups.items():
-        present = [r for r in member_ranks if r in ranks]  # ranks whose dump we have
+        # ranks whose dump we have and that say how far they got
+        present = [r for r in member_ranks if r in ranks and ((pg, r) in reached or r not in unknown)]
         if len(present) < 2:
             continue
-        seqs = {r: last[(pg, r)].seq if (pg, r) in last else 0 for r in present}
+        seqs = {r: reached[(pg, r)].entered if (pg, r) in reached else 0 for r in present}
         missing = [r for r in present if seqs[r] < max(seqs.values())]
         if not missing:
             continue
         seq = min(seqs[r] for r in missing) + 1
         entered = by_key.get((pg, seq), [])
+        if not entered:  # the ranks that went on entered it, but it left their ring buffers
+            continue
         first = min(entered, key=lambda e: e.created_ns)
         found.append(Blocked(pg=pg, pg_desc=first.pg_desc, seq=seq, op=first.op, since_ns=first.created_ns,
                              waiting=sorted(e.rank for e in entered),
@@ -250,20 +337,49 @@ def blocked(all_entries: list[Entry], groups: dict[str, list[int]], ranks: set[i
     return sorted(found, key=lambda b: b.since_ns)
 
 
-def mismatches(all_entries: list[Entry]) -> list[Mismatch]:
-    """Same group and sequence number, different op, sizes or dtypes."""
+# Collectives whose sizes differ per rank by design: all_to_all with splits (token routing), all_gather
+# and reduce_scatter of tensor lists (uneven inputs), and rooted ops (scatter's non-roots pass nothing).
+SIZES_MAY_DIFFER = frozenset({"all_to_all", "all_to_all_single", "alltoall", "alltoall_base", "all_to_allv",
+                              "all_gather", "allgather", "reduce_scatter", "gather", "scatter"})
+ALL_TO_ALL = frozenset({"all_to_all", "all_to_all_single", "alltoall", "alltoall_base", "all_to_allv"})
+
+
+def op_name(profiling_name: str) -> str:
+    """``nccl:all_to_all`` -> ``all_to_all``; ``nccl:send 0->1`` -> ``send``."""
+    return profiling_name.split(":", 1)[-1].split(" ", 1)[0]
+
+
+def mismatches(all_entries: list[Entry], groups: dict[str, list[int]] | None = None) -> list[Mismatch]:
+    """Same group and sequence number, but a different op, dtype, or sizes that must agree; for an
+    all_to_all every member recorded, elements sent in all not equal to elements received (fr_trace's check)."""
     by_key: dict[tuple[str, int], list[Entry]] = {}
     for e in all_entries:
         by_key.setdefault((e.pg, e.seq), []).append(e)
     found = []
     for (pg, seq), group in sorted(by_key.items(), key=lambda kv: min(e.created_ns for e in kv[1])):
-        versions = {e.rank: f"{e.op} {e.sizes} {e.dtypes}" for e in group}
-        # Rooted ops give inputs on one side only (scatter's non-roots pass none): compare the
-        # op everywhere, the sizes among the ranks that gave some.
-        with_inputs = {f"{e.op} {e.sizes} {e.dtypes}" for e in group if e.sizes}
-        if len({e.op for e in group}) > 1 or len(with_inputs) > 1:
-            found.append(Mismatch(pg=pg, pg_desc=group[0].pg_desc, seq=seq, versions=versions))
+        ops = {op_name(e.op) for e in group}
+        sized = [e for e in group if e.sizes]  # rooted ops give inputs on one side only
+        if len(ops) == 1 and ops <= SIZES_MAY_DIFFER:
+            what = {f"{e.op} {e.dtypes}" for e in sized}
+            if len(what) <= 1 and not _all_to_all_unbalanced(group, (groups or {}).get(pg)):
+                continue
+        elif len(ops) == 1 and len({f"{e.sizes} {e.dtypes}" for e in sized}) <= 1:
+            continue
+        found.append(Mismatch(pg=pg, pg_desc=group[0].pg_desc, seq=seq,
+                              versions={e.rank: f"{e.op} {e.sizes} {e.dtypes}" for e in group}))
     return found
+
+
+def _all_to_all_unbalanced(group: list[Entry], member_ranks: list[int] | None) -> bool:
+    """An all_to_all whose every member recorded sizes, sending more or fewer elements than it receives."""
+    if op_name(group[0].op) not in ALL_TO_ALL or not member_ranks or {e.rank for e in group} != set(member_ranks):
+        return False
+    try:
+        sent = sum(math.prod(s) for e in group for s in e.sizes)
+        received = sum(math.prod(s) for e in group for s in e.out_sizes)
+    except TypeError:  # sizes not recorded (None) or not lists of dimensions
+        return False
+    return sent != received
 
 
 def cross_rank(all_entries: list[Entry], tail: int) -> list[dict[str, Any]]:

@@ -29,7 +29,7 @@ def build(run: Path, tables: Tables, findings: list[Finding], health: list[dict]
                 "strategy": m.get("strategy"), "mesh": m.get("mesh"), "world_size": tables.world_size,
                 "hosts": [h.get("name") for h in m.get("hosts", [])], "injected": m.get("injected", []),
                 "steps": int(tables.steps["step"].nunique()) if not tables.steps.empty else 0,
-                "on_gpu": tables.on_gpu, "phases": tables.phases},
+                "on_gpu": tables.on_gpu, "phases": tables.phases, "dumps": len(tables.dumps)},
         "structure": tables.structure.to_json(),
         "ranks": [_clean(r) for r in tables.ranks.to_dict("records")],
         "findings": [f.to_json() for f in findings],
@@ -58,7 +58,7 @@ def markdown(report: dict[str, Any]) -> str:
              f"strategy {run['strategy']}" if run.get("strategy") else None,
              f"mesh {run['mesh']}" if run.get("mesh") else None,
              f"{run['world_size']} ranks" if run.get("world_size") else None,
-             f"{run['steps']} steps", "GPU traces" if run["on_gpu"] else "CPU traces"]
+             *_evidence_read(run, report["ranks"])]
     lines += [", ".join(f for f in facts if f), ""]
     changed = (report.get("settings") or {}).get("overridden") or {}
     if changed:
@@ -96,8 +96,15 @@ def _thresholds(metrics: dict[str, Any]) -> str:
     return ", ".join(f"{k} = {_fmt(metrics[k])}" for k in keys) or "n/a"
 
 
+def _evidence_read(run: dict[str, Any], ranks: list[dict]) -> list[str]:
+    """What the analysis had to go on: steps and traces, or a folder of flight-recorder dumps alone."""
+    if not run["steps"] and run.get("dumps") and not any(r.get("window_us") for r in ranks):
+        return [f"flight-recorder dumps of {run['dumps']} ranks alone (no step records, no traces)"]
+    return [f"{run['steps']} steps", "GPU traces" if run["on_gpu"] else "CPU traces"]
+
+
 def _rank_table(ranks: list[dict]) -> list[str]:
-    if not ranks:
+    if not any(r.get("steps") or r.get("window_us") for r in ranks):
         return []
     lines = ["### Ranks", "",
              "Median step: over all recorded steps. Compute, non-compute and idle: summed over each rank's traced "

@@ -18,7 +18,8 @@ import pandas as pd
 from diagtrain.profiler.analyzer.run import clocks
 from diagtrain.profiler.analyzer.read import run_files as rf
 from diagtrain.profiler.analyzer.rank.collectives import match
-from diagtrain.profiler.analyzer.read.flight_records import Entry, keyed_by_members, rank_of_dump, read_dump
+from diagtrain.profiler.analyzer.read.flight_records import (Entry, groups_of_dump, keyed_by_members, looks_like_dump,
+                                                              rank_of_dump, read_dump)
 from diagtrain.profiler.analyzer.read.inputs import Inputs, Skipped, rank_number
 from diagtrain.profiler.analyzer.rank.result import RankResult
 from diagtrain.profiler.analyzer.read.log_lines import local_to_unix
@@ -110,6 +111,8 @@ def build(run_dir: Path, results: list[RankResult], flight_recorder_dir: Path | 
                     exits=per_rank("exit.json", rf.read_exit))
     if flight_recorder_dir is not None:
         tables.dumps = read_dump_dir(flight_recorder_dir, inputs)
+    for rank, dump in tables.dumps.items():  # NCCL's dumps list their groups (gloo's do not)
+        tables.process_groups[rank] = tables.process_groups.get(rank) or groups_of_dump(dump)
     tables.flight_records = keyed_by_members(tables.dumps, tables.process_groups)
     tables.segments = pd.concat([r.segments for r in results if len(r.segments)], ignore_index=True) \
         if any(len(r.segments) for r in results) else pd.DataFrame()
@@ -268,7 +271,7 @@ def rank_table(tables: Tables, results: list[RankResult]) -> pd.DataFrame:
     per_rank = _step_stats(tables.steps)
     traced = {r.rank: r for r in results}
     rows = []
-    for rank in sorted(set(per_rank["steps"]) | set(traced)):
+    for rank in sorted(set(per_rank["steps"]) | set(traced) | set(tables.dumps)):
         b = traced[rank].breakdown if rank in traced else {}
         median_ms = per_rank["wall_ms"].get(rank)
         peak = per_rank["peak_mem_bytes"].get(rank)
@@ -319,6 +322,9 @@ def read_dump_dir(folder: Path, inputs: Inputs | None = None) -> dict[int, dict]
     inputs = inputs or Inputs()
     dumps = {}
     for path in sorted(p for p in folder.iterdir() if p.is_file()):
+        if not looks_like_dump(path):
+            inputs.skip(path, "not a flight-recorder dump (neither a pickle nor a dump's JSON)")
+            continue
         dump = inputs.read_checked(path, _dump_and_problems)
         if dump is None:
             continue

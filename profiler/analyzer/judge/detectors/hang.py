@@ -48,9 +48,12 @@ def detect(tables: Tables) -> list[Finding]:
     if not tables.dumps and tables.manifest.get("status") not in STOPPED:
         return []
     entries = tables.flight_records
-    findings = [_mismatch(m) for m in fr.mismatches(entries)]
+    findings = [_mismatch(m) for m in fr.mismatches(entries, fr.members({}, entries))]
     status = tables.manifest.get("status")
     if status not in STOPPED:
+        # Dumps without a run record (a folder of NCCL's dumps): how the job ended is theirs to say.
+        if status is None and (blocked := blocked_in_order(tables, entries)):
+            findings.append(_hang_in_collective(tables, blocked[0], later=blocked[1:]))
         return findings
     findings += _mismatch_in_logs(tables)
     blocked = blocked_in_order(tables, entries)
@@ -60,7 +63,7 @@ def detect(tables: Tables) -> list[Finding]:
     if cause is None or (stalled_s is not None and stalled_s >= s.stuck_before_stop_s):
         # No rank died, or the run was stopped after a long time without a step: what held it?
         if blocked:
-            findings.append(_hang_in_collective(tables, blocked[0], stalled_s))
+            findings.append(_hang_in_collective(tables, blocked[0], stalled_s, blocked[1:]))
         elif status == "hung" and (finding := _hang_in_user_code(tables)):
             findings.append(finding)
         elif cause is not None:
@@ -89,8 +92,14 @@ def _stalled_before(tables: Tables, cause: stops.Stop, s: Hang) -> float | None:
 
 def blocked_in_order(tables: Tables, entries: list[fr.Entry]) -> list[fr.Blocked]:
     """Collectives some members entered and others never did, the one everything waits on first."""
-    blocked = fr.blocked(entries, fr.members({}, entries), set(tables.dumps))
+    unknown = {r for r, dump in tables.dumps.items() if fr.wrapped(dump)}
+    blocked = fr.blocked(entries, fr.members({}, entries), set(tables.dumps), reached(tables), unknown)
     return sorted(blocked, key=lambda b: (_step_entered(tables, b), b.since_ns))
+
+
+def reached(tables: Tables) -> dict[tuple[str, int], fr.Progress]:
+    """How far each rank got on each group, by its flight recorder."""
+    return fr.progress(tables.dumps, tables.flight_records)
 
 
 def _step_entered(tables: Tables, b: fr.Blocked) -> float:
@@ -114,22 +123,71 @@ def _step_entered(tables: Tables, b: fr.Blocked) -> float:
     return min(found, default=0.0)
 
 
-def _hang_in_collective(tables: Tables, b: fr.Blocked, stalled_s: float | None = None) -> Finding:
-    where = "; ".join(f"rank {r} is in {_where(tables, r)}" for r in b.missing)
+def _hang_in_collective(tables: Tables, b: fr.Blocked, stalled_s: float | None = None,
+                        later: list[fr.Blocked] = ()) -> Finding:
+    where = "; ".join(f"rank {r} {_where_in(tables, r, b)}" for r in b.missing)
     group = b.pg_desc or b.pg.split(":")[0]
     stopped = f" The run was interrupted after {stalled_s:.0f} s without a finished step." if stalled_s else ""
+    stopped += _wavefront(b, list(later))
     return Finding(
         kind="hang", severity="critical", ranks=b.missing,
         explanation=(f"rank{'s' if len(b.missing) > 1 else ''} {_list(b.missing)} never entered {_op(b.op)} #{b.seq} "
                      f"on the {group} group; rank{'s' if len(b.waiting) > 1 else ''} {_list(b.waiting)} "
                      f"{'have' if len(b.waiting) > 1 else 'has'} waited in it since {_clock(b.since_ns)}; {where}."
                      f"{stopped}"),
-        suggestion=("Find why that rank skipped or has not reached this collective: a condition that differs "
-                    "between ranks (a collective inside an `if`), an exception caught and ignored, or code that "
-                    "blocks before it. Every rank must issue the same collectives in the same order."),
-        metrics={"group": group, "seq": b.seq, "op": b.op, "waiting": b.waiting, "missing": b.missing},
+        suggestion=_stuck_on_device(tables, b) or (
+            "Find why that rank skipped or has not reached this collective: a condition that differs "
+            "between ranks (a collective inside an `if`), an exception caught and ignored, or code that "
+            "blocks before it. Every rank must issue the same collectives in the same order."),
+        metrics={"group": group, "seq": b.seq, "op": b.op, "waiting": b.waiting, "missing": b.missing,
+                 "later_blocked": [{"group": x.pg_desc or x.pg, "seq": x.seq, "op": x.op, "missing": x.missing}
+                                   for x in later][:20]},
         evidence=_evidence(tables, b),
     )
+
+
+def _stuck_on_device(tables: Tables, b: fr.Blocked) -> str | None:
+    """The suggestion when a missing rank's own enqueued collectives never completed: its device stopped."""
+    progress = reached(tables)
+    stuck = [r for r in b.missing if (p := progress.get((b.pg, r))) and p.completed is not None and p.completed < p.entered]
+    if not stuck:
+        return None
+    who = f"rank{'s' if len(stuck) > 1 else ''} {_list(stuck)}"
+    return (f"The collectives {who} had already issued never completed on {'their' if len(stuck) > 1 else 'its'} "
+            "device: it stopped making progress before it could reach this one. Look at that GPU first (a GPU error, "
+            "an Xid in the kernel log `dmesg`, a kernel that never ends, NCCL_DEBUG=INFO's last lines), then at the code.")
+
+
+def _wavefront(first: fr.Blocked, later: list[fr.Blocked]) -> str:
+    """The collectives blocked after the first, told apart: the same ranks missing again (the fault spreading
+    to their other groups), and ranks missing because they wait in the first."""
+    if not later:
+        return ""
+    again = [x for x in later if set(x.missing) <= set(first.missing)]
+    waiting = sorted({r for x in later for r in x.missing if r in first.waiting})
+    text = ""
+    if again:
+        names = ", ".join(f"{_op(x.op)} #{x.seq} on {x.pg_desc or x.pg.split(':')[0]}" for x in again[:4])
+        text += (f" The same rank{'s are' if len(first.missing) > 1 else ' is'} missing from {len(again)} later "
+                 f"collective{'s' if len(again) > 1 else ''} of {'their' if len(first.missing) > 1 else 'its'} other "
+                 f"groups ({names}{', ...' if len(again) > 4 else ''}): consequences, not other faults.")
+    if waiting:
+        text += (f" Rank{'s' if len(waiting) > 1 else ''} {_list(waiting)} {'are' if len(waiting) > 1 else 'is'} "
+                 "missing elsewhere only because they wait in the first.")
+    return text
+
+
+def _where_in(tables: Tables, rank: int, b: fr.Blocked) -> str:
+    """Where a missing rank is: its stack, else how far its flight recorder says it got on the group."""
+    if rank in tables.stacks or rank in tables.exits:
+        return f"is in {_where(tables, rank)}"
+    last = b.missing_last.get(rank)
+    progress = reached(tables).get((b.pg, rank))
+    if last is None:
+        return "recorded no collective on that group"
+    done = (f", completed up to #{progress.completed}" if progress and progress.completed is not None
+            and progress.completed < last.seq else "")
+    return f"last entered {_op(last.op)} #{last.seq} there{done}"
 
 
 def _crash(tables: Tables, cause: stops.Stop, record: list[stops.Stop], blocked: list[fr.Blocked]) -> Finding:
@@ -354,12 +412,16 @@ def _waiting_in_torch(tables: Tables, rank: int) -> bool:
 
 def _evidence(tables: Tables, b: fr.Blocked) -> list[dict]:
     evidence = [{"type": "flight_recorder", "group": b.pg, "seq": b.seq, "op": b.op, "entered_by": b.waiting}]
+    progress = reached(tables)
     for rank, last in b.missing_last.items():
+        done = progress.get((b.pg, rank))
         evidence.append({"type": "flight_recorder", "rank": rank,
-                         "last_entered": None if last is None else f"{last.op} #{last.seq}"})
+                         "last_entered": None if last is None else f"{last.op} #{last.seq}",
+                         "last_completed": done.completed if done else None})
     for rank in b.missing:
-        evidence.append({"type": "stack", "rank": rank, "where": _where(tables, rank),
-                         "innermost": _innermost(tables, rank)})
+        if rank in tables.stacks or rank in tables.exits:
+            evidence.append({"type": "stack", "rank": rank, "where": _where(tables, rank),
+                             "innermost": _innermost(tables, rank)})
     for rank, events in sorted(tables.log_events.items()):
         evidence += [{"type": "log", "rank": rank, "line": e.line_no, "text": e.text[:300]} for e in events[:2]]
     return evidence[:20]
