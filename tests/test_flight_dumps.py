@@ -133,3 +133,26 @@ def test_collectives_with_per_rank_sizes_recorded_by_gloo_are_no_mismatch(tmp_pa
     assert proc.returncode == 0, proc.stderr
     report = json.loads((run.out / "report.json").read_text())
     assert not [f for f in report["findings"] if f["kind"] in ("collective_mismatch", "hang")]
+
+
+def json_dump(rank: int, seqs: list[int], version: str) -> dict:
+    entries = [{"record_id": i, "pg_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": s,
+                "profiling_name": "nccl:all_reduce", "time_created_ns": 1_790_000_000_000_000_000 + s * 1000 + rank,
+                "input_sizes": [[8]], "input_dtypes": ["Float"], "state": "scheduled", "is_p2p": False}
+               for i, s in enumerate(seqs)]
+    return {"version": version, "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
+            "entries": entries}
+
+
+def test_json_dumps_of_an_unknown_version_are_read_and_say_so(tmp_path):
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    (dumps / "rank_0").write_text(json.dumps(json_dump(0, [1, 2, 3], "3.1")))
+    (dumps / "rank_1").write_text(json.dumps(json_dump(1, [1, 2], "3.1")))
+    proc = analyze(str(dumps), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    [hang] = [f for f in report["findings"] if f["kind"] == "hang"]
+    assert hang["ranks"] == [1] and hang["metrics"]["seq"] == 3 and hang["metrics"]["waiting"] == [0]
+    notes = json.dumps(report["health"]) + json.dumps(report["skipped"])
+    assert "version '3.1'" in notes and "rank_1" in notes

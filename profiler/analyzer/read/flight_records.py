@@ -224,6 +224,18 @@ def entries(rank: int, dump: dict[str, Any]) -> list[Entry]:
     return found
 
 
+KNOWN_VERSIONS = ("2.",)  # torch's dump format is 2.x; its releases have only added fields
+
+
+def dump_version_problem(dump: dict[str, Any]) -> str | None:
+    """What a dump of a format version this reader does not know may lose, or None for a known one."""
+    version = dump.get("version")
+    if version is None or str(version).startswith(KNOWN_VERSIONS):
+        return None
+    return (f"dump format version {str(version)[:20]!r}, this reader knows 2.x: read as 2.x, any field it "
+            "renamed is missing from the verdict")
+
+
 def groups_of_dump(dump: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The process groups a dump's ``pg_config`` lists, as process_groups.json has them (NCCL writes each
     group's ranks as a string, ``"[0, 1]"``); a group whose ranks cannot be read is left out."""

@@ -18,7 +18,7 @@ import pandas as pd
 from diagtrain.profiler.analyzer.run import clocks
 from diagtrain.profiler.analyzer.read import run_files as rf
 from diagtrain.profiler.analyzer.rank.collectives import match
-from diagtrain.profiler.analyzer.read.flight_records import (Entry, groups_of_dump, keyed_by_members, looks_like_dump,
+from diagtrain.profiler.analyzer.read.flight_records import (Entry, dump_version_problem, groups_of_dump, keyed_by_members, looks_like_dump,
                                                               rank_of_dump, read_dump)
 from diagtrain.profiler.analyzer.read.inputs import Inputs, Skipped, rank_number
 from diagtrain.profiler.analyzer.rank.result import RankResult
@@ -339,7 +339,10 @@ def read_dump_dir(folder: Path, inputs: Inputs | None = None) -> dict[int, dict]
 def _dump_and_problems(path: Path) -> tuple[dict, list[str]]:
     dump = read_dump(path)
     bad = dump.get("malformed_entries") or 0
-    return dump, [f"{bad} of its entries are not collective records; left out"] if bad else []
+    problems = [f"{bad} of its entries are not collective records; left out"] if bad else []
+    if (unknown := dump_version_problem(dump)) is not None:
+        problems.append(unknown)
+    return dump, problems
 
 
 def _optional(path: Path, inputs: Inputs, read: Callable[[Path], Any], checked: bool = True) -> Any:
