@@ -4,7 +4,8 @@ GPU traces use Holistic Trace Analysis's definitions, so the numbers can be chec
 over the span from the first to the last kernel, idle = no kernel running on any stream, compute =
 union of non-communication, non-memory kernels, non-compute = the rest; overlap = share of the
 communication kernels' time during which a compute kernel also runs. Like HTA, kernels launched
-in the last profiled step are left out (that step is usually cut short by the profiler).
+in the last profiled step are left out (that step is usually cut short by the profiler), where
+the trace has two steps or more.
 
 CPU traces (gloo) have no kernels: the same categories come from host ops, with ``gloo:*`` and
 ``c10d::*`` spans as communication and the other operators as compute.
@@ -50,14 +51,15 @@ def gpu_kernels(events: pd.DataFrame) -> pd.DataFrame:
 
 def _kernel_rows(events: pd.DataFrame) -> np.ndarray:
     """Which of ``events`` :func:`gpu_kernels` keeps."""
-    stream, ts, names = events["stream"].to_numpy(), events["ts"].to_numpy(), events["name"]
-    device = stream >= 0
-    # A piece of the trace at a time: whole-trace masks and gathers of the ids were 7 bytes an event.
+    ts = events["ts"].to_numpy()
+    device = events["stream"].to_numpy() >= 0
     parts = iv.slices(len(ts))
-    steps = np.concatenate([ts[p][~device[p] & name_matches(names.iloc[p], STEP_ANNOTATION)] for p in parts] or [[]])
-    if len(steps) < 2:
+    starts, steps = _step_starts(events, device)
+    # HTA leaves the last step's kernels out only where the trace names two steps or more: a single
+    # ProfilerStep#N (newer Kineto writes it on the host and on the device) is kept whole.
+    if steps < 2:
         return device
-    last_step = steps.max()
+    last_step = starts.max()
     correlation = events["correlation"].to_numpy()
     highest = int(correlation.max())
 
@@ -75,6 +77,19 @@ def _kernel_rows(events: pd.DataFrame) -> np.ndarray:
         kept &= ids >= 0
         kept[kept] = table[ids[kept]]
     return device
+
+
+def _step_starts(events: pd.DataFrame, device: np.ndarray) -> tuple[np.ndarray, int]:
+    """The starts of the ProfilerStep#N annotations off the device, and how many distinct steps they
+    name. As in HTA, a step's device-side copy counts: the last step begins at the later of the two."""
+    ts, names = events["ts"].to_numpy(), events["name"]
+    starts, steps = [np.empty(0)], set()
+    # A piece of the trace at a time: whole-trace masks and gathers of the ids were 7 bytes an event.
+    for p in iv.slices(len(ts)):
+        marked = ~device[p] & name_matches(names.iloc[p], STEP_ANNOTATION)
+        starts.append(ts[p][marked])
+        steps.update(names.iloc[p][marked].astype(str))
+    return np.concatenate(starts), len(steps)
 
 
 def gpu_breakdown(events: pd.DataFrame) -> Breakdown:

@@ -21,7 +21,7 @@ from diagtrain.profiler.run_dir import write_json_atomic
 from diagtrain.profiler.util.bounded_read import display
 from diagtrain.profiler.util.parquet import write_parquet, write_parquet_pieces
 
-CACHE_VERSION = 8  # bump when what the cache holds changes
+CACHE_VERSION = 9  # bump when what the cache holds changes
 SPANS_FILE = "spans.parquet"  # the rank's timeline spans, which the judge and the dashboard read back
 
 
@@ -45,8 +45,9 @@ def write_spans(cache: Path, traces: list[TraceFile], on_gpu: bool) -> bool:
 
 
 def signature(item: RankInput) -> str:
-    """What the cache of ``item`` was made from: the cache version and each input file's size and time."""
-    parts = [f"v{CACHE_VERSION}"]
+    """What the cache of ``item`` was made from: the cache version, the rank its name gave (which the
+    other files beside it decide) and each input file's size and time."""
+    parts = [f"v{CACHE_VERSION}", f"rank {item.rank_hint}: {item.rank_why}"]
     for f in [*item.files, *([item.flight_recorder] if item.flight_recorder else [])]:
         try:
             st = f.stat()

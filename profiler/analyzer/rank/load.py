@@ -75,9 +75,10 @@ def _resolve_duplicates(results: list[RankResult], skipped: list[Skipped]) -> tu
                                    f"claims rank {result.rank}, which {', '.join(kept[result.rank].files)} already claims"))
         else:
             kept[result.rank] = result
-    for result in unranked:  # a lone trace without rank facts: give it the lowest free rank
+    order = " (traces without a rank take the free ranks in name order)" if len(unranked) > 1 else ""
+    for result in unranked:  # traces without rank facts: the lowest free rank each, in name order
         result.rank = next(r for r in range(len(results) + 1) if r not in kept)
-        result.warnings = [f"{w}; analyzed as rank {result.rank}" for w in result.warnings]
+        result.warnings = [f"{w}; analyzed as rank {result.rank}{order}" for w in result.warnings]
         result.steps["rank"] = result.rank
         result.collectives["rank"] = result.rank
         result.segments["rank"] = result.rank

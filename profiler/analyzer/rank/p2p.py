@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from diagtrain.profiler.analyzer.read.dialects import P2P_CALL, STEP_ANNOTATION, name_matches
+from diagtrain.profiler.analyzer.read.dialects import P2P_CALL, STEP_ANNOTATION, name_matches, step_marks
 
 # The flight recorder's point-to-point entries (NCCL): "nccl:send 0->1", "nccl:recv 1<-0", ranks
 # within the group. gloo records none.
@@ -60,7 +60,7 @@ def summarize(events: pd.DataFrame, comm: pd.DataFrame) -> P2PCalls:
     if calls.empty:
         return P2PCalls()
     host = events[(events["stream"] < 0).to_numpy()]
-    steps = host[name_matches(host["name"], STEP_ANNOTATION)]
+    steps = events[step_marks(events)]
     calls = calls.assign(kind=np.where(calls["name"].astype(str) == "c10d::send", "send", "recv"),
                          step=_step_of(calls["ts"].to_numpy(), steps))
     return _summary(calls[calls["step"].notna()], microbatches=_microbatches(host, steps))

@@ -170,8 +170,10 @@ def _rank_of(trace: TraceFile, item: RankInput) -> tuple[int, str, list[str]]:
         return trace.rank, "distributedInfo", []
     if item.rank_hint is not None:
         where = "folder" if item.key.startswith("rank-") else "file name"
-        return item.rank_hint, where, [f"{item.files[0]}: no distributedInfo; rank {item.rank_hint} taken from the {where}"]
-    return -1, "assigned", [f"{item.files[0]}: no distributedInfo and no rank number in its name"]
+        why = item.rank_why or f"its {where}"
+        return item.rank_hint, where, [f"{item.files[0]}: no distributedInfo; rank {item.rank_hint} taken from {why}"]
+    why = item.rank_why or "its name holds no rank"
+    return -1, "assigned", [f"{item.files[0]}: no distributedInfo, and {why}"]
 
 
 def _read_traces(item: RankInput) -> tuple[list[TraceFile], int, list[Skipped]]:

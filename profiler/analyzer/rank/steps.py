@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.analyzer.rank import breakdown as bd
-from diagtrain.profiler.analyzer.read.dialects import DATALOADER_SPAN, STEP_ANNOTATION, name_matches
+from diagtrain.profiler.analyzer.read.dialects import DATALOADER_SPAN, STEP_ANNOTATION, name_matches, step_marks
 from diagtrain.profiler.util import intervals as iv
 
 
@@ -20,7 +20,7 @@ def step_breakdown(events: pd.DataFrame, rank: int, on_gpu: bool, timed: bool = 
     pipeline._matmul_work); only the wall time of the device's part when the device's work is not timed
     (``timed`` false on a GPU trace)."""
     host = (events["stream"] < 0).to_numpy()
-    annotations = events[host & name_matches(events["name"], STEP_ANNOTATION)]
+    annotations = events[step_marks(events)]
     loading = events[host & name_matches(events["name"], DATALOADER_SPAN)]
     waiting_for_data = iv.merge(loading["ts"].to_numpy(), loading["end"].to_numpy())
     starts, flops = (work["ts"].to_numpy(), work["flops"].to_numpy()) if work is not None else (np.empty(0),) * 2

@@ -17,7 +17,7 @@ import pandas as pd
 
 from diagtrain.profiler.util import intervals as iv
 from diagtrain.profiler.analyzer.rank.breakdown import host_categories
-from diagtrain.profiler.analyzer.read.dialects import COMM, COMPUTE, MEMORY, STEP_ANNOTATION, kind_in, name_matches
+from diagtrain.profiler.analyzer.read.dialects import COMM, COMPUTE, MEMORY, kind_in, step_marks
 
 IDLE = "idle"
 SPAN_KINDS = (COMPUTE, COMM, MEMORY, IDLE)
@@ -134,8 +134,7 @@ def _step_gaps(events: pd.DataFrame, busy: iv.Intervals) -> iv.Intervals:
     """Gaps in ``busy`` (all of a CPU trace's busy time) inside each step, or the whole trace without steps."""
     if not len(busy[0]):
         return np.empty(0), np.empty(0)
-    host = events[(events["stream"] < 0).to_numpy()]
-    marks = host[name_matches(host["name"], STEP_ANNOTATION)]
+    marks = events[step_marks(events)]
     windows = list(zip(marks["ts"], marks["end"])) or [(events["ts"].min(), events["end"].max())]
     starts, ends = [np.empty(0)], [np.empty(0)]
     for lo, hi in windows:

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.util import intervals as iv
-from diagtrain.profiler.analyzer.read.dialects import COMM, COMPUTE, CPU, MEMORY, STEP_ANNOTATION, kind_in, name_matches
+from diagtrain.profiler.analyzer.read.dialects import COMM, COMPUTE, CPU, MEMORY, STEP_ANNOTATION, kind_in, step_marks
 
 # Ops this close together are one stretch of work: a node per aten op would make a GPU step tens
 # of thousands of nodes, and a gap this short is launch overhead, not a dependency on anything.
@@ -28,7 +28,7 @@ def rank_segments(events: pd.DataFrame, rank: int, on_gpu: bool, timed: bool = T
     """The rank's work segments per ProfilerStep#N (epoch µs when ``events`` are), in time order."""
     host = (events["stream"] < 0).to_numpy()
     names = events["name"]
-    steps_mask = host & name_matches(names, STEP_ANNOTATION)
+    steps_mask = step_marks(events)
     if not steps_mask.any() or (on_gpu and not timed):
         return pd.DataFrame(columns=COLUMNS)
     ts, end = events["ts"].to_numpy(dtype=float), events["end"].to_numpy(dtype=float)

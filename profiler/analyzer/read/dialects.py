@@ -217,6 +217,13 @@ def kind_in(events: pd.DataFrame, *kinds: str) -> np.ndarray:
     return table[events["kind"].array.codes]
 
 
+def step_marks(events: pd.DataFrame) -> np.ndarray:
+    """Which events are the profiled steps: ProfilerStep#N annotations recorded on the host. Newer
+    Kineto writes each step on the device too (a gpu_user_annotation over its kernels): no second step."""
+    host = (events["stream"] < 0).to_numpy() & ~kind_in(events, MARKER)
+    return host & name_matches(events["name"], STEP_ANNOTATION)
+
+
 def name_matches(names: pd.Series, pattern: re.Pattern, search: bool = False) -> np.ndarray:
     """Which events' (categorical) names match ``pattern`` (at the start, or anywhere with ``search``):
     each distinct name is matched once, and remembered (the ranks of a job share their names)."""

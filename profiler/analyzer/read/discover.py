@@ -2,7 +2,8 @@
 
 Input is a diagtrain run directory (``ranks/<r>/trace-*.json.gz``, several windows per rank, and
 the flight-recorder dumps) or any folder of PyTorch Profiler traces, one file per rank, as
-Holistic Trace Analysis takes them. Nothing is read here: the files are only found and named.
+Holistic Trace Analysis takes them. Nothing is read here: the files are only found and named, and
+what their folder or name says of their rank noted (rank_names.py) for traces that do not say it.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from diagtrain.profiler.analyzer.read.inputs import Skipped, rank_number
+from diagtrain.profiler.analyzer.read.rank_names import ranks_from_names
 from diagtrain.profiler.util.bounded_read import display
 
 TRACE_PATTERNS = ("*.json", "*.json.gz")
 OWN_FILES = {"report.json", "manifest.json", "trainer.json", "injected.json"}  # diagtrain's, not traces
-_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 
 
 @dataclass
@@ -29,6 +30,7 @@ class RankInput:
     files: list[Path]
     rank_hint: int | None  # from the folder or file name
     flight_recorder: Path | None = None
+    rank_why: str = ""  # how the folder or name gave ``rank_hint``, or why the name gave none
 
 
 def discover(path: Path) -> tuple[list[RankInput], list[Skipped]]:
@@ -48,19 +50,12 @@ def discover(path: Path) -> tuple[list[RankInput], list[Skipped]]:
                 continue
             fr = folder / "flight_recorder.json"
             if files:
-                inputs.append(RankInput(f"rank-{folder.name}", files, int(folder.name), fr if fr.exists() else None))
+                inputs.append(RankInput(f"rank-{folder.name}", files, int(folder.name), fr if fr.exists() else None,
+                                        f"its folder ranks/{folder.name}"))
         return inputs, skipped
     files = sorted(f for pattern in TRACE_PATTERNS for f in path.glob(pattern) if f.name not in OWN_FILES)
-    return [RankInput(_key(f), [f], _rank_from_name(f.name)) for f in files], []
-
-
-def _rank_from_name(name: str) -> int | None:
-    m = _RANK_IN_NAME.search(name)
-    if m:
-        return rank_number(m.group(1))
-    stem = name.split(".")[0]
-    m = re.search(r"(\d+)$", stem)
-    return rank_number(m.group(1)) if m else None
+    named = ranks_from_names([f.name for f in files])
+    return [RankInput(_key(f), [f], n.rank, rank_why=n.why) for f, n in zip(files, named)], []
 
 
 def _key(path: Path) -> str:
