@@ -31,8 +31,8 @@ def _segment(rank: int, start_ms: float, end_ms: float, phase: str, gap_phase: s
             "busy_us": (end_ms - start_ms) * MS, "phase": phase, "gap_phase": gap_phase, "op": op}
 
 
-def _collective(rank: int, ts_ms: float, dur_ms: float) -> dict:
-    return {"rank": rank, "pg": "0", "pg_desc": "dp", "group_ranks": (0, 1), "op": "all_reduce", "seq": 1,
+def _collective(rank: int, ts_ms: float, dur_ms: float, seq: int = 1) -> dict:
+    return {"rank": rank, "pg": "0", "pg_desc": "dp", "group_ranks": (0, 1), "op": "all_reduce", "seq": seq,
             "ts": T0 * 1e6 + ts_ms * MS, "dur": dur_ms * MS, "bytes": 4e6}
 
 
@@ -87,6 +87,27 @@ def test_what_if_the_slow_forward_ran_at_its_peers_median(two_ranks):
     assert straggler.impact_ms == pytest.approx(40.0, abs=1e-3)
     assert straggler.metrics["detector_impact_ms"] == 55.0 and straggler.metrics["impact_source"] == "critical_path"
 
+
+
+def test_a_collective_queued_behind_another_moves_with_it():
+    """DDP's two buckets: rank 0 issues both by 32 ms, but its group runs one at a time, so the second starts
+    when the first ends (82), after rank 1's slow forward. Removing that slowness moves both."""
+    segments = pd.DataFrame([
+        _segment(0, 1, 21, "forward", "data", "DDP.forward"), _segment(0, 22, 32, "backward", "backward", "mm"),
+        _segment(0, 93, 103, "optimizer", "optimizer", "AdamW.step"),
+        _segment(1, 1, 61, "forward", "data", "DDP.forward"), _segment(1, 62, 72, "backward", "backward", "mm"),
+        _segment(1, 93, 103, "optimizer", "optimizer", "AdamW.step"),
+    ], columns=COLUMNS)
+    steps = pd.DataFrame({"rank": [0, 1], "step": [7, 7], "wall_ms": [105.0, 105.0], "profiled": True,
+                          "trace_start": [T0, T0], "trace_end": [T0 + 0.105, T0 + 0.105]})
+    collectives = match(pd.DataFrame([_collective(0, 32, 50, seq=1), _collective(0, 82, 10, seq=2),
+                                      _collective(1, 72, 10, seq=1), _collective(1, 82, 10, seq=2)]))
+    [g] = cp.graphs(Tables(steps=steps, ranks=pd.DataFrame(), collectives=collectives, phases=[], segments=segments))
+    assert sorted(g.c_queued.tolist()) == [-1, -1, 0, 2]  # each rank's second bucket waited for its first
+    assert cp.replay(g).finish == pytest.approx(T0 * 1e6 + 105 * MS)
+    # The forward at its peer's 21 ms: the first bucket ends at 42, the second at 52, the step 40 ms sooner
+    # (without the queue, rank 0's second bucket stayed at 82 and the step saved nothing).
+    assert cp.saving_us(g, cp.peer_scale(g, 1, "forward")) == pytest.approx(40 * MS, abs=1)
 
 
 def _late_wake(rank1_forward_ms: float, rank0_resumes_ms: float) -> cp.StepPath:

@@ -38,6 +38,10 @@ class CriticalPath:
     # this small beside its wait is no work of its own. A rank that sleeps on well past a collective it
     # hardly waited for keeps its own time.
     release_share: float = setting(0.25, "... or by this share of the time it sat idle before that end")
+    # gloo runs a group's collectives one after another on its worker thread (NCCL on the group's stream):
+    # DDP's second bucket starts when the first ends, whenever its gradients were ready.
+    queue_gap_us: float = setting(500.0, "a collective that starts on its rank within this after the previous "
+                                  "one of its group ended there waited for it in the group's queue")
     top_pairs: int = setting(5, "(rank, operator) pairs reported per run as carrying most critical time")
     # The sub-ms stretches between phases would drown the few hops that matter.
     min_hop_share: float = setting(0.01, "hops shorter than this share of the step are left out of the "
@@ -79,6 +83,7 @@ class StepGraph:
     c_issuer: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=int))  # node that issued it, -1
     c_label: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
     c_done: np.ndarray = field(default_factory=lambda: np.empty(0))  # when it ended on its first rank
+    c_queued: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=int))  # the row it queued behind, -1
 
 
 @dataclass
@@ -174,7 +179,26 @@ def build_step(step: int, segments: pd.DataFrame, windows: pd.DataFrame, collect
         released = on_rank[ok]
         g.release[released] = row[ok]
         g.lag[released] = start[released] - g.c_done[g.release[released]]
+    g.c_queued = _queued(c["pg"].astype(str).to_numpy(), g, end, s)
     return g
+
+
+def _queued(pg: np.ndarray, g: StepGraph, node_end: np.ndarray, s: CriticalPath) -> np.ndarray:
+    """Per collective row, the row of its rank and group it waited behind (it started as that one ended,
+    after its issuing segment had ended: a worker was free only then), else -1. Rows are in (rank,
+    arrival) order; gloo runs two workers per group, so the one it waited for need not be the one before."""
+    queued = np.full(len(g.c_rank), -1)
+    earlier: dict[tuple[int, str], list[int]] = {}
+    for row, (r, group) in enumerate(zip(g.c_rank.tolist(), pg.tolist())):
+        at = g.c_arrival[row]
+        # Arrivals only grow: a row that ended longer ago than the gap can hold no later one either.
+        rows = earlier[(r, group)] = [b for b in earlier.get((r, group), []) if at - g.c_end[b] <= s.queue_gap_us]
+        issued = node_end[g.c_issuer[row]] if g.c_issuer[row] >= 0 else -math.inf
+        ended = [b for b in rows if 0.0 <= at - g.c_end[b] and issued < g.c_end[b]]
+        if ended:
+            queued[row] = max(ended, key=lambda b: g.c_end[b])
+        rows.append(row)
+    return queued
 
 
 def _sync_keys(c: pd.DataFrame, arrival: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -248,6 +272,7 @@ def replay(g: StepGraph, scale: np.ndarray | None = None) -> Replay:
     bound = [_START] * n
     prev, rank, release = g.prev.tolist(), g.rank.tolist(), g.release.tolist()
     c_arrival, c_end0, c_transfer, c_issuer = (a.tolist() for a in (g.c_arrival, g.c_end, g.c_transfer, g.c_issuer))
+    queued = g.c_queued.tolist() if len(g.c_queued) == m else [-1] * m
     arrival, c_end, c_done, c_last = list(c_arrival), [math.nan] * m, [math.nan] * m, list(range(m))
     rows_of = _members(g.c_key)
     firsts = _firsts(g.c_key, g.c_end)
@@ -265,7 +290,7 @@ def replay(g: StepGraph, scale: np.ndarray | None = None) -> Replay:
             t.s[k], t.e[k] = start, start + dur[k]
             continue
         rows = rows_of[int(g.c_key[firsts[item - n]])]
-        moved = [_moved(t, c_issuer[r], c_arrival[r]) for r in rows]
+        moved = [_arrival(t, c_issuer[r], c_arrival[r], queued[r], c_end, c_end0) for r in rows]
         latest = max(range(len(rows)), key=moved.__getitem__)  # the first of the latest, as np.argmax
         last = rows[latest]
         shift = moved[latest] - max(c_arrival[r] for r in rows)
@@ -322,12 +347,24 @@ def _ready(g: StepGraph, firsts: np.ndarray) -> np.ndarray:
     issued = g.c_issuer >= 0
     by_issuer, issuer = group[issued], g.c_issuer[issued]
     released = g.release >= 0
+    queued = g.c_queued >= 0 if len(g.c_queued) == len(g.c_key) else np.zeros(len(g.c_key), dtype=bool)
     for _ in range(2):  # a node resumed before the recorded end pushes what follows it
         if released.any():
             ready[released] = np.maximum(ready[released], key_time[group[g.release[released]]])
         ready = pd.Series(ready).groupby(g.rank).cummax().to_numpy().copy()
         np.maximum.at(key_time, by_issuer, ready[issuer])
+        # a collective queued behind another is replayed after it
+        np.maximum.at(key_time, group[queued], key_time[group[g.c_queued[queued]]])
     return np.r_[ready, key_time]
+
+
+def _arrival(t: _Times, issuer: int, at: float, queued: int, c_end: list[float], c_end0: list[float]) -> float:
+    """A collective row's arrival in the replay: after its issuing segment, and, when it waited in its
+    group's queue, after the row it waited behind ends there (not yet replayed: as issued)."""
+    if queued < 0 or c_end[queued] != c_end[queued]:
+        return _moved(t, issuer, at)
+    issued = _moved(t, issuer, min(at, t.end[issuer])) if issuer >= 0 else -math.inf
+    return max(issued, c_end[queued] + (at - c_end0[queued]))
 
 
 def _moved(t: _Times, issuer: int, at: float) -> float:
