@@ -26,6 +26,7 @@ import pandas as pd
 
 from diagtrain.profiler.analyzer.settings import section, setting
 from diagtrain.profiler.analyzer.judge.detectors.base import steady
+from diagtrain.profiler.analyzer.judge.cost import INTERMITTENT
 from diagtrain.profiler.analyzer.judge.quantities import SlowCause
 from diagtrain.profiler.analyzer.judge.findings import Finding
 from diagtrain.profiler.analyzer.run.tables import Tables, unix_seconds
@@ -235,6 +236,8 @@ def _intermittent_on_busy_host(tables: Tables, finding: Finding, s: Contention) 
     seen = finding.metrics.get("steps_seen")
     if not seen or len(finding.steps) >= s.steadily_slow_share * seen:
         return None  # slow in (nearly) every step it could be seen in: a straggler, busy host or not
+    if finding.metrics.get("impact_source") == "ledger" and finding.metrics.get("pattern") not in (None, INTERMITTENT):
+        return None  # the ledger compares running time, CPU starvation taken out, and saw a pattern
     host = tables.rank_hosts.get(finding.ranks[0])
     load = host_loads(tables).get(host) if host is not None else None
     if load is None or not load.busy_with_others:
