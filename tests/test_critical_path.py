@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 from conftest import diagtrain_run
 
+from diagtrain.profiler.analyzer.judge import cost
 from diagtrain.profiler.analyzer.judge import critical_path as cp
 from diagtrain.profiler.analyzer.rank import load
 from diagtrain.profiler.analyzer.read.discover import discover
@@ -87,6 +88,31 @@ def test_what_if_the_slow_forward_ran_at_its_peers_median(two_ranks):
     assert straggler.impact_ms == pytest.approx(40.0, abs=1e-3)
     assert straggler.metrics["detector_impact_ms"] == 55.0 and straggler.metrics["impact_source"] == "critical_path"
 
+
+
+def test_a_ledger_priced_straggler_is_checked_by_replaying_the_ledgers_excess(two_ranks):
+    # The ledger says rank 1 ran 30 ms longer than its peer in step 7; the counters, that rank 0 was blocked
+    # 70 ms in collectives (20 ms of it inside an operator the graph holds as work), rank 1 10 ms.
+    ledger = pd.DataFrame({"rank": [0, 1], "step": [7, 7], "excess_ms": [0.0, 30.0], "wait_ms": [70.0, 10.0]})
+    straggler = Finding(kind="straggler", severity="warning", explanation="", suggestion="", ranks=[1], steps=[7],
+                        metrics={"quantity": "phase:forward", "impact_source": "ledger"}, impact_ms=33.0)
+    cp.with_impacts([straggler], cp.analyze(two_ranks), ledger)
+    assert straggler.impact_ms == 33.0  # the ledger's price stands
+    assert straggler.metrics["critical_path_ms"] == pytest.approx(30.0, abs=0.01)  # 30 ms off its forward: the step too
+    # The graph models rank 0's 50 ms and rank 1's 10 ms in the all-reduce as waits, not the 20 ms inside an op.
+    assert straggler.metrics["critical_path_wait_coverage"] == pytest.approx(60 / 80, abs=0.01)
+
+
+def test_a_replay_that_models_few_waits_is_no_check_of_a_price():
+    def priced(coverage: float) -> Finding:
+        f = Finding(kind="straggler", severity="warning", explanation="", suggestion="", ranks=[3], steps=[4],
+                    metrics={"critical_path_ms": 0.1, "ledger_profiled_ms": 190.0, "ledger_noise_ms": 5.0,
+                             "critical_path_wait_coverage": coverage}, impact_ms=129.0)
+        return cost.reconcile([f])[0]
+
+    trusted, untrusted = priced(0.9), priced(0.47)
+    assert trusted.metrics["impact_range_ms"][0] < 1.0 and trusted.metrics["impact_range_ms"][1] == 129.0
+    assert "impact_range_ms" not in untrusted.metrics and "47%" in untrusted.metrics["impact_replay_skipped"]
 
 
 def test_a_collective_queued_behind_another_moves_with_it():

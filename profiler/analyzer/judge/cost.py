@@ -43,6 +43,9 @@ class Cost:
     error_share: float = setting(0.25, "... and this share, an error: a quarter of the run lost to one cause")
     validated_kinds: str = setting("straggler,dataloader_stall", "kinds whose price benchmarks/impact.py holds within "
                                    "30% of the saving measured against a clean twin; others claim a bound ('up to')")
+    min_replay_coverage: float = setting(0.6, "the critical path's what-if is a check of the ledger's price only where "
+                                         "its graph models this share of the ranks' blocked time as waits (3D jobs "
+                                         "on 2 shared cores: under half, the waits sit inside operators)")
     disagree_share: float = setting(0.3, "the critical path's what-if and the ledger disagree when they differ by more "
                                     "than this share of the larger (and by more than the noise)")
 
@@ -142,6 +145,11 @@ def reconcile(findings: list[Finding]) -> list[Finding]:
     for f in findings:
         replay, ledger = f.metrics.get("critical_path_ms"), f.metrics.get("ledger_profiled_ms")
         if replay is None or ledger is None:
+            continue
+        coverage = f.metrics.get("critical_path_wait_coverage")
+        if coverage is not None and coverage < c.min_replay_coverage:
+            f.metrics["impact_replay_skipped"] = (f"the critical path's graph models only {coverage:.0%} of the ranks' "
+                                                  "blocked time as waits; its what-if is no check of this price")
             continue
         gap = abs(replay - ledger)
         if gap > c.disagree_share * max(replay, ledger) and gap > f.metrics.get("ledger_noise_ms", 0.0) \

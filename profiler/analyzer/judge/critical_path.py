@@ -518,12 +518,20 @@ def peer_scale(g: StepGraph, rank: int, phase: str | None) -> np.ndarray:
     """Node scales that bring ``rank``'s own time in ``phase`` (all its work when None) to its
     peers' median; ones where it is already at or below it."""
     own = _own_time(g, phase)
-    scale = np.ones(len(g.start))
     if rank not in own or len(own) < 2:
-        return scale
+        return np.ones(len(g.start))
     peers = float(np.median([t for r, t in own.items() if r != rank]))
     if own[rank] > peers > 0 or (own[rank] > 0 and peers == 0):
-        scale[_in(g, rank, phase)] = peers / own[rank]
+        return excess_scale(g, rank, phase, own[rank] - peers)
+    return np.ones(len(g.start))
+
+
+def excess_scale(g: StepGraph, rank: int, phase: str | None, excess_us: float) -> np.ndarray:
+    """Node scales that take ``excess_us`` off ``rank``'s own time in ``phase`` (all its work when None)."""
+    own = _own_time(g, phase).get(rank, 0.0)
+    scale = np.ones(len(g.start))
+    if own > 0 and excess_us > 0:
+        scale[_in(g, rank, phase)] = max(own - excess_us, 0.0) / own
     return scale
 
 
@@ -597,10 +605,14 @@ def analyze(tables: Tables) -> RunPaths:
     return RunPaths(built, [critical_path(g) for g in built])
 
 
-def with_impacts(findings: list[Finding], run: RunPaths) -> list[Finding]:
+def with_impacts(findings: list[Finding], run: RunPaths, ledger: pd.DataFrame | None = None) -> list[Finding]:
     """A straggler's ``impact_ms`` from the graph where it exists: the mean saving per profiled step of
     bringing the rank's slow part to its peers' median (the detector's estimate stays elsewhere). One the
-    ledger priced over the whole run keeps that price; the replay is recorded beside it (``critical_path_ms``)."""
+    ledger priced over the whole run keeps that price; the replay of taking the ledger's excess off the
+    rank in each profiled step is recorded beside it (``critical_path_ms``): whether that excess reaches
+    the step's end. The ledger measures the excess on running time; traces cannot tell a CPU-starved
+    operator from a slow one, and on a host with more ranks than cores the peers' traced time is half
+    starvation."""
     for f in findings:
         if f.kind != "straggler" or not f.ranks:
             continue
@@ -610,15 +622,41 @@ def with_impacts(findings: list[Finding], run: RunPaths) -> list[Finding]:
         steps = [g for g in run.graphs if rank in g.window_start]
         if not steps:
             continue
-        savings = [saving_us(g, peer_scale(g, rank, phase)) for g in steps]
         f.settings.update(values(CriticalPath.active()))  # the what-if that priced it
         if f.metrics.get("impact_source") == "ledger":  # priced over every step: the replay is its check
-            f.metrics["critical_path_ms"] = float(np.mean(savings)) / 1e3
+            excess = _ledger_excess(ledger, rank)
+            f.metrics["critical_path_ms"] = float(np.mean(
+                [saving_us(g, excess_scale(g, rank, phase, excess.get(g.step, 0.0))) for g in steps])) / 1e3
+            f.metrics["critical_path_wait_coverage"] = wait_coverage(steps, ledger)
             continue
         f.metrics["detector_impact_ms"] = f.impact_ms
         f.metrics["impact_source"] = "critical_path"
-        f.impact_ms = float(np.mean(savings)) / 1e3
+        f.impact_ms = float(np.mean([saving_us(g, peer_scale(g, rank, phase)) for g in steps])) / 1e3
     return findings
+
+
+def wait_coverage(graphs: list[StepGraph], ledger: pd.DataFrame | None) -> float | None:
+    """The share of the ranks' time blocked in collectives (the step records' counters) that the graphs
+    model as waits released by a collective; None without counters. Where a wait sits inside an operator
+    (DTensor's redistribute blocks in its own collective), the graph holds it as work, and a what-if
+    cannot shorten it."""
+    if ledger is None or ledger.empty or not graphs:
+        return None
+    modeled = blocked = 0.0
+    for g in graphs:
+        prev_end = np.where(g.prev >= 0, g.end[np.clip(g.prev, 0, None)], [g.window_start[r] for r in g.rank])
+        released = g.release >= 0
+        modeled += float(np.clip(g.c_done[g.release[released]] - prev_end[released], 0.0, None).sum()) / 1e3
+        blocked += float(ledger.loc[ledger["step"] == g.step, "wait_ms"].sum())
+    return modeled / blocked if blocked > 0 else None
+
+
+def _ledger_excess(ledger: pd.DataFrame | None, rank: int) -> dict[int, float]:
+    """The rank's running time above its peers' per step (µs), from the ledger."""
+    if ledger is None or ledger.empty:
+        return {}
+    mine = ledger[ledger["rank"] == rank]
+    return dict(zip(mine["step"].astype(int), mine["excess_ms"].astype(float) * 1e3))
 
 
 def markdown(section: dict[str, Any] | None) -> list[str]:

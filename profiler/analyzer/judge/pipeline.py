@@ -120,7 +120,7 @@ def trace_critical_path(t: Tables, findings: list[Finding], progress: Callable[[
     """The critical-path section; the stragglers' impact from its what-ifs. A failure is reported, never fatal."""
     try:
         paths = critical_path.analyze(t)
-        critical_path.with_impacts(findings, paths)
+        critical_path.with_impacts(findings, paths, t.ledger)
         return paths.section()
     except Exception as e:  # noqa: BLE001 - the findings stand without it
         progress(f"critical path failed: {type(e).__name__}: {e}")
