@@ -38,6 +38,7 @@ from diagtrain.profiler.run_dir import (
     RankIndex,
     remove_quietly,
 )
+from diagtrain.profiler.util.launchers import rank_variable_names
 from diagtrain.profiler.util.step_ranges import StepRange, format_step_ranges
 
 EXIT_NOT_FOUND = 127  # what a shell returns for a command it cannot find
@@ -57,6 +58,13 @@ def _is_log_tee(proc, out: Path) -> bool:
         return proc.name() == "tee" and any(arg.startswith(str(out)) for arg in proc.cmdline())
     except Exception:  # noqa: BLE001 - the process is gone or unreadable: not one of ours
         return False
+
+
+def no_rank_message() -> str:
+    """What the run says when no process of the command became a rank, naming what was looked for."""
+    return (f"no process of the command became a rank, so only host telemetry and console.log were collected: "
+            f"diagtrain instruments Python processes that a launcher gave a rank ({rank_variable_names()}), "
+            "that call torch.distributed.init_process_group, or that are the command itself (python train.py)")
 
 
 class Collection:
@@ -168,6 +176,8 @@ class Collection:
             self.warn(self.sampler.error)
         if leftovers:
             self.say(f"killed {len(leftovers)} process(es) the command left behind: {leftovers}")
+        if not self.ranks.on_host(self.host_dir.name):
+            self.warn(no_rank_message())
         return code, self._status(code)
 
     def _on_signal(self, signum: int, frame: object) -> None:

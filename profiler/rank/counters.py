@@ -254,6 +254,15 @@ class Counters:
         if previous is not None:
             os.close(previous)
 
+    def restart_in_child(self) -> None:
+        """Count from now in a forked child that becomes a rank: its own thread, none of its parent's totals."""
+        previous, self._schedstat = self._schedstat, _open_schedstat(threading.get_native_id())
+        if previous is not None:
+            os.close(previous)  # the child's copy of a descriptor on the parent's thread
+        self._main = threading.get_ident()
+        self.phases = PhaseClock()
+        self.start = self.read()
+
     def fail(self, error: BaseException) -> None:
         """Stand down after an error of our own, saying so once on the rank's stderr."""
         if not self.failed:

@@ -1,8 +1,11 @@
 """What `diagtrain run` sets up inside each rank before user code runs.
 
-Started from the bootstrap sitecustomize. A process is a rank when the launcher gave it ``RANK``
-(torchrun and most launchers do), or, with no launcher, when it is the command `diagtrain run`
-started itself. Launcher agents and helper processes of a rank (data-loader workers, compile
+Started from the bootstrap sitecustomize. A process is a rank when a launcher named it in its
+environment (torchrun's ``RANK``, SLURM's or MPI's variables: :mod:`diagtrain.profiler.util.launchers`),
+or when it calls ``init_process_group`` with a rank (``torch.multiprocessing.spawn``,
+``multiprocessing.Process``: :mod:`.late_ranks`). The command's own Python process
+(`diagtrain run -- python train.py`) is rank 0 of a job without a launcher, unless it turns out to
+start the ranks itself. Launchers and helper processes of a rank (data-loader workers, compile
 workers) are left alone.
 
 Per rank it writes ``rank.json`` (who and where), tees stdout and stderr to files, points NCCL's
@@ -13,7 +16,6 @@ recorder dump.
 
 from __future__ import annotations
 
-import atexit
 import faulthandler
 import os
 import shutil
@@ -24,38 +26,70 @@ import sys
 import sysconfig
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from diagtrain.profiler.rank import OWN_CODE
+from diagtrain.profiler.rank.process_end import at_process_end
 from diagtrain.profiler.run_dir import (
     HOST_ENV,
     RUN_DIR_ENV,
     SCHEMA_VERSION,
     WRAPPER_PID_ENV,
+    RankIndex,
     rank_dir,
     write_json_atomic,
 )
+from diagtrain.profiler.util.launchers import LAUNCHER_PROGRAMS, LaunchedRank, rank_from_env
 
 RANK_PID_ENV = "DIAGTRAIN_RANK_PID"  # set by a rank, so that its child processes know they are not ranks
-# Programs that start ranks rather than being one (names of scripts, or modules after -m).
-LAUNCHERS = {"torchrun", "torch.distributed.run", "torch.distributed.launch", "diagtrain", "diagtrain.profiler.cli"}
+# Where a process's output goes while its rank is not known: no rank's name, so readers of ranks/ skip it.
+PENDING_FOLDER = ".pending-{pid}"
 # Flight-recorder entries kept per process: several steps of a 3D run's collectives.
 FR_BUFFER_ENTRIES = "20000"
 SIGTERM_EXIT_CODE = 128 + signal.SIGTERM
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
-def identify_rank(env: os._Environ | dict = os.environ) -> int | None:
-    """This process's global rank if it is a rank, else None (agents, helpers, other tools)."""
+@dataclass(frozen=True)
+class Role:
+    """What a process is to `diagtrain run`, as far as its start tells."""
+
+    launched: LaunchedRank | None = None  # a rank now: a launcher named it
+    command_rank: int | None = None  # the command's own process: this rank, if it turns out to be one
+    may_join: bool = False  # becomes a rank if it calls init_process_group
+
+
+HELPER = Role()  # a launcher, or a child of a rank: never instrumented
+
+
+def identify(env: os._Environ | dict = os.environ) -> Role:
+    """This process's role: a rank its launcher named, the command's own process, a process that may
+    still join a process group, or a helper (a launcher, a rank's data-loader or compile worker)."""
     owner = env.get(RANK_PID_ENV)
-    if owner and owner != str(os.getpid()):
+    if (owner and owner != str(os.getpid())) or _is_launcher():
+        return HELPER
+    launched = rank_from_env(env)
+    # Variables `diagtrain run` was itself started with name the command as a whole (srun diagtrain
+    # run ...), or nothing at all (a salloc shell's SLURM_PROCID=0): not every process below it.
+    if launched is not None and launched != _launched_above_wrapper(env):
+        return Role(launched=launched)
+    if env.get(WRAPPER_PID_ENV) == str(os.getppid()):
+        return Role(command_rank=launched.rank if launched else 0, may_join=True)
+    return Role(may_join=True)
+
+
+def _launched_above_wrapper(env: os._Environ | dict) -> LaunchedRank | None:
+    """The rank in the environment the wrapper was started with (on this machine), if any."""
+    pid = env.get(WRAPPER_PID_ENV, "")
+    if not pid.isdigit() or not _is_launcher(pid):
         return None
-    if "RANK" in env:
-        return int(env["RANK"])
-    if env.get(WRAPPER_PID_ENV) == str(os.getppid()) and not _is_launcher():
-        return 0
-    return None
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    except OSError:
+        return None
+    return rank_from_env(dict(item.split("=", 1) for item in raw.split("\0") if "=" in item))
 
 
 def _is_launcher(pid: int | str = "self") -> bool:
@@ -66,33 +100,135 @@ def _is_launcher(pid: int | str = "self") -> bool:
             return False
         argv = [sys.executable, *sys.argv]
     # python [-u ...] -m MODULE | python SCRIPT | SCRIPT: the program is within the first tokens.
-    return any(os.path.basename(token) in LAUNCHERS for token in argv[:4])
+    return any(os.path.basename(token) in LAUNCHER_PROGRAMS for token in argv[:4])
 
 
 def start() -> None:
-    """Instrument this process if it is a rank of a `diagtrain run` job."""
+    """Instrument this process if it is a rank of a `diagtrain run` job, or get ready for it to become one."""
     run_dir = os.environ.get(RUN_DIR_ENV)
     if run_dir and os.environ.get(WRAPPER_PID_ENV):
         die_with_parent()
-    rank = identify_rank() if run_dir else None
-    if rank is None:
-        return
-    os.environ[RANK_PID_ENV] = str(os.getpid())
-    folder = rank_dir(run_dir, rank)
-    folder.mkdir(parents=True, exist_ok=True)
-    _point_collective_logs(folder)
-    _tee_output(folder)
-    write_json_atomic(folder / "rank.json", describe_rank(rank))
-    recorder = _ExitRecorder(folder)
-    recorder.install()
-    # A C++ abort (gloo's EnforceNotMet, a CUDA error) skips atexit; this at least puts the
-    # Python stacks of every thread into stderr.log.
-    recorder.user_faulthandler = faulthandler.is_enabled()
-    faulthandler.enable(all_threads=True)
-    from diagtrain.profiler.rank import state_dump, step_hooks
+    role = identify() if run_dir else HELPER
+    if role.launched is not None:
+        launched = role.launched
+        _open(Path(run_dir), rank_dir(run_dir, launched.rank)).bind(
+            launched.rank, launched.variables.rank, launched.world_size, launched.local_rank or 0, launched.node_rank)
+    elif role.command_rank is not None:
+        _open(Path(run_dir), Path(run_dir) / "ranks" / PENDING_FOLDER.format(pid=os.getpid()), role.command_rank)
+    if role.may_join:
+        from diagtrain.profiler.rank import late_ranks
 
-    state_dump.install(folder)
-    step_hooks.arm(Path(run_dir), rank)
+        late_ranks.follow_init_process_group()
+
+
+def join(rank: int, world_size: int | None) -> None:
+    """Become rank ``rank`` now (from init_process_group), unless this process is a rank or a helper of one."""
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    if not run_dir or os.environ.get(RANK_PID_ENV):
+        return
+    folder = rank_dir(run_dir, rank)
+    if _session is None:
+        session = _open(Path(run_dir), folder)
+    else:
+        session = _session
+        if session.pid != os.getpid():
+            session.adopt(folder)  # a forked child of the command's process: its own files from now on
+    local = os.environ.get("LOCAL_RANK", "")
+    session.bind(rank, "init_process_group", world_size, int(local) if local.isdigit() else rank, None)
+
+
+_session: "_Session | None" = None  # this process's instrumentation (a forked child inherits its parent's)
+
+
+def _open(run_dir: Path, folder: Path, command_rank: int | None = None) -> "_Session":
+    global _session
+    _session = _Session(run_dir, folder, command_rank)
+    return _session
+
+
+class _Session:
+    """diagtrain's instrumentation of one process, installed before its rank may be known.
+
+    Output is teed, the exit recorder and the state-dump thread run, and the step hooks wait for
+    torch from the start; the rank's folder, rank.json and step records follow once the rank is known
+    (:meth:`bind`). The command's own process writes to a folder of its own until then, moved into
+    the rank's folder when it turns out to be a rank (at its first optimizer step, its own
+    init_process_group, or its exit with no other rank on the host), removed when its children were
+    the ranks: its output is in the host's console.log as well.
+    """
+
+    def __init__(self, run_dir: Path, folder: Path, command_rank: int | None = None) -> None:
+        from diagtrain.profiler.rank import state_dump, step_hooks
+
+        self.run_dir, self.folder, self.command_rank = run_dir, folder, command_rank
+        self.pending = folder if command_rank is not None else None  # the folder of a rank not known yet
+        self.pid = os.getpid()
+        self.rank: int | None = None
+        os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FR_BUFFER_ENTRIES)  # before any process group starts
+        folder.mkdir(parents=True, exist_ok=True)
+        _tee_output(folder)
+        self.exit = _ExitRecorder(self.folder_at_exit)
+        self.exit.install()
+        # A C++ abort (gloo's EnforceNotMet, a CUDA error) skips atexit; this at least puts the
+        # Python stacks of every thread into stderr.log.
+        self.exit.user_faulthandler = faulthandler.is_enabled()
+        faulthandler.enable(all_threads=True)
+        state_dump.install(self.rank_folder)
+        self.steps = step_hooks.arm(run_dir, self.claim)
+
+    def rank_folder(self) -> Path | None:
+        """The rank's folder, once the rank is known."""
+        return self.folder if self.rank is not None else None
+
+    def bind(self, rank: int, rank_from: str, world_size: int | None, local_rank: int, node_rank: int | None) -> None:
+        """This process is rank ``rank`` (``rank_from`` says how that is known): its files go to the rank's folder."""
+        os.environ[RANK_PID_ENV] = str(os.getpid())
+        folder = rank_dir(self.run_dir, rank)
+        if self.pending is not None:
+            _move_into(self.pending, folder)
+            self.pending = None
+        self.folder = folder
+        _point_nccl_log(folder)
+        write_json_atomic(folder / "rank.json", describe_rank(rank, rank_from, world_size, local_rank, node_rank))
+        self.rank = rank
+        self.steps.bind(rank)
+
+    def adopt(self, folder: Path) -> None:
+        """In a forked child that becomes a rank: its own output, exit record and dump thread."""
+        from diagtrain.profiler.rank import state_dump
+
+        self.pid, self.folder, self.command_rank, self.pending = os.getpid(), folder, None, None
+        folder.mkdir(parents=True, exist_ok=True)
+        _tee_output(folder)
+        self.exit.restart()
+        state_dump.install(self.rank_folder)  # the parent's dump thread did not come along
+
+    def claim(self) -> int | None:
+        """The command's own process becomes its rank (at its first optimizer step, or at exit), unless
+        ranks of this host came first: then it started them. None where it is no rank."""
+        if self.rank is None and self.command_rank is not None and os.getpid() == self.pid:
+            if RankIndex(self.run_dir).on_host(os.environ.get(HOST_ENV, "")):
+                self.command_rank = None  # a launcher of ranks (mp.spawn's parent): for good
+            else:
+                self.bind(self.command_rank, "the command", None, self.command_rank, None)
+        return self.rank
+
+    def folder_at_exit(self) -> Path | None:
+        """Where the exit records go: the rank's folder, or None where this process was no rank."""
+        if os.getpid() != self.pid:
+            return None  # a forked child that never became a rank: its parent writes the records
+        if self.claim() is None and self.pending is not None:
+            shutil.rmtree(self.pending, ignore_errors=True)
+        return self.rank_folder()
+
+
+def _move_into(source: Path, target: Path) -> None:
+    """Move what was written before the rank was known into its folder (open files move along)."""
+    target.mkdir(parents=True, exist_ok=True)
+    if source.is_dir():
+        for entry in source.iterdir():
+            os.replace(entry, target / entry.name)
+        source.rmdir()
 
 
 def die_with_parent() -> bool:
@@ -125,15 +261,17 @@ def _threads(pid: int) -> int | None:
         return None
 
 
-def describe_rank(rank: int) -> dict[str, Any]:
+def describe_rank(rank: int, rank_from: str, world_size: int | None = None, local_rank: int = 0,
+                  node_rank: int | None = None) -> dict[str, Any]:
     """Who this rank is and where it runs; torch facts are added once torch is imported."""
     env = os.environ
     return {
         "schema_version": SCHEMA_VERSION,
         "rank": rank,
-        "local_rank": int(env.get("LOCAL_RANK", rank if "RANK" not in env else 0)),
-        "node_rank": int(env.get("GROUP_RANK", 0)),
-        "world_size": int(env.get("WORLD_SIZE", 1)),
+        "rank_from": rank_from,  # the launcher's variable, init_process_group, or the command itself
+        "local_rank": local_rank,
+        "node_rank": node_rank or 0,
+        "world_size": world_size or 1,
         "hostname": socket.gethostname(),
         "host": env.get(HOST_ENV) or socket.gethostname(),
         "pid": os.getpid(),
@@ -144,11 +282,11 @@ def describe_rank(rank: int) -> dict[str, Any]:
     }
 
 
-def _point_collective_logs(folder: Path) -> None:
-    """NCCL's debug log and the flight recorder, set before any process group starts."""
+def _point_nccl_log(folder: Path) -> None:
+    """NCCL's debug log into the rank's folder, set before NCCL starts (the flight recorder's size is set
+    when the process is first instrumented)."""
     os.environ.setdefault("NCCL_DEBUG", "INFO")
     os.environ["NCCL_DEBUG_FILE"] = str(folder / "nccl.log")
-    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FR_BUFFER_ENTRIES)
 
 
 def _tee_output(folder: Path) -> None:
@@ -199,8 +337,14 @@ def _without_own_frames(tb: Any) -> Any:
 class _ExitRecorder:
     """Writes ``exit.json`` (code and cause) and the flight recorder dump when the rank ends."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Callable[[], Path | None]) -> None:
+        """``folder()``: where the records go when the process ends; None where it was no rank."""
         self.folder = folder
+        self.restart()
+        self.user_faulthandler = False  # the job turned faulthandler on itself: leave it on at exit
+
+    def restart(self) -> None:
+        """Nothing recorded yet (also in a forked child, which inherits its parent's recorder)."""
         self.record: dict[str, Any] = {"code": 0, "reason": "returned"}
         self.sigint_at: float | None = None  # when the first SIGINT came
         # A SIGINT or SIGTERM has been acted on: later ones are not. A launcher forwards the wrapper's
@@ -208,9 +352,10 @@ class _ExitRecorder:
         # must not cut the exit record, the dumps or a window's trace export short.
         self.stopping = False
         self.exiting = False  # the exit record and dumps are being written
-        self.user_faulthandler = False  # the job turned faulthandler on itself: leave it on at exit
+        at_process_end(self._at_exit)
 
     def install(self) -> None:
+        """Take over sys.exit, the excepthook, SIGTERM and SIGINT (where the job has not)."""
         self._sys_exit = sys.exit
         sys.exit = self._exit
         self._excepthook = sys.excepthook
@@ -219,23 +364,29 @@ class _ExitRecorder:
             signal.signal(signal.SIGTERM, self._on_sigterm)
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, self._on_sigint)
-        atexit.register(self._at_exit)
 
     def _exit(self, code: Any = None) -> None:
-        self.record = {"code": code if isinstance(code, int) else (0 if code is None else 1), "reason": "sys.exit",
-                       "time": time.time()}
+        number = code if isinstance(code, int) else (0 if code is None else 1)
+        self.record = {"code": number, "reason": "sys.exit", "time": time.time()}
+        exc_type, exc, tb = sys.exc_info()
+        if number and exc is not None and not isinstance(exc, SystemExit):
+            # sys.exit(1) while handling an exception (torch.multiprocessing.spawn's children): that is the cause.
+            self.record = {**self._cause(exc_type, exc), "code": number, "where": user_frame(traceback.extract_tb(tb))}
         self._sys_exit(code)
 
-    def _on_exception(self, exc_type: type, exc: BaseException, tb: Any) -> None:
+    def _cause(self, exc_type: type, exc: BaseException) -> dict[str, Any]:
         interrupted = issubclass(exc_type, KeyboardInterrupt)
-        # The cause first, in one assignment: launchers often send a second SIGINT, which can
-        # interrupt this hook itself.
-        self.record = {
+        return {
             "code": 128 + signal.SIGINT if interrupted else 1,
             "reason": "interrupted" if interrupted else "exception",
             "exception": f"{exc_type.__name__}: {exc}"[:2000],
             "time": (interrupted and self.sigint_at) or time.time(),  # when it happened: the dumps at exit take a while
         }
+
+    def _on_exception(self, exc_type: type, exc: BaseException, tb: Any) -> None:
+        # The cause first, in one assignment: launchers often send a second SIGINT, which can
+        # interrupt this hook itself.
+        self.record = self._cause(exc_type, exc)
         try:
             tb = _without_own_frames(tb)  # a Ctrl-C is raised in our SIGINT handler: show the user's line last
             self.record["where"] = user_frame(traceback.extract_tb(tb))
@@ -259,24 +410,45 @@ class _ExitRecorder:
         raise SystemExit(SIGTERM_EXIT_CODE)
 
     def _at_exit(self) -> None:
-        from diagtrain.profiler.rank import flight_recorder, state_dump
-
+        if self.exiting:
+            return  # a multiprocessing child runs this from its finalizers and again at exit
         self.exiting = True
         try:
-            state_dump.write_process_groups(self.folder)
-            flight_recorder.dump(self.folder / "flight_recorder.json")
+            folder = self.folder()
+        except Exception as e:  # noqa: BLE001 - the rank's folder could not be made: say so, end as the job would
+            print(f"diagtrain: exit record not written: {type(e).__name__}: {e}", file=sys.stderr)
+            folder = None
+        if folder is None:
+            self._leave_faulthandler()
+            return
+        self._exception_in_flight()
+        self._write(folder)
+        self._leave_faulthandler()
+
+    def _exception_in_flight(self) -> None:
+        """A multiprocessing child's target raised: its finalizers run while the exception leaves."""
+        exc_type, exc, tb = sys.exc_info()
+        if self.record["reason"] == "returned" and exc is not None and not isinstance(exc, SystemExit):
+            self.record = {**self._cause(exc_type, exc), "where": user_frame(traceback.extract_tb(tb))}
+
+    def _write(self, folder: Path) -> None:
+        from diagtrain.profiler.rank import flight_recorder, state_dump, trouble
+
+        try:
+            state_dump.write_process_groups(folder)
+            flight_recorder.dump(folder / "flight_recorder.json")
         except Exception as e:  # noqa: BLE001 - a failed dump must not hide the exit record
             self.record["flight_recorder_error"] = f"{type(e).__name__}: {e}"
-        from diagtrain.profiler.rank import trouble
-
         if self.record["reason"] == "returned" and self.sigint_at:
             self.record = {**self.record, "code": 128 + signal.SIGINT, "reason": "interrupted", "time": self.sigint_at}
         warnings = trouble.recorded()
         try:
-            write_json_atomic(self.folder / "exit.json", {"time": time.time(), **self.record,
-                                                          **({"warnings": warnings} if warnings else {})})
+            write_json_atomic(folder / "exit.json", {"time": time.time(), **self.record,
+                                                     **({"warnings": warnings} if warnings else {})})
         except OSError as e:
-            trouble.warn(self.folder, "exit.json", f"exit.json not written ({trouble.reason(e)})")
+            trouble.warn(folder, "exit.json", f"exit.json not written ({trouble.reason(e)})")
+
+    def _leave_faulthandler(self) -> None:
         # What runs after this is the interpreter's teardown, where a Python stack says nothing, and
         # faulthandler's all-threads dump of a C++ abort there crashes itself: SIGABRT became SIGSEGV.
         if not self.user_faulthandler:

@@ -15,7 +15,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from diagtrain.profiler.rank import OWN_CODE, flight_recorder
 from diagtrain.profiler.run_dir import (
@@ -25,22 +25,44 @@ from diagtrain.profiler.run_dir import (
 )
 
 
-def install(folder: Path) -> None:
-    """Start the helper thread; call from the main thread before any other thread exists."""
+def install(folder: Callable[[], Path | None]) -> None:
+    """Start the helper thread, dumping into ``folder()`` (None: no rank yet, nothing to dump); call from
+    the main thread, best before any other thread exists."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {DUMP_SIGNAL})  # inherited by every later thread
+    _handle_in_main_thread(folder)
     threading.Thread(target=_serve, args=(folder,), name="diagtrain-state-dump", daemon=True).start()
 
 
-def _serve(folder: Path) -> None:
+def _handle_in_main_thread(folder: Callable[[], Path | None]) -> None:
+    """Threads started before install (a rank found at init_process_group, when torch's threads run
+    already) do not block the signal: one of them may take it, and without a handler it kills the process.
+    Python runs the handler in the main thread; a thread of its own dumps, so that the main thread's stack is in it."""
+    def handler(signum: int, frame: Any) -> None:
+        threading.Thread(target=_dump_into, args=(folder(),), name="diagtrain-state-dump", daemon=True).start()
+
+    try:
+        if signal.getsignal(DUMP_SIGNAL) is signal.SIG_DFL:
+            signal.signal(DUMP_SIGNAL, handler)
+    except ValueError:
+        pass  # not the main thread: the helper thread alone serves
+
+
+def _serve(folder: Callable[[], Path | None]) -> None:
     while True:
         signal.sigwait({DUMP_SIGNAL})
+        _dump_into(folder())
+
+
+def _dump_into(folder: Path | None) -> None:
+    if folder is None:
+        return
+    try:
+        dump(folder, reason="signal")
+    except Exception as e:  # noqa: BLE001 - keep serving; say what failed
         try:
-            dump(folder, reason="signal")
-        except Exception as e:  # noqa: BLE001 - keep serving; say what failed
-            try:
-                write_json_atomic(folder / "dump_error.json", {"error": f"{type(e).__name__}: {e}", "time": time.time()})
-            except OSError:
-                pass  # the disk is full: the watchdog reports the missing dump
+            write_json_atomic(folder / "dump_error.json", {"error": f"{type(e).__name__}: {e}", "time": time.time()})
+        except OSError:
+            pass  # the disk is full: the watchdog reports the missing dump
 
 
 def dump(folder: Path, reason: str) -> None:

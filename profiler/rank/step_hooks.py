@@ -10,27 +10,35 @@ A step ends when the *lead* optimizer (the first one that steps) finishes ``step
 program with several optimizers (pipeline stages, GANs) still counts one step per iteration.
 Step 1 starts when torch is imported, so it includes start-up. A program that opens its own
 :class:`~diagtrain.profiler.rank.instrument.StepRecorder` takes over and these hooks stand down.
+
+The hooks may be armed before the process's rank is known (the command's own process, which is a
+rank unless it starts the ranks itself): its first optimizer step then asks whether it is one.
 """
 
 from __future__ import annotations
 
-import atexit
+import os
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable
 
 from diagtrain.profiler.rank import instrument, state_dump, trouble
 from diagtrain.profiler.rank.after_import import call_after_import
 from diagtrain.profiler.rank.counters import COUNTERS
+from diagtrain.profiler.rank.process_end import at_process_end
 from diagtrain.profiler.run_dir import rank_dir, write_json_atomic
 
 
 class _HookRecorder:
     """Drives an implicit StepRecorder from the global optimizer hooks."""
 
-    def __init__(self, run_dir: Path, rank: int) -> None:
-        self.run_dir, self.rank = run_dir, rank
+    def __init__(self, run_dir: Path, claim: Callable[[], int | None]) -> None:
+        """``claim()``: this process's rank, asked at its first step while the rank is not known (None: no rank)."""
+        self.run_dir, self.claim = run_dir, claim
+        self.rank: int | None = None
+        self.pid = os.getpid()  # the process the hooks count for (a forked child inherits them)
+        self.torch: ModuleType | None = None
         self.armed_at = time.perf_counter()
         self.recorder: instrument.StepRecorder | None = None
         self.lead: int | None = None
@@ -43,16 +51,34 @@ class _HookRecorder:
         register_optimizer_step_post_hook(self._post_step)
         COUNTERS.install()
         COUNTERS.set_phase_tracking(True)
-        atexit.register(self.close)
-        _add_torch_facts(rank_dir(self.run_dir, self.rank) / "rank.json", torch)
+        at_process_end(self.close)
+        self.torch = torch
+        if self.rank is not None:
+            _add_torch_facts(rank_dir(self.run_dir, self.rank) / "rank.json", torch)
+
+    def bind(self, rank: int) -> None:
+        """Record steps as ``rank`` (its rank.json exists now); a forked child counts from now, not its parent."""
+        if os.getpid() != self.pid:
+            self.pid, self.armed_at = os.getpid(), time.perf_counter()
+            if self.torch is not None:
+                COUNTERS.restart_in_child()
+                at_process_end(self.close)
+        self.rank = rank
+        if self.torch is not None:
+            _add_torch_facts(rank_dir(self.run_dir, rank) / "rank.json", self.torch)
+
+    def _folder(self) -> Path | None:
+        return None if self.rank is None else rank_dir(self.run_dir, self.rank)
 
     def _active(self, optimizer: Any) -> bool:
+        if self.rank is None and (os.getpid() != self.pid or self.claim() is None):
+            self.stood_down = True  # a helper that steps an optimizer (Hogwild), or the launcher of the ranks
         if self.lead is None and not self.stood_down:
             # The first step: every process group a training loop needs exists by now.
             try:
-                state_dump.write_process_groups(rank_dir(self.run_dir, self.rank))
+                state_dump.write_process_groups(self._folder())
             except OSError as e:
-                trouble.warn(rank_dir(self.run_dir, self.rank), "process_groups",
+                trouble.warn(self._folder(), "process_groups",
                              f"process_groups.json not written ({trouble.reason(e)})")
         if self.stood_down:
             return False
@@ -67,15 +93,13 @@ class _HookRecorder:
         try:
             self._begin(optimizer)
         except Exception as e:  # noqa: BLE001 - a hook must never fail the user's optimizer.step()
-            trouble.warn(rank_dir(self.run_dir, self.rank), "hooks", f"step hook failed ({trouble.reason(e)}); "
-                         "training goes on")
+            trouble.warn(self._folder(), "hooks", f"step hook failed ({trouble.reason(e)}); training goes on")
 
     def _post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
             self._end(optimizer)
         except Exception as e:  # noqa: BLE001 - as in _pre_step
-            trouble.warn(rank_dir(self.run_dir, self.rank), "hooks", f"step hook failed ({trouble.reason(e)}); "
-                         "training goes on")
+            trouble.warn(self._folder(), "hooks", f"step hook failed ({trouble.reason(e)}); training goes on")
 
     def _begin(self, optimizer: Any) -> None:
         if not self._active(optimizer):
@@ -85,7 +109,7 @@ class _HookRecorder:
 
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_initialized() else None
             if device is not None:
-                _add_device(rank_dir(self.run_dir, self.rank) / "rank.json", torch, device)
+                _add_device(self._folder() / "rank.json", torch, device)
             self.recorder = instrument.StepRecorder(
                 self.run_dir, rank=self.rank, device=device, implicit=True, started_at=self.armed_at
             ).__enter__()
@@ -109,9 +133,12 @@ class _HookRecorder:
             recorder.__exit__(None, None, None)
 
 
-def arm(run_dir: Path, rank: int) -> None:
-    """Install the optimizer hooks as soon as torch is imported (at once if it already is)."""
-    call_after_import("torch", _HookRecorder(run_dir, rank).on_torch_imported)
+def arm(run_dir: Path, claim: Callable[[], int | None]) -> _HookRecorder:
+    """Install the optimizer hooks as soon as torch is imported (at once if it already is); they record
+    once the rank is known (:meth:`_HookRecorder.bind`, or ``claim()`` at the first step)."""
+    hooks = _HookRecorder(run_dir, claim)
+    call_after_import("torch", hooks.on_torch_imported)
+    return hooks
 
 
 def _add_torch_facts(path: Path, torch: ModuleType) -> None:
