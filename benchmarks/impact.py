@@ -81,6 +81,8 @@ CASES = [
     _plain("slow-loader-ddp", "median", "8-11"),
     _plain("checkpoint-ddp", "mean", "8-11"),
     _plain("slow-item-ddp", "mean", "8-13"),
+    # A rank late at every collective (a slow communication hook): slow_collective's price, not yet validated.
+    _plain("hook-delay-ddp", "median", "8-11"),
     _trainer("straggler-ddp-2", ["--strategy", "ddp", "--nproc", "2"], "straggler:rank=1,ms=60", STEPS,
              ("straggler", [1]), "8-11"),
     # 8 ranks on 2 cores: ~1 s a step, and profiling them is not cheap; no flags only.
