@@ -29,13 +29,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
 
 from common import RESULTS, machine, save
-from user_cases import FAULTS, SCRIPTS
+from user_cases import FAULTS
 
 STEPS = 20
 TOLERANCE = 0.30
@@ -56,16 +56,11 @@ class ImpactCase:
     run_options: tuple[str, ...] = ()
 
 
-def _torchrun(script: str, nproc: int, args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            str(SCRIPTS / script), *args, "--steps", str(STEPS)]
-
-
 def _plain(name: str, statistic: str, profile: str) -> ImpactCase:
     """A fault case of the accuracy suite's plain-script table (user_cases.py), at STEPS steps."""
     case = next(c for c in FAULTS if c.name == name)
-    return ImpactCase(name, _torchrun(case.script, case.nproc, case.args), _torchrun(case.script, case.nproc, []),
-                      case.expected, statistic, profile, tuple(case.run_options))
+    return ImpactCase(name, case.job(STEPS), replace(case, args=[]).job(STEPS), case.expected, statistic, profile,
+                      tuple(case.run_options))
 
 
 def _trainer(name: str, trainer: list[str], inject: str, steps: int, expected: tuple[str, list[int]],

@@ -43,6 +43,14 @@ class Case:
     args: list[str] = field(default_factory=list)
     expected: tuple[str, list[int]] | None = None  # (finding kind, ranks it must name)
     run_options: list[str] = field(default_factory=list)  # extra `diagtrain run` options
+    spawns: bool = False  # the script starts its ranks itself (torch.multiprocessing.spawn), no torchrun
+
+    def job(self, steps: int = STEPS) -> list[str]:
+        """The command line a user would type for it."""
+        script = [str(SCRIPTS / self.script), *self.args, "--steps", str(steps)]
+        if self.spawns:
+            return [sys.executable, *script, "--nproc", str(self.nproc)]
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={self.nproc}", *script]
 
 
 # The clean twins: every script, in every style, with no fault.
@@ -56,6 +64,7 @@ CLEAN = [
     Case("clean-pipelining-1f1b", "pipeline.py", 2, ["--schedule", "1f1b"]),
     Case("clean-sendrecv-pipeline", "sendrecv_pipeline.py", 2),
     Case("clean-manual-tp", "manual_tp.py", 2),
+    Case("clean-ddp-spawn", "ddp_spawn.py", 2, spawns=True),
     # No fault either: one rank's allocator churns memory (more page faults, the same work, a bit slower).
     Case("clean-ddp-churn", "ddp_loader.py", 2, ["--churn-rank", "1"]),
 ]
@@ -93,6 +102,8 @@ FAULTS = [
          ("pipeline_bubble", [1])),
     Case("unbalanced-sendrecv", "sendrecv_pipeline.py", 2, ["--split", "6,2"], ("pipeline_bubble", [0])),
     Case("slow-rank-manual-tp", "manual_tp.py", 2, ["--slow-rank", "0", "--slow-ms", "60"], ("straggler", [0])),
+    # Started as PyTorch's DDP tutorial starts it: mp.spawn, no launcher.
+    Case("slow-rank-spawn", "ddp_spawn.py", 2, ["--slow-rank", "1", "--slow-ms", "60"], ("straggler", [1]), spawns=True),
 ]
 USER_CASES = FAULTS + CLEAN
 
@@ -120,8 +131,7 @@ def run_user_cases(only: str | None, clean_repeats: int = CLEAN_REPEATS) -> dict
 def _run(case: Case, options: list[str], out: Path, hog: bool) -> dict:
     """`diagtrain run` the script (a failing or hung job is a result, not an error), then analyze."""
     cli = [sys.executable, "-m", "diagtrain.profiler.cli"]
-    job = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={case.nproc}",
-           str(SCRIPTS / case.script), *case.args, "--steps", str(STEPS)]
+    job = case.job()
     hogger = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if hog else None
     try:
         subprocess.run([*cli, "run", "--out", str(out), *options, *case.run_options, "--no-analyze", "--", *job],
