@@ -1,6 +1,7 @@
 """Robustness, counted: bad inputs given to the analysis and faults injected into real runs.
 
-    python benchmarks/robustness.py [--repeats 3] [--fuzz-examples 1000]
+    python benchmarks/robustness.py [--repeats 3] [--fuzz-examples 1000] [--mutations 3]
+    python benchmarks/robustness.py --mutated-only [--mutations 3]   # part 4 alone, into its section
 
 1. Bad inputs: one real run (2 ranks under torchrun, steps 2-3 profiled, plus the files a hang and a
    reference trainer add). Every file of it, one at a time, under every mutation of the test corpus
@@ -18,12 +19,20 @@
    record missing that the heartbeat announced, a manifest not final, a file the analysis cannot
    read), orphan processes, temp files left.
 
+4. Mutated real files: every shared trace (traces/hta, traces/tracelens) and flight-recorder dump,
+   damaged ``--mutations`` times per kind (a handful of bad events of each kind of
+   tests/test_damaged_inputs.py, a random mix of them, a cut gzip stream, a cut JSON document; dumps:
+   cut JSON, a garbled entry, a cut pickle) and read as a rank's load reads them. Counted: crashes,
+   hangs (over HANG_S), ranks kept, events dropped, ranks thrown away with under 1% bad events, cut
+   traces not analyzed as partial.
+
 Targets: 0 of every count.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import shutil
@@ -35,17 +44,20 @@ import time
 import uuid
 from pathlib import Path
 
-from common import machine, save
+from common import RESULTS, machine, save
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
 
 import test_bad_inputs as corpus  # noqa: E402 - the suite's corpus, run here in full
+import test_damaged_inputs as damage  # noqa: E402 - the kinds of damage to real files
 import test_job_faults as faults  # noqa: E402
 from conftest import USER_SCRIPT, processes_with, torchrun  # noqa: E402
 
 from diagtrain.profiler.analyzer.report import document as report  # noqa: E402
 from diagtrain.profiler.analyzer.analyze import analyze  # noqa: E402
+from diagtrain.profiler.analyzer.rank.pipeline import UnreadableRank  # noqa: E402
+from diagtrain.profiler.analyzer.read.trace_file import TraceError  # noqa: E402
 
 INTERRUPTED = 128 + signal.SIGINT
 TERMINATED = 128 + signal.SIGTERM
@@ -118,6 +130,129 @@ def fuzzing(examples: int) -> dict:
     tests = [line for line in proc.stdout.splitlines() if " passed" in line or " failed" in line]
     return {"examples_per_test": examples, "result": tests[-1] if tests else proc.stdout[-500:],
             "failed": proc.returncode != 0, "seconds": round(time.monotonic() - start)}
+
+
+# -- mutated real files ------------------------------------------------------------------------
+
+HANG_S = 120  # one case's limit: a real shared file reads in seconds
+
+
+def _bounded(work):  # -> (result or exception, hung)
+    """``work()`` under an alarm: its result or the exception it raised, and whether it hung."""
+    def alarm(*_):
+        raise TimeoutError
+    signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(HANG_S)
+    try:
+        return work(), False
+    except TimeoutError as e:
+        return e, True
+    except Exception as e:  # noqa: BLE001 - counted
+        return e, False
+    finally:
+        signal.alarm(0)
+
+
+def _trace_cases(name: str, rng, mutations: int) -> list[tuple[str, str, float]]:
+    """(kind, text or '' for a cut gzip, share of bad events) for one shared trace."""
+    doc = damage.clean_doc(name)
+    rows = damage.duration_rows(doc)
+    handful = max(1, len(rows) // 200)  # 0.5% of the duration events
+    cases = []
+    for _ in range(mutations):
+        for kind in [*damage.DAMAGES, "mix"]:
+            bad = rng.sample(rows, handful)
+            kinds = [rng.choice(list(damage.DAMAGES)) if kind == "mix" else kind for _ in bad]
+            cases.append((kind, damage.layout(damage.damaged(doc, bad, kinds))[0], handful / len(rows)))
+        text = damage.layout(doc)[0]
+        for kind in ("truncated gzip", "truncated JSON"):
+            cases.append((kind, text[:rng.randrange(len(text) // 10, len(text) - 2)], 0.0))
+    return cases
+
+
+def _one_trace(path: Path, cache: Path) -> dict:
+    from diagtrain.profiler.analyzer.rank.pipeline import _read_traces, load_rank
+    from diagtrain.profiler.analyzer.read.discover import RankInput
+    item = RankInput(path.name, [path], 0)
+    traces, impossible, _ = _read_traces(item)
+    load_rank(item, cache)
+    return {"dropped": traces[0].left_out + impossible, "partial": traces[0].cut is not None}
+
+
+def mutated_files(root: Path, mutations: int) -> dict:
+    """The shared traces and dumps under every kind of damage, ``mutations`` times each: counts per folder."""
+    import random
+    rng = random.Random(41)
+    rows = {}
+    for name, source in damage.TRACES.items():
+        row = rows.setdefault(source.parent.name, {"files": 0, "cases": 0, "crashes": 0, "hangs": 0, "kept": 0,
+                                                   "dropped": 0, "thrown_under_1pct": 0, "cut": 0, "cut_partial": 0})
+        row["files"] += 1
+        for i, (kind, text, share) in enumerate(_trace_cases(name, rng, mutations)):
+            path = root / f"{name}-{i}" / ("trace.json" if kind == "truncated JSON" else "trace.json.gz")
+            path.parent.mkdir(parents=True)
+            if kind == "truncated gzip":
+                packed = gzip.compress(damage.layout(damage.clean_doc(name))[0].encode(), mtime=0)
+                path.write_bytes(packed[:rng.randrange(len(packed) // 10, len(packed) - 8)])
+            else:
+                damage.write(path, text)
+            found, hung = _bounded(lambda: _one_trace(path, path.parent / "cache"))
+            row["cases"] += 1
+            row["hangs"] += hung
+            failed = isinstance(found, BaseException)
+            row["crashes"] += failed and not hung and not isinstance(found, (TraceError, UnreadableRank))
+            row["thrown_under_1pct"] += failed and 0 < share < 0.01
+            row["kept"] += not failed
+            row["dropped"] += found["dropped"] if not failed else 0
+            if kind.startswith("truncated") and not failed:
+                row["cut"] += 1
+                row["cut_partial"] += found["partial"]
+            shutil.rmtree(path.parent)
+    rows["flight-recorder dumps"] = _mutated_dumps(root / "dumps", rng, mutations)
+    return {"mutations": mutations, "rows": rows}
+
+
+def _mutated_dumps(root: Path, rng, mutations: int) -> dict:
+    """Real dumps cut (as JSON and as the pickles they are) and with a garbled JSON entry."""
+    from diagtrain.profiler.analyzer.read import flight_records as fr
+    from diagtrain.profiler.util.bounded_read import InputError
+    row = {"files": len(damage.DUMPS), "cases": 0, "crashes": 0, "hangs": 0, "kept": 0, "dropped": 0,
+           "thrown_under_1pct": 0, "cut": 0, "cut_partial": 0}
+    root.mkdir(parents=True)
+    for dump in damage.DUMPS:
+        doc = fr.read_dump(dump)
+        doc.pop("malformed_entries")
+        text, pickled = json.dumps(doc), dump.read_bytes()
+        garbled = json.dumps({**doc, "entries": ["@"]}).replace('"@"', '{"record_id": 1,, }')
+        for _ in range(mutations):
+            for kind, data in (("cut JSON", text[:rng.randrange(len(text) // 10, len(text) - 2)].encode()),
+                               ("garbled entry", garbled.encode()),
+                               ("cut pickle", pickled[:rng.randrange(2, len(pickled) - 1)])):
+                path = root / "dump_0"
+                path.write_bytes(data)
+                found, hung = _bounded(lambda: fr.read_dump(path))
+                row["cases"] += 1
+                row["hangs"] += hung
+                refused = isinstance(found, InputError)
+                row["crashes"] += isinstance(found, BaseException) and not refused and not hung
+                row["kept"] += not isinstance(found, BaseException)
+                row["dropped"] += found.get("malformed_entries", 0) if isinstance(found, dict) else 0
+                if kind.startswith("cut"):  # a cut JSON dump keeps its entries; a cut pickle is refused, saying so
+                    row["cut"] += 1
+                    row["cut_partial"] += bool(found.get("cut_short")) if isinstance(found, dict) else \
+                        refused and "ends early" in found.reason
+    return row
+
+
+def mutated_markdown(result: dict) -> list[str]:
+    """The table of part 4."""
+    lines = [f"## Mutated real files ({result['mutations']} mutations of each kind per file)", "",
+             "| folder | files | cases | crashes | hangs | ranks kept | events dropped | thrown away with <1% bad "
+             "| cut, analyzed as partial |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for folder, r in result["rows"].items():
+        lines.append(f"| {folder} | {r['files']} | {r['cases']} | {r['crashes']} | {r['hangs']} | {r['kept']} | "
+                     f"{r['dropped']} | {r['thrown_under_1pct']} | {r['cut_partial']} of {r['cut']} |")
+    return lines + [""]
 
 
 # -- faults ------------------------------------------------------------------------------------
@@ -224,7 +359,17 @@ def main() -> None:
     parser.add_argument("--fuzz-examples", type=int, default=1000, help="examples per fuzz test (default 1000)")
     parser.add_argument("--only", choices=FAULTS, action="append",
                         help="inject only this fault (repeatable); prints, records nothing")
+    parser.add_argument("--mutations", type=int, default=3, help="mutations of each kind per real file (default 3)")
+    parser.add_argument("--mutated-only", action="store_true",
+                        help="run part 4 alone; its table replaces the one in the recorded results")
     args = parser.parse_args()
+    if args.mutated_only:
+        with tempfile.TemporaryDirectory(prefix="diagtrain-mutated-") as tmp:
+            mutated = mutated_files(Path(tmp), args.mutations)
+        recorded = json.loads((RESULTS / "robustness.json").read_text())
+        recorded["mutated_files"] = {**mutated, "machine": machine()}
+        save("robustness", recorded, markdown(recorded))
+        return
     with tempfile.TemporaryDirectory(prefix="diagtrain-robustness-") as tmp:
         root = Path(tmp)
         if not args.only:
@@ -232,6 +377,7 @@ def main() -> None:
             print(f"bad inputs: {inputs['cases']} cases, {inputs['crashes']} crashes", flush=True)
             fuzz = fuzzing(args.fuzz_examples)
             print(f"fuzzing: {fuzz['result']}", flush=True)
+            mutated = mutated_files(root / "mutated", args.mutations)
         runs = []
         for kind in args.only or FAULTS:
             for i in range(args.repeats):
@@ -241,7 +387,7 @@ def main() -> None:
                     break
     if args.only:
         return
-    result = {"machine": machine(), "bad_inputs": inputs, "fuzzing": fuzz, "faults": runs}
+    result = {"machine": machine(), "bad_inputs": inputs, "fuzzing": fuzz, "faults": runs, "mutated_files": mutated}
     save("robustness", result, markdown(result))
 
 
@@ -271,6 +417,13 @@ def markdown(result: dict) -> str:
     lines += ["", f"Faults injected: {len(done)} runs. Crashes: {sum(r['crashed'] for r in done)}; runs whose "
               f"collected data was lost: {sum(bool(r['lost']) for r in done)}; orphan processes: "
               f"{sum(r['orphans'] for r in done)}.", ""]
+    if "mutated_files" in result:
+        mutated = result["mutated_files"]
+        ran = f" ({mutated['machine']['date']}, `{mutated['machine']['command']}`)" if "machine" in mutated else ""
+        lines += mutated_markdown(mutated)[:2] + [f"Run{ran or ' with the rest'}. Dumps: ranks kept counts dumps "
+                 "read, events dropped counts entries left out, and a cut pickle counts as analyzed when it is "
+                 "refused saying it ends early (a pickle cannot be read in part safely). A trace cut before its first "
+                 "complete event has nothing to keep: it is refused (ranks kept and the cut column leave it out).", ""] + mutated_markdown(mutated)[2:]
     problems = inputs["failures"] + [f"{r['kind']}: {r['lost']}" for r in done if r["lost"]] + [
         f"{r['kind']}: crashed (exit {r['exit_code']}):\n\n```\n{r['stderr_tail']}\n```" for r in done if r["crashed"]]
     if problems:

@@ -43,6 +43,10 @@ class InputError(ValueError):
         self.path, self.reason = path, reason
 
 
+class Truncated(InputError):
+    """A gzip stream that ends before its end: what it unpacked to until then can still be used."""
+
+
 def display(path: str | os.PathLike) -> str:
     """``path`` as printable text, even when its name is not valid UTF-8 (bytes shown as ``\\xff``)."""
     return os.fsencode(path).decode("utf-8", "backslashreplace")
@@ -107,6 +111,18 @@ def read_blocks(path: str | os.PathLike, limit: int, block_bytes: int) -> Iterat
             yield block
 
 
+def read_written(path: str | os.PathLike, limit: int, block_bytes: int) -> tuple[bytearray, Truncated | None]:
+    """What ``path`` holds (unpacked, at most ``limit`` bytes), and for a gzip stream cut short, the
+    error saying so: the bytes unpacked before the cut are kept, for readers that can use part of a file."""
+    data = bytearray()
+    try:
+        for block in read_blocks(path, limit, block_bytes):
+            data += block
+    except Truncated as cut:
+        return data, cut
+    return data, None
+
+
 def gunzip(data: bytes | bytearray, limit: int, path: str | os.PathLike = "<data>") -> bytearray:
     """Unpack gzip ``data`` (several members allowed) into at most ``limit`` bytes.
 
@@ -142,7 +158,7 @@ def _unpack(pieces: Iterable[bytes | memoryview], limit: int, path: str | os.Pat
         while not z.eof:  # output zlib still holds after the last input
             chunk = z.decompress(b"", _OUT_CHUNK)
             if not chunk:
-                raise InputError(path, "the gzip stream ends early (truncated?)")
+                raise Truncated(path, "the gzip stream ends early (truncated?)")
             size += len(chunk)
             _check_unpacked(size, consumed, limit, path)
             yield chunk

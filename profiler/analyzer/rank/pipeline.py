@@ -25,6 +25,7 @@ from diagtrain.profiler.analyzer.rank.work_segments import COLUMNS as SEGMENT_CO
 from diagtrain.profiler.analyzer.rank.work_segments import rank_segments
 from diagtrain.profiler.analyzer.read.dialects import COMM, COMPUTE, STREAMLESS_LANE, kind_in
 from diagtrain.profiler.analyzer.read.discover import RankInput
+from diagtrain.profiler.analyzer.read.event_checks import MAX_EVENT_US, usable_times  # noqa: F401 - MAX_EVENT_US re-exported
 from diagtrain.profiler.analyzer.read.flight_records import read_dump
 from diagtrain.profiler.analyzer.read.flops import matmul_flops
 from diagtrain.profiler.analyzer.read.inputs import Skipped, rank_number, reason
@@ -33,9 +34,6 @@ from diagtrain.profiler.util import intervals as iv
 from diagtrain.profiler.util.bounded_read import display
 from diagtrain.profiler.util.frames import with_columns
 from diagtrain.profiler.util.heap import arrow_on_the_c_heap, release_freed_memory
-
-# No profiled event lasts a week; longer (1e18 µs) or negative durations are corrupt, never used.
-MAX_EVENT_US = 7 * 24 * 3600 * 1e6
 
 
 class UnreadableRank(Exception):
@@ -183,9 +181,12 @@ def _read_traces(item: RankInput) -> tuple[list[TraceFile], int, list[Skipped]]:
         try:
             trace = read_trace(f)
             impossible += _drop_impossible(trace)
+            _clip_to_complete(trace)
         except Exception as e:  # noqa: BLE001 - the guard: a bad window leaves the rank's other windows
             skipped.append(Skipped(display(f), reason(e, f)))
             continue
+        if trace.cut and trace.complete_until_us is not None:  # used, in part: listed with what is missing
+            skipped.append(Skipped(display(f), f"the file {trace.cut}: only the events before the cut are used"))
         trace.pg_config = _clean_pg_config(trace.pg_config)
         traces.append(trace)
     if not traces:
@@ -194,9 +195,8 @@ def _read_traces(item: RankInput) -> tuple[list[TraceFile], int, list[Skipped]]:
 
 
 def _drop_impossible(trace: TraceFile) -> int:
-    """Leave out events whose time is impossible (negative, longer than a week, not finite); how many."""
-    ts, dur = trace.events["ts"].to_numpy(), trace.events["dur"].to_numpy()
-    ok = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0) & (dur <= MAX_EVENT_US)
+    """Leave out events whose time is impossible (negative, longer than a week, not finite, out of range); how many."""
+    ok = usable_times(trace.events["ts"].to_numpy(), trace.events["dur"].to_numpy())
     if ok.all():
         return 0
     if not ok.any():
@@ -204,6 +204,21 @@ def _drop_impossible(trace: TraceFile) -> int:
                          "week, or not a number)")
     trace.keep(ok)
     return int((~ok).sum())
+
+
+def _clip_to_complete(trace: TraceFile) -> None:
+    """A trace cut short ends where its evidence does (``complete_until_us``): host spans that end later
+    and device work that starts later are left out, and device work running across the end is cut at
+    it, so that what the cut lost (kernels of steps whose annotations were written) is no idle time."""
+    until = trace.complete_until_us
+    if until is None:
+        return
+    events = trace.events
+    device = events["stream"].to_numpy() >= 0
+    # Device work that started before the end was launched before it: all of it was written.
+    trace.keep(np.where(device, events["ts"].to_numpy() < until, events["end"].to_numpy() <= until))
+    end = np.minimum(trace.events["end"].to_numpy(), until)
+    trace.events = with_columns(trace.events, end=end, dur=end - trace.events["ts"].to_numpy())
 
 
 def _clean_pg_config(groups: list) -> list[dict]:
@@ -230,8 +245,8 @@ def _flight_recorder(item: RankInput) -> dict | None:
 def _health(events: pd.DataFrame, impossible: int) -> list[str]:
     notes = []
     if impossible:
-        notes.append(f"{impossible} events with impossible times (negative, longer than a week, or not a number) "
-                     "were left out")
+        notes.append(f"{impossible} events with impossible times (negative, longer than a week, out of range or not a "
+                     "number) were left out")
     overlapping = _overlapping_kernels(events)
     if overlapping:
         notes.append(f"{overlapping} kernels start before the previous kernel on their stream ends")

@@ -8,6 +8,9 @@ A pickle is never loaded with :mod:`pickle`'s default unpickler, which runs what
 names: a run directory is data from elsewhere. NCCL's dumps are plain data (dicts, lists, tuples,
 strings, numbers), so they are read by an unpickler that builds only that and refuses every
 reference to a class or function.
+
+A JSON dump cut short or holding entries that are not JSON keeps its other entries (:mod:`tolerant`);
+a pickle cut short is refused whole, saying so: no part of a pickle can be trusted without its end.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from diagtrain.profiler.analyzer.read.inputs import MAX_DUMP_BYTES, expect, rank_number
+from diagtrain.profiler.analyzer.read.tolerant import UNPARSED, Salvage
 from diagtrain.profiler.run_dir import group_key, group_members
-from diagtrain.profiler.util.bounded_read import InputError, read_input
+from diagtrain.profiler.util.bounded_read import InputError, read_written
 
 _RANK_SUFFIX = re.compile(r"(\d+)(?:\.json)?$")
 PLAIN_TYPES = (dict, list, tuple, str, bytes, int, float, bool, type(None))
@@ -32,6 +36,7 @@ MAX_PICKLE_DEPTH = 32  # a real dump nests 7 deep (dump, entries, entry, input_s
 # times); a real dump unfolds to a few values and characters per byte of file.
 PICKLE_EXPANSION = 64
 PICKLE_EXPANSION_FLOOR = 1 << 20
+_BLOCK_BYTES = 1 << 20
 
 
 @dataclass
@@ -104,13 +109,33 @@ def read_dump(path: Path) -> dict[str, Any]:
     Raises :class:`InputError` naming the file for anything that is not a dump, and for a pickle
     that refers to any class or function.
     """
-    raw = read_input(path, MAX_DUMP_BYTES)
+    raw, truncated = read_written(path, MAX_DUMP_BYTES, _BLOCK_BYTES)
     try:
         doc = json.loads(raw)
     except (ValueError, RecursionError):
-        doc = unpickle_plain(bytes(raw), path)
+        if raw.lstrip()[:1] == b"{":
+            doc = _salvaged(bytes(raw).decode("utf-8", errors="replace"), path)
+        elif truncated is not None:
+            raise truncated from None
+        else:
+            doc = unpickle_plain(bytes(raw), path)
     expect(doc, dict, path)
     return with_clean_entries(doc, path)
+
+
+def _salvaged(text: str, path: Path) -> dict[str, Any]:
+    """A JSON dump that does not parse, read entry by entry: the entries that are JSON, its other keys,
+    and under ``cut_short`` where it ends early (an entry that is not JSON becomes a malformed one)."""
+    salvage = Salvage(text, "entries")
+    entries = [None if e.value is UNPARSED else e.value for e in salvage.elements()]
+    if not salvage.found and not salvage.members:
+        raise InputError(path, f"neither JSON nor a pickle (the JSON {salvage.cut.describe() if salvage.cut else 'is bad'})")
+    doc = json.loads(salvage.header())
+    if salvage.found:
+        doc["entries"] = entries
+    if salvage.cut is not None:
+        doc["cut_short"] = salvage.cut.describe()
+    return doc
 
 
 class _PlainData(pickle.Unpickler):
@@ -128,14 +153,23 @@ def unpickle_plain(raw: bytes, path: str | Path = "<pickle>") -> Any:
     """The plain data in pickle ``raw``; :class:`InputError` for anything else (no code ever runs)."""
     try:
         value = _PlainData(io.BytesIO(raw)).load()
-    except pickle.UnpicklingError as e:
+    except (EOFError, pickle.UnpicklingError) as e:
         if str(e).startswith("it refers"):
             raise InputError(path, f"unsafe pickle: {e}") from None
+        if _cut_short(raw, e):
+            raise InputError(path, f"the pickle ends early (truncated? {len(raw):,} bytes): a pickle cut short cannot "
+                             "be read in part safely, so none of this dump is used") from None
         raise InputError(path, f"neither JSON nor a pickle ({e})") from None
     except Exception as e:  # noqa: BLE001 - garbage makes the unpickler raise almost anything
         raise InputError(path, f"neither JSON nor a pickle ({type(e).__name__}: {e})"[:300]) from None
     _check_plain(value, max(PICKLE_EXPANSION * len(raw), PICKLE_EXPANSION_FLOOR), path)
     return value
+
+
+def _cut_short(raw: bytes, error: BaseException) -> bool:
+    """Whether a pickle (protocol 2 or later, by its first bytes) failed because its data ran out."""
+    ran_out = isinstance(error, EOFError) or "truncated" in str(error)
+    return ran_out and len(raw) > 1 and raw[0] == 0x80 and raw[1] >= 2
 
 
 def _check_plain(value: Any, budget: int, path: str | Path) -> None:

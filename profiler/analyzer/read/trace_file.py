@@ -5,8 +5,9 @@ boundaries, each piece is decoded by msgspec into small typed structs that skip 
 argument no table reads (shapes and concrete inputs are kept undecoded until a piece's few events
 that need them are known), and its columns go straight into numpy arrays. So memory follows what is
 kept (about 50 bytes an event), not the JSON, and no tree of Python objects for the whole trace
-ever exists. A document that cannot be cut so (an unusual layout) is decoded whole, with the same
-structs, to the same columns.
+ever exists. A document the fast decoder refuses (an unusual layout, a bad event, a file cut short)
+is read event by event instead (:mod:`tolerant`): a bad event costs that event, counted by reason
+(:mod:`event_checks`), and a file cut short keeps every event complete before the cut, marked partial.
 
 Timestamps stay as the file has them (µs): epoch µs would lose sub-microsecond precision in
 float64; ``epoch_offset_us`` puts them on the wall clock.
@@ -31,9 +32,11 @@ from diagtrain.profiler.analyzer.read.dialects import (  # noqa: F401 - the even
     COMM, COMM_HOST_OP, COMPUTE, CPU, MARKER, MEMORY, P2P_CALL, STEP_ANNOTATION, STREAMLESS_LANE, SYNC, UNCLASSIFIED,
     classify, format_us, kind_in, name_matches,
 )
+from diagtrain.profiler.analyzer.read.event_checks import Damage, problem
 from diagtrain.profiler.analyzer.read.flops import MATMULS
 from diagtrain.profiler.analyzer.read.inputs import MAX_TRACE_BYTES
-from diagtrain.profiler.util.bounded_read import InputError, display, read_blocks
+from diagtrain.profiler.analyzer.read.tolerant import UNPARSED, Cut, Element, Salvage
+from diagtrain.profiler.util.bounded_read import InputError, Truncated, display, read_blocks, read_written
 from diagtrain.profiler.util.frames import code_dtype, set_column, with_columns
 from diagtrain.profiler.util.heap import release_freed_memory
 
@@ -80,21 +83,8 @@ _OTHER_PHASES = [msgspec.defstruct(f"_Phase{ord(ph)}", [], tag_field="ph", tag=p
 _EVENTS = msgspec.json.Decoder(list[Union[(_Duration, *_OTHER_PHASES)]])  # noqa: UP007 - a union built at runtime
 
 
-class _Event(msgspec.Struct, gc=False):
-    """Any event, as leniently as real traces need (an unknown phase, a null or string time): for
-    documents the fast decoder refuses; only duration events with numeric times are then kept."""
-
-    ph: str = ""
-    name: str = ""
-    cat: str | None = None
-    ts: Number = None
-    dur: Number = None
-    tid: Number = -1
-    args: _Args = _NO_ARGS
-
-
 class _Trace(msgspec.Struct, gc=False):
-    traceEvents: list[_Event] = []
+    traceEvents: msgspec.Raw = msgspec.Raw()  # decoded apart, a piece or an event at a time
     nodes: msgspec.Raw = msgspec.Raw()  # set in a PyTorch execution trace (operator graph), not a profiler trace
     distributedInfo: dict[str, Any] | None = None
     baseTimeNanoseconds: int | None = None
@@ -107,8 +97,8 @@ _HEADER = msgspec.json.Decoder(_Trace)
 BLOCK_BYTES = 2 << 20  # decompressed bytes decoded at a time: ~10-30k events, a few MiB of structs
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _WHITESPACE = frozenset(b" \t\r\n")
-_CUT_TRIES = 4  # cuts tried per piece before decoding the document whole (a string holding "}, {" fools one)
-_NUMBERS = (int, float)
+_CUT_TRIES = 4  # cuts tried per piece before reading the document event by event (a string holding "}, {" fools one)
+_SALVAGE_BATCH = 5000  # events checked one by one, then decoded together
 
 
 class TraceError(ValueError):
@@ -146,6 +136,11 @@ class TraceFile:
     notes: list[dict[str, str]] = field(default_factory=list)  # {check, severity, message}: how events were read
     device_ranges: int = 0  # CUPTI range-profiler ranges: device work seen, but not timed
     arguments: Arguments | None = None
+    left_out: int = 0  # malformed events left out (named in ``notes``)
+    cut: str | None = None  # how the file ends early, if it does
+    # A file cut inside its events: where its evidence ends (its last complete event, or the first launch
+    # whose kernel is missing). Its time after that is missing evidence, not idle time.
+    complete_until_us: float | None = None
 
     @property
     def on_gpu(self) -> bool:
@@ -202,11 +197,12 @@ def device_time_known(events: pd.DataFrame) -> bool:
 def read_trace(path: Path) -> TraceFile:
     """Decode ``path`` (.json or .json.gz); raise :class:`TraceError` saying what is wrong."""
     gc.disable()  # nothing cyclic is built here; collections would only rescan millions of objects
+    salvaged = None
     try:
         try:
             header, columns = _read_in_blocks(path)
-        except (msgspec.DecodeError, _NotCut):
-            header, columns = _read_whole(path)
+        except (msgspec.DecodeError, _NotCut, Truncated):
+            header, columns, salvaged = _read_whole(path)
     except InputError as e:  # not a regular file, over its size limit, a gzip bomb (util/bounded_read.py)
         raise TraceError(f"{display(path)}: cannot read: {e.reason}") from None
     except (OSError, EOFError) as e:
@@ -219,7 +215,8 @@ def read_trace(path: Path) -> TraceFile:
     if events.empty and len(header.nodes):
         raise TraceError(f"{display(path)}: a PyTorch execution trace (operator graph, no timed events), not a profiler trace")
     if events.empty:
-        raise TraceError(f"{display(path)}: the trace has no duration events")
+        cut = f"; the file {salvaged.cut}" if salvaged and salvaged.cut else ""
+        raise TraceError(f"{display(path)}: the trace has no duration events{cut}")
     info = header.distributedInfo or {}
     base = header.baseTimeNanoseconds
     # Kineto writes timestamps relative to baseTimeNanoseconds; older traces write epoch µs.
@@ -229,8 +226,10 @@ def read_trace(path: Path) -> TraceFile:
         rank=_int(info.get("rank")), world_size=_int(info.get("world_size")), backend=info.get("backend"),
         pg_config=list(info.get("pg_config") or []), nccl_version=info.get("nccl_version"),
         base_time_ns=base, epoch_offset_us=base // 1000 if relative else 0, record_shapes=bool(header.record_shapes),
-        profile_memory=bool(header.profile_memory), host_name=header.host_name, notes=notes, device_ranges=device_ranges,
-        arguments=arguments,
+        profile_memory=bool(header.profile_memory), host_name=header.host_name, device_ranges=device_ranges,
+        arguments=arguments, notes=(salvaged.notes(path, events) if salvaged else []) + notes,
+        left_out=salvaged.damage.total if salvaged else 0, cut=salvaged.cut if salvaged else None,
+        complete_until_us=_evidence_until(events, salvaged.complete_until_us) if salvaged else None,
     )
 
 
@@ -324,15 +323,130 @@ def _last_boundary(buffer: bytearray, limit: int) -> tuple[int, int] | None:
     return None
 
 
-def _read_whole(path: Path) -> tuple[_Trace, _Columns]:
-    """The document decoded at once by the lenient structs: duration events with numeric times kept."""
-    raw = b"".join(_blocks(path))
-    doc = _HEADER.decode(raw)
-    del raw
-    columns = _Columns()
-    columns.add([e for e in doc.traceEvents if e.ph == "X" and type(e.ts) in _NUMBERS and type(e.dur) in _NUMBERS])
-    doc.traceEvents = []
-    return doc, columns
+@dataclass
+class _Salvaged:
+    """What reading a trace event by event found: the events left out, and where a file cut short ends."""
+
+    damage: Damage
+    cut: str | None = None  # the file's end, in words, when it ends early
+    complete_until_us: float | None = None  # set when the cut falls inside the events
+    kept: int = 0  # duration events read
+
+    def notes(self, path: Path, events: pd.DataFrame) -> list[dict[str, str]]:
+        """The health notes: the malformed events by reason, and a cut file's partial window."""
+        notes = []
+        if self.damage.total:
+            notes.append({"check": "malformed_events", "severity": "warning",
+                          "message": f"{display(path)}: {self.damage.total:,} malformed events left out: "
+                                     f"{self.damage.describe()}"})
+        if self.cut and self.complete_until_us is not None:
+            into = format_us(self.complete_until_us - float(events["ts"].min()))
+            notes.append({"check": "partial_trace", "severity": "warning",
+                          "message": f"{display(path)}: the file {self.cut}: the trace is partial; its {self.kept:,} "
+                                     f"duration events complete before the cut are kept, and the rank's window ends "
+                                     f"{into} in, where its evidence does: what came after is missing, not idle"})
+        elif self.cut:
+            notes.append({"check": "partial_trace", "severity": "info",
+                          "message": f"{display(path)}: the file {self.cut}: every event was read, only keys "
+                                     "written after the events (such as its base time) may be missing"})
+        return notes
+
+
+def _read_whole(path: Path) -> tuple[_Trace, _Columns, _Salvaged]:
+    """The document read event by event (:mod:`tolerant`): the usable duration events kept, the others
+    counted by reason; a file cut short read up to its last complete event."""
+    data, truncated = read_written(path, MAX_TRACE_BYTES, BLOCK_BYTES)
+    text = data.decode("utf-8", errors="replace")
+    del data
+    salvage, columns, found = Salvage(text, "traceEvents"), _Columns(), _Salvaged(Damage())
+    batch: list[Element] = []
+    for element in salvage.elements():
+        reason = "not valid JSON" if element.value is UNPARSED else problem(element.value)
+        if reason:
+            found.damage.add(reason, _place(element))
+        elif element.value["ph"] == "X":
+            batch.append(element)
+            if len(batch) >= _SALVAGE_BATCH:
+                found.complete_until_us = _add_checked(batch, columns, found.damage) or found.complete_until_us
+                batch = []
+    found.complete_until_us = _add_checked(batch, columns, found.damage) or found.complete_until_us
+    del text
+    header = _header(salvage.members)
+    if not salvage.found and not len(header.nodes):
+        where = f" (the file {salvage.cut.describe()})" if salvage.cut else ""
+        raise TraceError(f"{display(path)}: not a PyTorch Profiler trace: no traceEvents array{where}")
+    found.kept = columns.rows
+    found.cut = _cut(salvage.cut, truncated)
+    if salvage.cut is None or salvage.found and salvage.cut.where.startswith("after"):
+        found.complete_until_us = None  # every event was read: nothing of the window is missing
+    return header, columns, found
+
+
+# Host calls that put work on the device: a kept one whose device event is missing was answered after the cut.
+_LAUNCH = re.compile(r"Launch|Memcpy|Memset")
+
+
+def _evidence_until(events: pd.DataFrame, last_end: float | None) -> float | None:
+    """Where a cut trace's evidence ends: at its last complete event, or earlier where its device work
+    may be missing: a trace writes each stream's work in order, but the streams (and their launches) in
+    turns, so every stream is complete only up to the stream written least far; and a kept launch whose
+    device event is missing was answered after the cut."""
+    if last_end is None:
+        return None
+    device = events["stream"].to_numpy() >= 0
+    if not device.any():
+        return last_end
+    ts, stream = events["ts"].to_numpy(), events["stream"].to_numpy()
+    streams_reach = pd.Series(ts[device]).groupby(stream[device]).max().min()
+    correlation = events["correlation"].to_numpy()
+    launch_codes = np.flatnonzero([_LAUNCH.search(n) is not None for n in events["name"].cat.categories])
+    launches = ~device & (correlation >= 0) & np.isin(events["name"].cat.codes.to_numpy(), launch_codes)
+    unanswered = ts[launches & ~np.isin(correlation, correlation[device])]
+    return float(min(last_end, streams_reach, unanswered.min() if len(unanswered) else np.inf))
+
+
+def _place(element: Element) -> str:
+    return f"$.traceEvents[{element.index}]"
+
+
+def _add_checked(elements: list[Element], columns: _Columns, damage: Damage) -> float | None:
+    """Decode checked duration events with the fast structs (one by one if some still do not fit, each
+    counted); the end of the last one kept."""
+    try:
+        events = _EVENTS.decode(("[" + ",".join(e.text for e in elements) + "]").encode())
+    except msgspec.DecodeError:
+        events = []
+        for element in elements:
+            try:
+                events += _EVENTS.decode(f"[{element.text}]".encode())
+            except msgspec.DecodeError as e:
+                damage.add(f"does not fit the trace format ({str(e).replace('`$[0].', '`')[:80]})", _place(element))
+    columns.add(durations := _durations(events))
+    return durations[-1].ts + durations[-1].dur if durations else None
+
+
+def _header(members: list[str]) -> _Trace:
+    """The trace's keys besides its events; a key whose value does not fit is left out, not the trace."""
+    try:
+        return _HEADER.decode(("{" + ",".join(members) + "}").encode())
+    except msgspec.DecodeError:
+        kept = [m for m in members if _fits("{" + m + "}")]
+        return _HEADER.decode(("{" + ",".join(kept) + "}").encode())
+
+
+def _fits(member: str) -> bool:
+    try:
+        _HEADER.decode(member.encode())
+    except msgspec.DecodeError:
+        return False
+    return True
+
+
+def _cut(cut: Cut | None, truncated: InputError | None) -> str | None:
+    """Where the file ends early, in words: the JSON document's cut, and the gzip stream's."""
+    if cut is None:
+        return f"is cut short ({truncated.reason}), after its whole document" if truncated else None
+    return f"{cut.describe()}{f'; {truncated.reason}' if truncated else ''}"
 
 
 def _durations(events: list) -> list[_Duration]:
@@ -355,7 +469,7 @@ class _Columns:
         self.strings: dict[str | None, str | None] = {}  # the arguments' strings, one object each
         self.rows = 0
 
-    def add(self, events: list[_Duration] | list[_Event]) -> None:
+    def add(self, events: list[_Duration]) -> None:
         """Append duration events (numeric ``ts`` and ``dur``)."""
         n = len(events)
         if not n:

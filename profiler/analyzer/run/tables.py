@@ -340,6 +340,9 @@ def _dump_and_problems(path: Path) -> tuple[dict, list[str]]:
     dump = read_dump(path)
     bad = dump.get("malformed_entries") or 0
     problems = [f"{bad} of its entries are not collective records; left out"] if bad else []
+    if dump.get("cut_short"):
+        problems.append(f"the file {dump['cut_short']}: its {len(dump['entries'])} entries complete before the cut "
+                        "are used, the later ones are missing")
     if (unknown := dump_version_problem(dump)) is not None:
         problems.append(unknown)
     return dump, problems
