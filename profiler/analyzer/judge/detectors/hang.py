@@ -213,8 +213,9 @@ def _crash(tables: Tables, cause: stops.Stop, record: list[stops.Stop], blocked:
         explanation=f"rank {rank}{_on_host(tables, rank)} {what}{tail}.{_followed(tables, cause, record)}",
         suggestion=(f"Nothing else stopped first: look at the network between rank {rank} and its peers, and at "
                     "anything outside this run that could have ended them." if cause.kind == stops.CONNECTION else
-                    f"Fix the error on rank {rank} (ranks/{rank}/stderr.log has the traceback); the other ranks "
-                    "stopped because it did."),
+                    f"Fix the error on rank {rank} (ranks/{rank}/exit.json has its exception and line, its "
+                    "stderr.log the traceback, or console.log where torch.multiprocessing.spawn started it); the "
+                    "other ranks stopped because it did."),
         metrics={"exit_code": cause.code, "waiting_in": waiting.op if waiting else None, "cause": cause.kind},
         evidence=_stop_evidence(cause, record) + (_evidence(tables, waiting) if waiting else []),
         time_range=_instant(cause),
