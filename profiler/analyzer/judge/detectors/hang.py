@@ -149,13 +149,15 @@ def _hang_in_collective(tables: Tables, b: fr.Blocked, stalled_s: float | None =
 def _stuck_on_device(tables: Tables, b: fr.Blocked) -> str | None:
     """The suggestion when a missing rank's own enqueued collectives never completed: its device stopped."""
     progress = reached(tables)
-    stuck = [r for r in b.missing if (p := progress.get((b.pg, r))) and p.completed is not None and p.completed < p.entered]
+    stuck = [r for r in b.missing
+             if (p := progress.get((b.pg, r))) and p.completed is not None and p.completed < p.entered]
     if not stuck:
         return None
     who = f"rank{'s' if len(stuck) > 1 else ''} {_list(stuck)}"
     return (f"The collectives {who} had already issued never completed on {'their' if len(stuck) > 1 else 'its'} "
-            "device: it stopped making progress before it could reach this one. Look at that GPU first (a GPU error, "
-            "an Xid in the kernel log `dmesg`, a kernel that never ends, NCCL_DEBUG=INFO's last lines), then at the code.")
+            "device: it stopped making progress before it could reach this one. Look at that GPU first (a GPU "
+            "error, an Xid in the kernel log `dmesg`, a kernel that never ends, NCCL_DEBUG=INFO's last lines), then "
+            "at the code.")
 
 
 def _wavefront(first: fr.Blocked, later: list[fr.Blocked]) -> str:
