@@ -217,7 +217,7 @@ def test_two_ranks_of_one_gpu_job_are_matched(tmp_path):
 def test_bad_inputs_are_skipped_by_name_and_the_rest_analyzed(tmp_path):
     good = TRACES / "nccl_2rank_rank0.json.gz"
     shutil.copy(good, tmp_path / "rank0.json.gz")
-    (tmp_path / "rank1.json.gz").write_bytes(good.read_bytes()[:5000])  # truncated gzip
+    (tmp_path / "rank1.json.gz").write_bytes(good.read_bytes()[:200])  # gzip cut before its first event
     (tmp_path / "rank2.json").write_text('{"traceEvents": [')  # invalid JSON
     (tmp_path / "rank3.json").write_text('{"traceEvents": []}')  # no events
     shutil.copy(good, tmp_path / "copy_of_rank0.json.gz")  # claims rank 0 too (distributedInfo)
@@ -225,7 +225,7 @@ def test_bad_inputs_are_skipped_by_name_and_the_rest_analyzed(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert [r["rank"] for r in report["ranks"]] == [0]
     reasons = {Path(s["path"]).name: s["reason"] for s in report["skipped"]}
-    assert "cannot read" in reasons["rank1.json.gz"]
+    assert "ends early" in reasons["rank1.json.gz"]
     assert "not a PyTorch Profiler trace" in reasons["rank2.json"]
     assert "no duration events" in reasons["rank3.json"]
     assert "claims rank 0" in reasons["rank0.json.gz"] or "claims rank 0" in reasons["copy_of_rank0.json.gz"]
