@@ -218,7 +218,7 @@ def test_bad_inputs_are_skipped_by_name_and_the_rest_analyzed(tmp_path):
     good = TRACES / "nccl_2rank_rank0.json.gz"
     shutil.copy(good, tmp_path / "rank0.json.gz")
     (tmp_path / "rank1.json.gz").write_bytes(good.read_bytes()[:200])  # gzip cut before its first event
-    (tmp_path / "rank2.json").write_text('{"traceEvents": [')  # invalid JSON
+    (tmp_path / "rank2.json").write_text("profiler output, not JSON\n")
     (tmp_path / "rank3.json").write_text('{"traceEvents": []}')  # no events
     shutil.copy(good, tmp_path / "copy_of_rank0.json.gz")  # claims rank 0 too (distributedInfo)
     proc, report = analyze(tmp_path)
