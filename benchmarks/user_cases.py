@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 SCRIPTS = Path(__file__).resolve().parent / "user_scripts"
@@ -125,7 +126,7 @@ def run_user_cases(only: str | None, clean_repeats: int = CLEAN_REPEATS) -> dict
                 print(f"{'PASS' if row['ok'] else 'FAIL'} {case.name} [{mode}{', CPU hog' if hog else ''}]: "
                       f"{row['detail']}", flush=True)
     return {"summary": {mode: _summary([r for r in rows if r["mode"] == mode]) for mode in MODES}, "cases": rows,
-            "clean_repeats": clean_repeats}
+            "clean_repeats": clean_repeats, "recorded": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 
 def _run(case: Case, options: list[str], out: Path, hog: bool) -> dict:
@@ -197,7 +198,10 @@ def user_markdown(user: dict) -> str:
         return (f"- {mode}: **{s['located']}/{s['faults']} faults found and located** ({s['found']} with the right kind); "
                 f"**{s['false_alarm_runs']}/{s['clean_runs']} clean runs with a false alarm** "
                 f"({s['false_alarm_runs_with_hog']}/{s['clean_runs_with_hog']} beside a CPU hog)")
+    recorded = f"Recorded {user['recorded']}." if user.get("recorded") else "Recorded by an earlier run (2026-11-24)."
     return f"""## Plain user scripts
+
+{recorded}
 
 Each case: `diagtrain run [--profile-steps {PROFILE}] -- torchrun --nproc-per-node N benchmarks/user_scripts/SCRIPT ARGS
 --steps {STEPS}`, then `diagtrain analyze`; the scripts import nothing from diagtrain. Clean cases
