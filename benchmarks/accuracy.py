@@ -109,8 +109,10 @@ def main() -> None:
     user = run_user_cases(args.only, args.clean_repeats) if args.table in ("user", "both") else previous.get("user")
     if args.only:
         return
-    m = machine()
-    markdown = reference_markdown(m, reference, args.clean_repeats) + ("\n" + user_markdown(user) if user else "")
+    # The header describes the reference table's run: a kept table keeps its own date and repeats.
+    m = machine() if args.table != "user" else previous.get("machine") or machine()
+    repeats = reference.get("clean_repeats", args.clean_repeats)
+    markdown = reference_markdown(m, reference, repeats) + ("\n" + user_markdown(user) if user else "")
     save("accuracy", {"machine": m, "reference": reference, "user": user}, markdown)
     print(markdown)
 
