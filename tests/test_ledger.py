@@ -178,3 +178,15 @@ def test_compare_lists_the_time_each_cause_lost_in_base_and_new():
     assert rows[0]["base_ms_per_step"] == 0.0 and rows[0]["new_ms_per_step"] == 40.0
     assert rows[1]["base_ms_per_step"] == 30.0 and rows[1]["new_ms_per_step"] == 5.0
     assert time_lost([{}], {}) == []  # runs analyzed before the ledger
+
+
+def test_two_long_stalls_that_cost_a_quarter_of_the_run_are_a_warning(tmp_path):
+    # Rank 0 checkpoints twice in a short run (steps 5 and 9, 400 ms each): too few to name a period, yet
+    # half of the run's time; a busy host's pauses cost a few ms, never this.
+    report, _ = analyzed(records_run(tmp_path, {(0, s): {"outside": 400.0} for s in (5, 9)}))
+    [f] = [f for f in report["findings"] if f["ranks"] == [0] and f["kind"] == "straggler"]
+    assert f["steps"] == [5, 9] and f["metrics"]["pattern"] == "intermittent" and f["severity"] == "warning"
+    assert "in steps 5, 9" in f["explanation"]
+    # One such stall of 40 ms (4% of the run) stays information, and a single one no cause at all.
+    report, _ = analyzed(records_run(tmp_path / "small", {(0, s): {"outside": 20.0} for s in (5, 9)}))
+    assert not [f for f in report["findings"] if f["ranks"] == [0] and f["severity"] != "info"]

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady
-from diagtrain.profiler.analyzer.judge.findings import UPPER_BOUND, Finding
+from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, UPPER_BOUND, Finding
 from diagtrain.profiler.analyzer.judge.quantities import Measure, Quantity, SlowCause
 from diagtrain.profiler.analyzer.run.ledger import OUTSIDE, excess_column, work_column
 from diagtrain.profiler.analyzer.run.tables import Tables
@@ -114,9 +114,10 @@ def causes(t: Tables, c: Cost | None = None) -> tuple[list[Cause], dict[str, Any
 
 def severity(share: float, pattern: str, c: Cost) -> str:
     """One rule for every kind: a pattern (every step, periodic) by the share of the run it cost; a cause
-    that came and went is information (a busy host gives any rank some pauses)."""
+    that came and went is information (a busy host gives any rank some pauses), unless it cost the job
+    the error share: two checkpoints of a short run can cost half of it, no pause of a busy host does."""
     if pattern == INTERMITTENT:
-        return "info"
+        return "warning" if share >= c.error_share else "info"
     return "error" if share >= c.error_share else "warning" if share >= c.warning_share else "info"
 
 
@@ -134,7 +135,7 @@ def priced(findings: list[Finding], t: Tables) -> list[Finding]:
             _price(f, mine, totals, c, t)
             covered |= {(x.rank, x.part) for x in mine}
     for cause in found:
-        if (cause.rank, cause.part) not in covered and cause.pattern != INTERMITTENT and cause.share >= c.warning_share:
+        if (cause.rank, cause.part) not in covered and severity(cause.share, cause.pattern, c) != "info":
             findings.append(_finding(cause, totals, c, t))
     return findings
 
@@ -211,9 +212,10 @@ def _price(f: Finding, mine: list[Cause], totals: dict[str, Any], c: Cost, t: Ta
     f.impact_ms = lost / totals["steady_steps"]
     # The ledger charges a step only above the run's noise, so on a busy host it can see a pattern in
     # fewer steps than the detector that compared the rank with its peers: there the detector's
-    # judgement of how often it happened stands, priced by the ledger.
-    if f.severity != "critical" and main.pattern != INTERMITTENT:
-        f.severity = severity(share, main.pattern, c)
+    # judgement of how often it happened stands (raised where the rule says more), priced by the ledger.
+    if f.severity != "critical":
+        ruled = severity(share, main.pattern, c)
+        f.severity = ruled if main.pattern != INTERMITTENT else max(f.severity, ruled, key=SEVERITIES.index)
     f.explanation += " " + _cost_words(main, lost, share, totals)
     f.settings.update(values(c))
 
@@ -222,7 +224,8 @@ def _finding(cause: Cause, totals: dict[str, Any], c: Cost, t: Tables) -> Findin
     """A finding for a cause that no detector named, in its own words."""
     others = sorted(int(r) for r in t.steps["rank"].unique() if r != cause.rank)
     part = f"{cause.part} phase" if cause.part != OUTSIDE else "work outside its recorded phases"
-    when = "in every step" if cause.pattern == EVERY_STEP else f"{cause.pattern} (steps {ranges(cause.steps)})"
+    when = ("in every step" if cause.pattern == EVERY_STEP else f"in steps {ranges(cause.steps)}"
+            if cause.pattern == INTERMITTENT else f"{cause.pattern} (steps {ranges(cause.steps)})")
     data = cause.part == "data"
     f = Finding(
         kind="dataloader_stall" if data else "straggler", severity=severity(cause.share, cause.pattern, c),
