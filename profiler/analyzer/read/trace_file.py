@@ -331,6 +331,7 @@ class _Salvaged:
     cut: str | None = None  # the file's end, in words, when it ends early
     complete_until_us: float | None = None  # set when the cut falls inside the events
     kept: int = 0  # duration events read
+    out_of_order: bool = False  # some stream's events go back in time in file order
 
     def notes(self, path: Path, events: pd.DataFrame) -> list[dict[str, str]]:
         """The health notes: the malformed events by reason, and a cut file's partial window."""
@@ -345,6 +346,11 @@ class _Salvaged:
                           "message": f"{display(path)}: the file {self.cut}: the trace is partial; its {self.kept:,} "
                                      f"duration events complete before the cut are kept, and the rank's window ends "
                                      f"{into} in, where its evidence does: what came after is missing, not idle"})
+            if self.out_of_order:
+                notes.append({"check": "partial_trace", "severity": "warning",
+                              "message": f"{display(path)}: its device events are written out of time order, so "
+                                         "what the cut lost may lie inside the kept window too: device idle time "
+                                         "there may include work that is missing"})
         elif self.cut:
             notes.append({"check": "partial_trace", "severity": "info",
                           "message": f"{display(path)}: the file {self.cut}: every event was read, only keys "
@@ -376,6 +382,7 @@ def _read_whole(path: Path) -> tuple[_Trace, _Columns, _Salvaged]:
         where = f" (the file {salvage.cut.describe()})" if salvage.cut else ""
         raise TraceError(f"{display(path)}: not a PyTorch Profiler trace: no traceEvents array{where}")
     found.kept = columns.rows
+    found.out_of_order = columns.goes_back_in_time()
     found.cut = _cut(salvage.cut, truncated)
     if salvage.cut is None or salvage.found and salvage.cut.where.startswith("after"):
         found.complete_until_us = None  # every event was read: nothing of the window is missing
@@ -559,6 +566,15 @@ class _Columns:
                                  dtype=np.float64 if column in _NUMERIC_ARGUMENTS else object)
             columns[column] = values[by_row]
         return Arguments(rows, columns)
+
+    def goes_back_in_time(self) -> bool:
+        """Whether the device events read so far go back in time in file order: an exporter that writes
+        them in passes (per stream, or per buffer as in HTA's sampled 128-rank trace) can hold what a cut
+        lost anywhere in the kept window, beyond what the streams' reach and unanswered launches show."""
+        if not self.parts["ts"]:
+            return False
+        ts, stream = np.concatenate(self.parts["ts"]), np.concatenate(self.parts["stream"])
+        return bool((np.diff(ts[stream >= 0]) < 0).any())
 
     def _take(self, column: str) -> np.ndarray:
         """One column's pieces as one array; the pieces are let go."""
