@@ -18,10 +18,12 @@ T0 = 1_790_000_000.0
 STEPS = 12
 
 
-def records_run(root: Path, extra: dict[tuple[int, int], dict[str, float]], ranks: int = 3) -> Path:
+def records_run(root: Path, extra: dict[tuple[int, int], dict[str, float]], ranks: int = 3, cpus: int | None = None,
+                sleeps: bool = False) -> Path:
     """Step records of a synchronous job: every rank works data 1, forward 20, backward 40 ms, then waits in
     its backward all-reduce for the slowest rank. ``extra[(rank, step)]`` adds ms to that rank's phases
-    ("outside" is work outside any phase)."""
+    ("outside" is work outside any phase): CPU work, or a sleep with ``sleeps``. ``cpus``: the host's
+    record says it has that many."""
     own = {(r, s): {"data": 1.0 + 0.3 * ((r + s) % 3), "forward": 20.0 + 0.4 * ((r * s) % 3), "backward": 40.0,
                     "optimizer": 5.0, "outside": 2.0} for r in range(ranks) for s in range(1, STEPS + 1)}
     for key, more in extra.items():
@@ -43,9 +45,14 @@ def records_run(root: Path, extra: dict[tuple[int, int], dict[str, float]], rank
             lines.append(json.dumps({
                 "rank": r, "step": s, "start": start, "end": start + wall / 1e3, "duration_ms": wall,
                 "phases_ms": phases, "phase_comm_ms": {"data": 0.0, "forward": 0.0, "backward": wait, "optimizer": 0.0},
-                "comm_ms": wait, "comm_calls": 1, "cpu_ms": wall - wait, "runq_ms": 0.1}))
+                "comm_ms": wait, "comm_calls": 1, "runq_ms": 0.1,
+                "cpu_ms": wall - wait - (sum(extra.get((r, s), {}).values()) if sleeps else 0.0)}))
             start += wall / 1e3
         (folder / "steps.jsonl").write_text("\n".join(lines) + "\n")
+    if cpus is not None:
+        (root / "hosts" / "node-a").mkdir(parents=True)
+        write_json_atomic(root / "hosts" / "node-a" / "host.json", {"name": "node-a", "hostname": "node-a",
+                                                                    "status": "ok", "cpus": cpus})
     return root
 
 
@@ -190,3 +197,22 @@ def test_two_long_stalls_that_cost_a_quarter_of_the_run_are_a_warning(tmp_path):
     # One such stall of 40 ms (4% of the run) stays information, and a single one no cause at all.
     report, _ = analyzed(records_run(tmp_path / "small", {(0, s): {"outside": 20.0} for s in (5, 9)}))
     assert not [f for f in report["findings"] if f["ranks"] == [0] and f["severity"] != "info"]
+
+
+@pytest.mark.parametrize("cpus", [2, 8])
+def test_a_sleeping_rank_on_a_full_host_saves_what_its_cpus_allow(tmp_path, cpus):
+    # 4 ranks of ~68 ms CPU work a step; rank 2 also sleeps 100 ms in forward. On 2 CPUs the job's work
+    # needs 4 x 68 / 2 = 136 ms of each 169 ms step: removing the sleep saves at most 33 ms (its peers use
+    # its CPU while it sleeps). On 8 CPUs nothing bounds it: 100 ms.
+    run = records_run(tmp_path, {(2, s): {"forward": 100.0} for s in range(1, STEPS + 1)}, ranks=4, cpus=cpus,
+                      sleeps=True)
+    report, ledger = analyzed(run)
+    [f] = [f for f in report["findings"] if f["kind"] == "straggler"]
+    assert f["ranks"] == [2] and f["metrics"]["lost_ms_per_step"] == pytest.approx(100.0, abs=3)
+    steady = ledger[ledger["step"] > 1]
+    assert steady["cpu_floor_ms"].to_numpy() == pytest.approx(4 * 68.0 / cpus, abs=2)
+    if cpus == 2:
+        assert f["impact_ms"] == pytest.approx(169.0 - 136.0, abs=3) and f["metrics"]["ledger_impact_ms"] > 95
+        assert "save at most 3" in f["explanation"] and f["severity"] == "error"  # the run's share stands
+    else:
+        assert f["impact_ms"] == pytest.approx(100.0, abs=3) and "cpu_bound_ms" not in f["metrics"]

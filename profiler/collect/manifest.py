@@ -96,9 +96,18 @@ def host_record(host_dir: Path, command: list[str], argv: list[str], started_at:
         "status": "running",
         "exit_code": None,
         "process": processes.identity(),  # whether this wrapper still runs, for readers on this machine
+        "cpus": usable_cpus(),  # the analyzer bounds what removing a sleeping rank saves on a full host (run/ledger.py)
         "python": platform.python_version(),
         "diagtrain": _version("diagtrain"),
     }
+
+
+def usable_cpus() -> int:
+    """The CPUs this wrapper, and the ranks it starts, may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity on macOS
+        return os.cpu_count() or 1
 
 
 def occupied_by(run_dir: Path, command: list[str]) -> str | None:

@@ -47,6 +47,9 @@ class Cost:
     min_replay_coverage: float = setting(0.6, "the critical path's what-if is a check of the ledger's price only where "
                                          "its graph models this share of the ranks' blocked time as waits (3D jobs "
                                          "on 2 shared cores: under half, the waits sit inside operators)")
+    cpu_floor_slack: float = setting(1.1, "a step's CPU floor (run/ledger.py) up to this times the step means a full "
+                                     "host (CPU and wall time are read at slightly different instants); above it the "
+                                     "counters disagree and the host's CPUs bound nothing")
     disagree_share: float = setting(0.3, "the critical path's what-if and the ledger disagree when they differ by more "
                                     "than this share of the larger (and by more than the noise)")
 
@@ -65,12 +68,14 @@ class Cause:
     period: int | None
     own_ms: float  # the rank's median work in that part, in the charged steps
     peer_ms: float  # its peers' median there
+    cpu_bounded_ms: float  # at most what removing it saves, given the CPUs its host had free (= lost_ms if unbounded)
 
     def to_json(self) -> dict[str, Any]:
         """The report's record of this cause."""
         return {"rank": self.rank, "part": self.part, "steps": self.steps, "lost_s": round(self.lost_ms / 1e3, 4),
                 "per_step_ms": round(self.per_step_ms, 3), "share": round(self.share, 4), "pattern": self.pattern,
-                "period_steps": self.period, "own_ms": round(self.own_ms, 3), "peer_ms": round(self.peer_ms, 3)}
+                "period_steps": self.period, "own_ms": round(self.own_ms, 3), "peer_ms": round(self.peer_ms, 3),
+                "cpu_bounded_s": round(self.cpu_bounded_ms / 1e3, 4)}
 
 
 SETTINGS = (Cost, Steady)
@@ -91,6 +96,7 @@ def causes(t: Tables, c: Cost | None = None) -> tuple[list[Cause], dict[str, Any
     noise = noise_ms(ledger)
     bar = max(c.min_saving_ms, c.noise_sigmas * noise)
     charged = ledger[ledger["lost_ms"] > bar]
+    bound = _cpu_bound(ledger, c)
     steps = sorted(int(s) for s in ledger["step"].unique())
     job_ms = float(ledger.groupby("step")["job_ms"].first().sum())
     found = []
@@ -103,13 +109,22 @@ def causes(t: Tables, c: Cost | None = None) -> tuple[list[Cause], dict[str, Any
         peers = ledger[ledger["step"].isin(charged_steps) & (ledger["rank"] != rank)]
         found.append(Cause(int(rank), str(part), charged_steps, lost, lost / len(steps), lost / job_ms if job_ms else 0.0,
                            pattern, period, float(rows[work_column(part)].median()),
-                           float(peers[work_column(part)].median()) if len(peers) else float("nan")))
+                           float(peers[work_column(part)].median()) if len(peers) else float("nan"),
+                           float(np.minimum(rows["lost_ms"], bound[rows.index]).sum())))
     found.sort(key=lambda x: -x.lost_ms)
     totals = {"steady_steps": len(steps), "job_s": round(job_ms / 1e3, 4), "noise_ms": round(noise, 3),
               "charged_above_ms": round(bar, 3),
               "waiting_s": round(float(ledger["wait_ms"].sum()) / 1e3, 4),
               "starved_s": round(float(ledger["starved_ms"].sum()) / 1e3, 4) if ledger["starved_ms"].notna().any() else None}
     return found, totals
+
+
+def _cpu_bound(ledger: pd.DataFrame, c: Cost) -> pd.Series:
+    """Per row, the most its step could lose to the ranks' excess on its hosts' free CPUs: the step less
+    its CPU floor (infinite where the floor is unknown or contradicts the step)."""
+    floor = ledger["cpu_floor_ms"] if "cpu_floor_ms" in ledger else pd.Series(np.nan, index=ledger.index)
+    plausible = floor <= c.cpu_floor_slack * ledger["job_ms"]
+    return (ledger["job_ms"] - floor).clip(lower=0.0).where(plausible, np.inf)
 
 
 def severity(share: float, pattern: str, c: Cost) -> str:
@@ -209,15 +224,35 @@ def _price(f: Finding, mine: list[Cause], totals: dict[str, Any], c: Cost, t: Ta
     if f.kind not in c.validated_kinds.split(","):
         f.metrics[UPPER_BOUND] = True  # a price not yet held against a clean twin: claimed as a bound
     f.metrics["detector_impact_ms"] = f.impact_ms
-    f.impact_ms = lost / totals["steady_steps"]
+    f.impact_ms = _bounded(f, mine, totals, c)
     # The ledger charges a step only above the run's noise, so on a busy host it can see a pattern in
     # fewer steps than the detector that compared the rank with its peers: there the detector's
     # judgement of how often it happened stands (raised where the rule says more), priced by the ledger.
     if f.severity != "critical":
         ruled = severity(share, main.pattern, c)
         f.severity = ruled if main.pattern != INTERMITTENT else max(f.severity, ruled, key=SEVERITIES.index)
-    f.explanation += " " + _cost_words(main, lost, share, totals)
+    f.explanation += " " + _cost_words(main, lost, share, totals) + _bound_words(f)
     f.settings.update(values(c))
+
+
+def _bounded(f: Finding, mine: list[Cause], totals: dict[str, Any], c: Cost) -> float:
+    """The finding's impact per step: the ledger's price, or less where the host's free CPUs bound what
+    removing the cause saves (its severity stays the ledger's: the share of the run its excess held)."""
+    lost, bounded = sum(x.lost_ms for x in mine), sum(x.cpu_bounded_ms for x in mine)
+    steps = totals["steady_steps"]
+    if bounded >= (1 - c.disagree_share) * lost:
+        return lost / steps
+    f.metrics.update({"ledger_impact_ms": lost / steps, "cpu_bound_ms": bounded / steps})
+    return bounded / steps
+
+
+def _bound_words(f: Finding) -> str:
+    if "cpu_bound_ms" not in f.metrics:
+        return ""
+    return (f" Its host had fewer free CPUs than ranks, and the job's CPU work fills most of those steps: while this "
+            f"rank is held up its peers use its CPU, so removing the cause would save at most "
+            f"{f.metrics['cpu_bound_ms']:.1f} ms per step here (with a CPU for every rank, "
+            f"{f.metrics['ledger_impact_ms']:.1f} ms).")
 
 
 def _finding(cause: Cause, totals: dict[str, Any], c: Cost, t: Tables) -> Finding:
@@ -243,6 +278,8 @@ def _finding(cause: Cause, totals: dict[str, Any], c: Cost, t: Tables) -> Findin
         evidence=[{"type": "ledger", "rank": cause.rank, "step": s, "part": cause.part} for s in cause.steps][:20],
         impact_ms=cause.per_step_ms,
     )
+    f.impact_ms = _bounded(f, [cause], totals, c)
+    f.explanation += _bound_words(f)
     f.settings.update(values(c))
     return f
 

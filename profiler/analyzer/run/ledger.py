@@ -24,6 +24,12 @@ stage) holds the step up. Two numbers say by how much:
 The share is charged to the phase in which the rank's excess lies; every other rank's wait in that
 step is attributed to the slowest rank (``waited_for``, ``waited_for_phase``).
 
+Both assume a CPU for every rank. Where a host has fewer free CPUs than ranks, the step cannot be
+shorter than the job's CPU work spread over them (``cpu_floor_ms``: the ranks' CPU time in the step,
+less what the slow ranks' excess itself spent, over the CPUs their host had free): there a rank that
+sleeps frees a CPU its peers use, and removing its sleep saves at most the step less that floor (8
+ranks on 2 cores, a 200 ms sleep: ~70 ms, not 200).
+
 Only accounting here, no judgement: what counts as noise, and which causes are findings, is the
 judge's (judge/cost.py).
 """
@@ -39,7 +45,7 @@ OUTSIDE = "outside phases"  # the label of work the rank did outside every recor
 # The ledger's columns besides the per-phase work (``work_<phase>_ms``) and excess (``excess_<phase>_ms``).
 COLUMNS = ["rank", "step", "wall_ms", "job_ms", "wait_ms", "own_ms", "starved_ms", "running_ms", "peer_running_ms",
            "excess_ms",
-           "saving_ms", "lost_ms", "cause_phase", "waited_for", "waited_for_phase"]
+           "saving_ms", "lost_ms", "cause_phase", "waited_for", "waited_for_phase", "cpu_floor_ms"]
 
 
 def build(t: Tables) -> pd.DataFrame:
@@ -55,6 +61,7 @@ def build(t: Tables) -> pd.DataFrame:
     ledger["own_ms"] = ledger["wall_ms"] - ledger["wait_ms"]
     ledger["starved_ms"] = steps["runq_ms"].astype(float) if "runq_ms" in steps else np.nan
     ledger["running_ms"] = (ledger["own_ms"] - ledger["starved_ms"].fillna(0.0)).clip(lower=0.0)
+    ledger["cpu_ms"] = steps["cpu_ms"].astype(float) if "cpu_ms" in steps else np.nan
     for p in phases:
         blocked = steps[f"{p}_comm_wait_ms"].fillna(0.0) if f"{p}_comm_wait_ms" in steps else 0.0
         ledger[f"work_{p}_ms"] = (steps[f"{p}_ms"].fillna(0.0) - blocked).clip(lower=0.0)
@@ -65,6 +72,7 @@ def build(t: Tables) -> pd.DataFrame:
     parts = [*phases, OUTSIDE]
     _peer_baselines(ledger, t.structure.peer_groups(sorted(ledger["rank"].unique())), parts)
     _savings(ledger, parts)
+    _cpu_floor(ledger, t)
     return ledger[COLUMNS + [c for c in ledger.columns if c not in COLUMNS]]
 
 
@@ -86,6 +94,7 @@ def _peer_baselines(ledger: pd.DataFrame, groups: list[list[int]], parts: list[s
     """Each row's peers' median running time (and work per part) in its step, and its excess over it:
     the median of the *other* ranks of its peer group, so the rank itself never sets its own bar."""
     ledger["peer_running_ms"] = np.nan
+    ledger["cpu_excess_ms"] = 0.0
     for part in parts:
         ledger[excess_column(part)] = 0.0
     group_of = {r: i for i, g in enumerate(groups) for r in g}
@@ -97,6 +106,8 @@ def _peer_baselines(ledger: pd.DataFrame, groups: list[list[int]], parts: list[s
         for part in parts:
             values = rows[work_column(part)].to_numpy()
             ledger.loc[rows.index, excess_column(part)] = np.clip(values - _median_of_others(values), 0.0, None)
+        ledger.loc[rows.index, "cpu_excess_ms"] = np.clip(rows["cpu_ms"].to_numpy()
+                                                           - _median_of_others(rows["cpu_ms"].to_numpy()), 0.0, None)
     del ledger["_group"]
     ledger["excess_ms"] = (ledger["running_ms"] - ledger["peer_running_ms"]).clip(lower=0.0).fillna(0.0)
 
@@ -132,6 +143,32 @@ def _savings(ledger: pd.DataFrame, parts: list[str]) -> None:
         others = rows.index[rows.index != top]
         ledger.loc[others, "waited_for"] = int(ledger.at[top, "rank"])
         ledger.loc[others, "waited_for_phase"] = ledger.at[top, "cause_phase"]
+
+
+def _cpu_floor(ledger: pd.DataFrame, t: Tables) -> None:
+    """Each step's shortest possible time on its hosts' free CPUs (NaN where a rank's CPU time, its host
+    or the host's CPUs are unknown). Whether it is plausible against the step is the judge's call."""
+    ledger["cpu_floor_ms"] = np.nan
+    free = free_cpus(t)
+    host = ledger["rank"].map(t.rank_hosts)
+    cores = host.map(free).astype(float)
+    if cores.isna().any() or ledger["cpu_ms"].isna().any():
+        return  # a floor from part of the job is none
+    # CPU the slow ranks' excess itself spent (more work, not a sleep) is saved with it.
+    work = ledger["cpu_ms"] - ledger["cpu_excess_ms"].where(ledger["lost_ms"] > 0, 0.0)
+    ledger["cpu_floor_ms"] = (work / cores).groupby([ledger["step"], host]).transform("sum") \
+        .groupby(ledger["step"]).transform("max")
+
+
+def free_cpus(t: Tables) -> dict[str, float]:
+    """Each host's CPUs the job had: its wrapper's CPUs less what other processes used (median of its
+    telemetry), at least one."""
+    others = {}
+    if t.telemetry is not None and not t.telemetry.empty and "others_cpu_percent" in t.telemetry:
+        rows = t.telemetry[t.telemetry["kind"] == "host"]
+        others = (rows.groupby("host")["others_cpu_percent"].median() / 100.0).to_dict()
+    return {h["name"]: max(float(h["cpus"]) - float(others.get(h["name"], 0.0)), 1.0)
+            for h in t.hosts if isinstance(h.get("cpus"), int) and h["cpus"] > 0 and h.get("name")}
 
 
 def shapley_of_max(running: np.ndarray, excess: np.ndarray) -> np.ndarray:
