@@ -37,20 +37,26 @@ def _collective(rank: int, ts_ms: float, dur_ms: float, seq: int = 1) -> dict:
             "ts": T0 * 1e6 + ts_ms * MS, "dur": dur_ms * MS, "bytes": 4e6}
 
 
+def _slow_forward_step(optimizer_ms: float, wall_ms: list[float], collectives: list[dict]) -> Tables:
+    """Step 7 of two ranks: forward 20 ms on rank 0 and 60 on rank 1, 10 ms of backward, each rank's
+    optimizer step (10 ms) from ``optimizer_ms``."""
+    segments = pd.DataFrame([
+        _segment(0, 1, 21, "forward", "data", "DDP.forward"), _segment(0, 22, 32, "backward", "backward", "mm"),
+        _segment(0, optimizer_ms, optimizer_ms + 10, "optimizer", "optimizer", "AdamW.step"),
+        _segment(1, 1, 61, "forward", "data", "DDP.forward"), _segment(1, 62, 72, "backward", "backward", "mm"),
+        _segment(1, optimizer_ms, optimizer_ms + 10, "optimizer", "optimizer", "AdamW.step"),
+    ], columns=COLUMNS)
+    steps = pd.DataFrame({"rank": [0, 1], "step": [7, 7], "wall_ms": wall_ms, "profiled": True,
+                          "trace_start": [T0, T0], "trace_end": [T0 + w / 1e3 for w in wall_ms]})
+    return Tables(steps=steps, ranks=pd.DataFrame(), collectives=match(pd.DataFrame(collectives)), phases=[],
+                  segments=segments)
+
+
 @pytest.fixture
 def two_ranks() -> Tables:
     """Rank 1's forward takes 60 ms, rank 0's 20: rank 0 arrives at the all-reduce at 32 ms and waits
     until rank 1 arrives at 72; both resume 1 ms after it ends (82) with a 10 ms optimizer step."""
-    segments = pd.DataFrame([
-        _segment(0, 1, 21, "forward", "data", "DDP.forward"), _segment(0, 22, 32, "backward", "backward", "mm"),
-        _segment(0, 83, 93, "optimizer", "optimizer", "AdamW.step"),
-        _segment(1, 1, 61, "forward", "data", "DDP.forward"), _segment(1, 62, 72, "backward", "backward", "mm"),
-        _segment(1, 83, 93, "optimizer", "optimizer", "AdamW.step"),
-    ], columns=COLUMNS)
-    steps = pd.DataFrame({"rank": [0, 1], "step": [7, 7], "wall_ms": [95.0, 94.0], "profiled": True,
-                          "trace_start": [T0, T0], "trace_end": [T0 + 0.095, T0 + 0.094]})
-    collectives = match(pd.DataFrame([_collective(0, 32, 50), _collective(1, 72, 10)]))
-    return Tables(steps=steps, ranks=pd.DataFrame(), collectives=collectives, phases=[], segments=segments)
+    return _slow_forward_step(83, [95.0, 94.0], [_collective(0, 32, 50), _collective(1, 72, 10)])
 
 
 def test_the_path_runs_through_the_late_rank_with_exact_numbers(two_ranks):
@@ -118,17 +124,9 @@ def test_a_replay_that_models_few_waits_is_no_check_of_a_price():
 def test_a_collective_queued_behind_another_moves_with_it():
     """DDP's two buckets: rank 0 issues both by 32 ms, but its group runs one at a time, so the second starts
     when the first ends (82), after rank 1's slow forward. Removing that slowness moves both."""
-    segments = pd.DataFrame([
-        _segment(0, 1, 21, "forward", "data", "DDP.forward"), _segment(0, 22, 32, "backward", "backward", "mm"),
-        _segment(0, 93, 103, "optimizer", "optimizer", "AdamW.step"),
-        _segment(1, 1, 61, "forward", "data", "DDP.forward"), _segment(1, 62, 72, "backward", "backward", "mm"),
-        _segment(1, 93, 103, "optimizer", "optimizer", "AdamW.step"),
-    ], columns=COLUMNS)
-    steps = pd.DataFrame({"rank": [0, 1], "step": [7, 7], "wall_ms": [105.0, 105.0], "profiled": True,
-                          "trace_start": [T0, T0], "trace_end": [T0 + 0.105, T0 + 0.105]})
-    collectives = match(pd.DataFrame([_collective(0, 32, 50, seq=1), _collective(0, 82, 10, seq=2),
-                                      _collective(1, 72, 10, seq=1), _collective(1, 82, 10, seq=2)]))
-    [g] = cp.graphs(Tables(steps=steps, ranks=pd.DataFrame(), collectives=collectives, phases=[], segments=segments))
+    [g] = cp.graphs(_slow_forward_step(93, [105.0, 105.0], [
+        _collective(0, 32, 50, seq=1), _collective(0, 82, 10, seq=2), _collective(1, 72, 10, seq=1),
+        _collective(1, 82, 10, seq=2)]))
     assert sorted(g.c_queued.tolist()) == [-1, -1, 0, 2]  # each rank's second bucket waited for its first
     assert cp.replay(g).finish == pytest.approx(T0 * 1e6 + 105 * MS)
     # The forward at its peer's 21 ms: the first bucket ends at 42, the second at 52, the step 40 ms sooner
