@@ -83,6 +83,24 @@ def test_the_console_ends_with_one_screen_that_leads_with_the_top_finding(pipeli
     assert f"diagtrain analyze {pipeline_job.out} --format md" in "\n".join(shown)
 
 
+def test_a_long_list_of_findings_still_fits_one_screen(tmp_path):
+    """Many warnings are cut after MAX_LISTED lines and counted; info findings are never listed."""
+    def finding(i: int, severity: str) -> dict:
+        return {"kind": "straggler", "severity": severity, "ranks": list(range(i, i + 20)), "impact_ms": 100.0 - i,
+                "metrics": {}, "explanation": "x" * 300 + f"; rank {i} waits"}
+    report = {"run": {"status": "failed", "strategy": None, "world_size": 64, "steps": 9},
+              "findings": [finding(i, "warning") for i in range(30)] + [finding(0, "info")] * 5,
+              "health": [{"severity": "warning"}] * 3, "skipped": [{"path": "a"}]}
+    lines = summary_lines.lines(report, tmp_path, [tmp_path / "report.md"])
+    assert len(lines) <= summary_lines.MAX_SCREEN
+    assert lines[0].startswith("diagtrain: status failed, 64 ranks, 9 steps; 30 findings to act on, 5 informational")
+    listed = [line for line in lines if re.match(r"  \d+\. ", line)]
+    assert len(listed) == summary_lines.MAX_LISTED and listed[0].startswith("  1. WARNING straggler · ranks 0-19 · ")
+    assert all(len(line) <= summary_lines.MAX_LINE and line.endswith(" …") for line in listed)  # one line each
+    assert f"  ... {30 - summary_lines.MAX_LISTED} more findings to act on in the report" in lines
+    assert "  3 trace health warnings: see the report's \"Trace health\"" in lines
+
+
 def test_the_progress_line_is_the_step_time_steps_jsonl_records(pipeline_job):
     durations = {r["step"]: r["duration_ms"] for r in pipeline_job.steps(0)}
     lines = re.findall(r"\[diagtrain\] step (\d+)/3 .* (\d+) ms/step \(step (\d+), as in steps\.jsonl\)",
