@@ -91,7 +91,7 @@ def test_a_long_list_of_findings_still_fits_one_screen(tmp_path):
     report = {"run": {"status": "failed", "strategy": None, "world_size": 64, "steps": 9},
               "findings": [finding(i, "warning") for i in range(30)] + [finding(0, "info")] * 5,
               "health": [{"severity": "warning"}] * 3, "skipped": [{"path": "a"}]}
-    lines = summary_lines.lines(report, tmp_path, [tmp_path / "report.md"])
+    lines = summary_lines.lines(report, tmp_path / "traces", tmp_path, [tmp_path / "report.md"])
     assert len(lines) <= summary_lines.MAX_SCREEN
     assert lines[0].startswith("diagtrain: status failed, 64 ranks, 9 steps; 30 findings to act on, 5 informational")
     listed = [line for line in lines if re.match(r"  \d+\. ", line)]
@@ -99,6 +99,8 @@ def test_a_long_list_of_findings_still_fits_one_screen(tmp_path):
     assert all(len(line) <= summary_lines.MAX_LINE and line.endswith(" …") for line in listed)  # one line each
     assert f"  ... {30 - summary_lines.MAX_LISTED} more findings to act on in the report" in lines
     assert "  3 trace health warnings: see the report's \"Trace health\"" in lines
+    # The input was analyzed elsewhere: the command for the full text says both.
+    assert f"diagtrain analyze {tmp_path / 'traces'} --out {tmp_path} --format md" in lines[-2]
 
 
 def test_the_progress_line_is_the_step_time_steps_jsonl_records(pipeline_job):

@@ -177,7 +177,7 @@ def analyze_and_print(path: Path, out: Path, formats: list[str], workers: int, e
         return EXIT_USAGE
     written = [out / f"report.{f}" for f in formats]
     if not quiet:
-        text = report.markdown(doc) if full_report else "\n".join(summary.lines(doc, out, written))
+        text = report.markdown(doc) if full_report else "\n".join(summary.lines(doc, path, out, written))
         sys.stdout.write(text + "\n")
         sys.stdout.flush()  # before the stderr line below, so a terminal shows the two in this order
     err.print(f"diagtrain: report {', '.join(display(p) for p in written)}", markup=False)

@@ -26,8 +26,9 @@ def matters(finding: dict[str, Any]) -> bool:
     return SEVERITIES.index(finding["severity"]) >= SEVERITIES.index("warning") or finding["kind"] in STOP_KINDS
 
 
-def lines(report: dict[str, Any], out: Path, written: list[Path]) -> list[str]:
-    """The console summary of ``report`` (a report.json document) whose files are ``written`` under ``out``."""
+def lines(report: dict[str, Any], source: Path, out: Path, written: list[Path]) -> list[str]:
+    """The console summary of ``report`` (a report.json document): the analysis of ``source``, whose
+    files are ``written`` under ``out``."""
     findings = report["findings"]
     listed = [f for f in findings if matters(f)]
     rest = len(findings) - len(listed)
@@ -41,11 +42,13 @@ def lines(report: dict[str, Any], out: Path, written: list[Path]) -> list[str]:
     if report.get("skipped"):
         text.append(f"  {len(report['skipped'])} input{_s(len(report['skipped']))} skipped: see the report's "
                     "\"Skipped inputs\"")
-    run = display(out)
-    text += [f"  written to     {run}",
+    where = display(out)
+    # The command that prints the full report analyzes the same input into the same place again.
+    again = display(source) if source == out else f"{display(source)} --out {where}"
+    text += [f"  written to     {where}",
              f"  full report    {', '.join(p.name for p in written) or 'none written'}; on the console: "
-             f"diagtrain analyze {run} --format md",
-             f"  dashboard      diagtrain dashboard {run}"]
+             f"diagtrain analyze {again} --format md",
+             f"  dashboard      diagtrain dashboard {where}"]
     return text
 
 
