@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from conftest import diagtrain_run, on_training
+from diagtrain.profiler.analyzer.report import summary
 from diagtrain.profiler.util.text import ranges
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "hta"
@@ -46,14 +47,46 @@ def train_run(out: Path, *args: str, profile: str = "none", telemetry_s: float =
 
 
 @pytest.fixture(scope="module")
-def faulty_ddp(tmp_path_factory) -> dict:
+def faulty_ddp_analysis(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, dict]:
     out = train_run(tmp_path_factory.mktemp("faulty") / "run", "--strategy", "ddp", "--nproc", "4", "--steps", "9",
                     "--inject", "straggler:rank=1,ms=80,steps=3-6",
                     "--inject", "dataloader_stall:rank=2,ms=80,every=3",
                     "--inject", "mem_imbalance:rank=3,mb=300")
     proc, report = analyze(out)
     assert proc.returncode == 0, proc.stderr
-    return report
+    return out, proc, report
+
+
+@pytest.fixture(scope="module")
+def faulty_ddp(faulty_ddp_analysis) -> dict:
+    return faulty_ddp_analysis[2]
+
+
+def test_the_console_lists_what_to_act_on_in_one_screen(faulty_ddp_analysis):
+    """`diagtrain analyze RUN` prints the summary: one line per finding worth acting on, top one first."""
+    _, proc, report = faulty_ddp_analysis
+    lines = proc.stdout.splitlines()
+    assert 0 < len(lines) <= summary.MAX_SCREEN and "### Findings" not in proc.stdout
+    listed = [f for f in report["findings"] if summary.matters(f)]
+    shown = [line for line in lines if re.match(r"  \d+\. ", line)]
+    # The data stall and the memory imbalance at least (on a busy host the straggler can be information).
+    assert len(shown) == len(listed) >= 2
+    for line, finding in zip(shown, listed):  # in the report's order: the top finding first
+        assert f"{finding['severity'].upper()} {finding['kind']} · " in line
+        assert f"rank{'s' if len(finding['ranks']) > 1 else ''} {finding['ranks'][0]}" in line
+        assert ("ms/step" in line) == bool(finding["impact_ms"])
+    [stall] = [line for line in shown if " dataloader_stall · " in line]
+    assert " rank 2 · " in stall
+    info = len(report["findings"]) - len(listed)
+    assert (f"{info} informational" in lines[0]) == bool(info)  # counted, not listed
+
+
+def test_format_md_prints_the_full_report(faulty_ddp_analysis, tmp_path):
+    run, _, _ = faulty_ddp_analysis
+    full, _ = analyze(run, "--format", "md", out=tmp_path)
+    assert full.returncode == 0, full.stderr
+    assert full.stdout.strip() == (tmp_path / "report.md").read_text().strip()
+    assert full.stdout.count("\n") > summary.MAX_SCREEN  # the whole report, tables and all
 
 
 def test_straggler_named_with_rank_steps_and_phase(faulty_ddp):
@@ -230,7 +263,8 @@ def test_bad_inputs_are_skipped_by_name_and_the_rest_analyzed(tmp_path):
     assert "not a PyTorch Profiler trace" in reasons["rank2.json"]
     assert "no duration events" in reasons["rank3.json"]
     assert "claims rank 0" in reasons["rank0.json.gz"] or "claims rank 0" in reasons["copy_of_rank0.json.gz"]
-    assert "### Skipped inputs" in proc.stdout
+    assert "### Skipped inputs" in (tmp_path.with_name(f"{tmp_path.name}-diagtrain") / "report.md").read_text()
+    assert "  4 inputs skipped: see the report's \"Skipped inputs\"" in proc.stdout
 
 
 def test_a_second_analysis_reuses_the_cache(tmp_path):

@@ -2,7 +2,8 @@
 
 Needs Debian's chromium and chromium-driver (.ci/run installs them). Without them the test is
 skipped, unless DIAGTRAIN_REQUIRE_BROWSER=1 (CI sets it), where their absence is a failure.
-Screenshots go to test-artifacts/ at the repository root (or $DIAGTRAIN_TEST_ARTIFACTS).
+Screenshots go to test-artifacts/ at the repository root (or $DIAGTRAIN_TEST_ARTIFACTS); the
+documentation's are this test's (docs/guide/dashboard.md says how to refresh them).
 """
 
 from __future__ import annotations
@@ -141,6 +142,9 @@ def test_dashboard_in_a_browser(server, browser):
     _tab(browser, "Steps")
     heat = wait.until(lambda d: _layout(d, "heatmap"))
     assert heat["meta"]["marked"] == [2]
+    # It opens on the quantity the top finding was seen in: in step time everyone waits for the straggler.
+    shown = browser.find_element(By.ID, "heatmap-metric").text
+    assert shown.startswith("forward phase"), shown
     legend = [t.text for t in browser.find_elements(By.CSS_SELECTOR, "#heatmap .legendtext")]
     assert "straggler (rank 2)" in legend
     browser.save_screenshot(str(ARTIFACTS / "dashboard-steps.png"))

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from diagtrain.profiler.analyzer.judge.findings import UPPER_BOUND, saving_text
+from diagtrain.profiler.analyzer.report import summary as summary_lines
 from diagtrain.profiler.collect.profiler_noise import NoiseFilter
 from diagtrain.reference_trainers.train import _Progress
 
@@ -54,10 +55,52 @@ def test_the_readme_command_keeps_the_profilers_messages_off_the_console(pipelin
     # ... and only the logs carry them.
     assert "USDT" not in out and "profiler_st" not in out and "CPUAllocator" not in out
     assert "Memory block of unknown size" not in out
-    assert "## diagtrain report" in pipeline_job.stdout and "[diagtrain] done: 3 steps" in pipeline_job.stdout
+    assert "[diagtrain] done: 3 steps" in pipeline_job.stdout
     # The run directory once (the wrapper's, not `diagtrain train`'s too), then the report's paths name it.
     assert out.count("run directory") == 1 and f"diagtrain: run directory {pipeline_job.out}\n" in pipeline_job.stderr
     assert pipeline_job.stderr.rstrip().endswith(f"{pipeline_job.out}/report.html")
+
+
+def test_the_console_ends_with_one_screen_that_leads_with_the_top_finding(pipeline_job):
+    """The end of `diagtrain run`: the summary, not the report (which stays in report.md)."""
+    lines = pipeline_job.stdout.splitlines()
+    [start] = [i for i, line in enumerate(lines) if line.startswith("diagtrain: status ")]
+    shown = lines[start:]
+    assert len(shown) <= summary_lines.MAX_SCREEN
+    assert "## diagtrain report" not in pipeline_job.stdout  # the full report is a file ...
+    assert "### Findings" in (pipeline_job.out / "report.md").read_text()  # ... and still whole there
+    findings = pipeline_job.json("report.json")["findings"]
+    listed = [f for f in findings if summary_lines.matters(f)]
+    first = next((line for line in shown if re.match(r"  1\. ", line)), None)
+    if listed:
+        assert first is not None and f" {listed[0]['kind']} · " in first
+        assert f"rank{'s' if len(listed[0]['ranks']) > 1 else ''} {listed[0]['ranks'][0]}" in first
+    else:
+        assert first is None and "nothing to act on" in shown[0]
+    info = len(findings) - len(listed)
+    assert (f"{info} informational" in shown[0]) == bool(info)
+    assert f"  dashboard      diagtrain dashboard {pipeline_job.out}" in shown
+    assert f"diagtrain analyze {pipeline_job.out} --format md" in "\n".join(shown)
+
+
+def test_a_long_list_of_findings_still_fits_one_screen(tmp_path):
+    """Many warnings are cut after MAX_LISTED lines and counted; info findings are never listed."""
+    def finding(i: int, severity: str) -> dict:
+        return {"kind": "straggler", "severity": severity, "ranks": list(range(i, i + 20)), "impact_ms": 100.0 - i,
+                "metrics": {}, "explanation": "x" * 300 + f"; rank {i} waits"}
+    report = {"run": {"status": "failed", "strategy": None, "world_size": 64, "steps": 9},
+              "findings": [finding(i, "warning") for i in range(30)] + [finding(0, "info")] * 5,
+              "health": [{"severity": "warning"}] * 3, "skipped": [{"path": "a"}]}
+    lines = summary_lines.lines(report, tmp_path / "traces", tmp_path, [tmp_path / "report.md"])
+    assert len(lines) <= summary_lines.MAX_SCREEN
+    assert lines[0].startswith("diagtrain: status failed, 64 ranks, 9 steps; 30 findings to act on, 5 informational")
+    listed = [line for line in lines if re.match(r"  \d+\. ", line)]
+    assert len(listed) == summary_lines.MAX_LISTED and listed[0].startswith("  1. WARNING straggler · ranks 0-19 · ")
+    assert all(len(line) <= summary_lines.MAX_LINE and line.endswith(" …") for line in listed)  # one line each
+    assert f"  ... {30 - summary_lines.MAX_LISTED} more findings to act on in the report" in lines
+    assert "  3 trace health warnings: see the report's \"Trace health\"" in lines
+    # The input was analyzed elsewhere: the command for the full text says both.
+    assert f"diagtrain analyze {tmp_path / 'traces'} --out {tmp_path} --format md" in lines[-2]
 
 
 def test_the_progress_line_is_the_step_time_steps_jsonl_records(pipeline_job):

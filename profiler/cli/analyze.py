@@ -32,7 +32,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("path", nargs="?", help="run directory, folder of traces, or folder of flight-recorder dumps "
                    "(one per rank, as TORCH_FR_DUMP_TEMP_FILE writes them)")
-    p.add_argument("--format", default="md,json,html", help="report formats, comma-separated: md,json,html")
+    p.add_argument("--format", metavar="md,json,html",
+                   help="report formats to write, comma-separated (default md,json,html); naming md prints the full "
+                   "Markdown report on stdout instead of the one-screen summary")
     p.add_argument("--out", help="where to write analysis/ and the reports (default: PATH for a diagtrain run "
                    "directory; beside any other folder, as PATH-diagtrain, so that folder is left as it was)")
     p.add_argument("--workers", type=int, default=default_workers(), help="processes that load ranks")
@@ -43,7 +45,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--flight-recorder", metavar="DIR",
                    help="flight-recorder dumps made outside diagtrain (TORCH_FR_DUMP_TEMP_FILE files, pickle or JSON, "
                    "one per rank, rank number ending the name) for the hang verdict")
-    p.add_argument("--quiet", action="store_true", help="do not print the Markdown report")
+    p.add_argument("--quiet", action="store_true", help="print nothing on stdout (neither the summary nor the report)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.NAME=VALUE",
                    help="change one threshold of the judgement for this analysis, e.g. straggler.min_excess_ms=300 "
                    "(repeatable; --settings lists them all, with defaults and reasons)")
@@ -71,10 +73,11 @@ def run_analyze(args: argparse.Namespace, argv: list[str]) -> int:
     if args.path is None:
         return _usage(err, "the following argument is required: path (or --settings to list the settings)")
     path = Path(args.path)
-    formats = [f.strip() for f in args.format.split(",") if f.strip()]
+    asked = args.format if args.format is not None else ",".join(report.FORMATS)
+    formats = [f.strip() for f in asked.split(",") if f.strip()]
     bad = [f for f in formats if f not in report.FORMATS]
     if bad or not formats:
-        return _usage(err, f"--format {args.format!r}: choose from {', '.join(report.FORMATS)}")
+        return _usage(err, f"--format {asked!r}: choose from {', '.join(report.FORMATS)}")
     if not path.is_dir():
         return _usage(err, f"{path}: no such directory")
     fr_dir = Path(args.flight_recorder) if args.flight_recorder else None
@@ -101,8 +104,10 @@ def run_analyze(args: argparse.Namespace, argv: list[str]) -> int:
     if scheduler:  # the workers run in other working directories: they are given whole paths
         path, out = Path(os.path.abspath(path)), Path(os.path.abspath(out))
     try:
+        # An explicit --format that names md asks for the full report on stdout (to pipe or paste it).
+        full = args.format is not None and "md" in formats
         return analyze_and_print(path, out, formats, args.workers, err, quiet=args.quiet, flight_recorder=fr_dir,
-                                 scheduler=scheduler, overrides=overrides)
+                                 scheduler=scheduler, overrides=overrides, full_report=full)
     except MixedJobs as e:
         if made_out:  # only what this command made: nothing of the user's
             shutil.rmtree(out, ignore_errors=True)
@@ -133,14 +138,15 @@ def default_out(path: Path) -> Path:
 
 def analyze_and_print(path: Path, out: Path, formats: list[str], workers: int, err: Console, quiet: bool = False,
                       flight_recorder: Path | None = None, scheduler: str | None = None,
-                      overrides: dict | None = None) -> int:
-    """Run the analysis (its ranks on the Dask cluster of ``scheduler`` if given) with progress on stderr and
-    the Markdown report on stdout.
+                      overrides: dict | None = None, full_report: bool = False) -> int:
+    """Run the analysis (its ranks on the Dask cluster of ``scheduler`` if given) with progress on stderr and,
+    on stdout, the one-screen summary (report/summary.py) or, with ``full_report``, the Markdown report.
 
     Returns 0, or 2 when nothing in ``path`` could be analyzed (it says what was looked for) or the
     scheduler cannot be used.
     """
     from diagtrain.profiler.analyzer.report import document as report
+    from diagtrain.profiler.analyzer.report import summary
     from diagtrain.profiler.analyzer.analyze import analyze
     from diagtrain.profiler.analyzer.rank.cluster import SchedulerError
 
@@ -169,10 +175,12 @@ def analyze_and_print(path: Path, out: Path, formats: list[str], workers: int, e
                       "(ranks/<r>/steps.jsonl or trace-*.json.gz) and no PyTorch Profiler traces (*.json, *.json.gz)",
                       markup=False)
         return EXIT_USAGE
+    written = [out / f"report.{f}" for f in formats]
     if not quiet:
-        sys.stdout.write(report.markdown(doc) + "\n")
-    written = ", ".join(display(out / f"report.{f}") for f in formats)
-    err.print(f"diagtrain: report {written}", markup=False)
+        text = report.markdown(doc) if full_report else "\n".join(summary.lines(doc, path, out, written))
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()  # before the stderr line below, so a terminal shows the two in this order
+    err.print(f"diagtrain: report {', '.join(display(p) for p in written)}", markup=False)
     return EXIT_OK
 
 
