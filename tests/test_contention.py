@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from diagtrain.profiler.analyzer.judge.pipeline import run_detectors, run_passes
+from diagtrain.profiler.analyzer.run import ledger
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.collect import telemetry
 from diagtrain.profiler.collect.telemetry import OtherProcesses
@@ -71,6 +72,18 @@ def test_a_rank_starved_of_a_cpu_is_not_a_straggler():
     contention = found["host_contention"]
     assert contention.severity == "info" and contention.ranks == [0, 1]
     assert contention.metrics["runq_ms_per_step"] == pytest.approx(20.0, abs=0.5)
+
+
+def test_what_a_starved_rank_still_ran_beyond_its_peers_is_its_own():
+    # Rank 1 is 40 ms slower a step, 30 of them waiting for a CPU (more than the share that makes its
+    # excess starvation): the ledger, on running time, still prices 10 ms a step of its own work in every
+    # step, and that stands on a busy host. Without the ledger the detector's 40 ms is lowered.
+    tables = run_of(extra_runq=30.0, telemetry=busy_host_telemetry())
+    assert by_kind(tables)["straggler"].severity == "info"
+    tables.ledger = ledger.build(tables)
+    straggler = by_kind(tables)["straggler"]
+    assert straggler.severity == "warning" and "starved" not in straggler.metrics
+    assert straggler.metrics["pattern"] == "every step" and straggler.impact_ms == pytest.approx(10.0, abs=1.5)
 
 
 @pytest.mark.parametrize("extra_cpu,why", [(EXCESS_MS, "it burnt the time itself"), (0.0, "it slept or waited on I/O")])

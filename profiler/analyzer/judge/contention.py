@@ -212,7 +212,8 @@ def _not_own_work(finding: Finding, tables: Tables, s: Contention) -> tuple[str,
     if not (excess and steps):
         return None
     rank = finding.ranks[0]
-    if reason := starvation(tables, rank, steps, excess, _stretch(finding)):
+    # The ledger compares running time, CPU starvation taken out: a pattern it priced is the rank's own.
+    if not _ledger_pattern(finding) and (reason := starvation(tables, rank, steps, excess, _stretch(finding))):
         return reason, f"that is host contention (see host_contention), not rank {rank}'s own work", "starved"
     if finding.kind == "straggler" and (reason := churn(tables, rank, steps, excess)):
         return (reason, "the same work done more slowly, not more work (a steady allocator, e.g. jemalloc or "
@@ -236,8 +237,8 @@ def _intermittent_on_busy_host(tables: Tables, finding: Finding, s: Contention) 
     seen = finding.metrics.get("steps_seen")
     if not seen or len(finding.steps) >= s.steadily_slow_share * seen:
         return None  # slow in (nearly) every step it could be seen in: a straggler, busy host or not
-    if finding.metrics.get("impact_source") == "ledger" and finding.metrics.get("pattern") not in (None, INTERMITTENT):
-        return None  # the ledger compares running time, CPU starvation taken out, and saw a pattern
+    if _ledger_pattern(finding):
+        return None
     host = tables.rank_hosts.get(finding.ranks[0])
     load = host_loads(tables).get(host) if host is not None else None
     if load is None or not load.busy_with_others:
@@ -245,6 +246,12 @@ def _intermittent_on_busy_host(tables: Tables, finding: Finding, s: Contention) 
     named = f" ({load.named()})" if load.processes else ""
     return (f"it was slow in only {len(finding.steps)} of the {seen} steps it was seen in, on a host whose CPUs "
             f"other processes kept busy{named}")
+
+
+def _ledger_pattern(finding: Finding) -> bool:
+    """Whether the ledger priced the finding as a pattern (every step, or periodic) of running time,
+    the time the rank ran on a CPU: a wait for a CPU, or a busy host's pauses, were taken out first."""
+    return finding.metrics.get("impact_source") == "ledger" and finding.metrics.get("pattern") not in (None, INTERMITTENT)
 
 
 def _lowered(finding: Finding, reason: str, meaning: str, marker: str) -> Finding:

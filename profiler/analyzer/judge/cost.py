@@ -199,8 +199,10 @@ def _pattern(charged: list[int], steps: list[int], c: Cost) -> tuple[str, int | 
 def _causes_of(f: Finding, found: list[Cause]) -> list[Cause]:
     """The ledger's causes a finding names: a data stall its rank's data part; a straggler, or a rank late
     at its collectives because it pauses before its calls, its rank's other parts (a straggler's own
-    phase, when it names one the ledger has)."""
-    late = f.kind == "slow_collective" and f.metrics.get("cause") == SlowCause.LATE_ARRIVAL
+    phase, when it names one the ledger has). A rank late because its work earlier in the step is slower
+    names none: that is a straggler, which the ledger names where no detector did."""
+    late = (f.kind == "slow_collective" and f.metrics.get("cause") == SlowCause.LATE_ARRIVAL
+            and f.metrics.get("before_calls") is True)
     if len(f.ranks) != 1 or not (late or f.kind in ("straggler", "dataloader_stall")):
         return []
     mine = [x for x in found if x.rank == f.ranks[0]]

@@ -90,7 +90,7 @@ def _late_ranks(c: pd.DataFrame, profiled_steps: int, s: SlowCollective) -> list
             metrics={"cause": SlowCause.LATE_ARRIVAL.value, "observed_late_share": float(rows["late_share"].min()),
                      "threshold_late_share": late_arrival.persistent_share,
                      "lateness_ms": lateness, "threshold_lateness_ms": late_arrival.min_lateness_ms,
-                     "peer_wait_ms": per_collective,
+                     "peer_wait_ms": per_collective, "before_calls": before_calls,
                      "groups": [str(g) for g in rows["group"]],
                      "extra_gap_before_calls_ms": None if pd.isna(gap) else float(gap)},
             evidence=[{"type": "collective", "rank": int(rank), "group": g, "op": o, "seq": int(seq)}
