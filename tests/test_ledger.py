@@ -193,6 +193,7 @@ def test_two_long_stalls_that_cost_a_quarter_of_the_run_are_a_warning(tmp_path):
     report, _ = analyzed(records_run(tmp_path, {(0, s): {"outside": 400.0} for s in (5, 9)}))
     [f] = [f for f in report["findings"] if f["ranks"] == [0] and f["kind"] == "straggler"]
     assert f["steps"] == [5, 9] and f["metrics"]["pattern"] == "intermittent" and f["severity"] == "warning"
+    assert f["metrics"]["excess_ms"] == pytest.approx(400.0, abs=2)  # a straggler's own number, as the detector's
     assert "in steps 5, 9" in f["explanation"]
     # One such stall of 40 ms (4% of the run) stays information, and a single one no cause at all.
     report, _ = analyzed(records_run(tmp_path / "small", {(0, s): {"outside": 20.0} for s in (5, 9)}))

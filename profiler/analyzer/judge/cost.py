@@ -274,7 +274,8 @@ def _finding(cause: Cause, totals: dict[str, Any], c: Cost, t: Tables) -> Findin
                     "faster dataset (__getitem__) on that rank." if data else
                     f"Look at what rank {cause.rank} does in its {part} {when} that its peers do not: a checkpoint, "
                     "an evaluation or logging on one rank, garbage collection, a slower device or host."),
-        metrics={"observed_ms": cause.own_ms, "expected_ms": cause.peer_ms, "source": "ledger",
+        metrics={"observed_ms": cause.own_ms, "expected_ms": cause.peer_ms, "excess_ms": cause.own_ms - cause.peer_ms,
+                 "source": "ledger",
                  "quantity": (Quantity(Measure.PHASE, cause.part) if cause.part != OUTSIDE else Quantity(Measure.OWN_TIME)).key,
                  **_cost_metrics([cause], totals, t)},
         evidence=[{"type": "ledger", "rank": cause.rank, "step": s, "part": cause.part} for s in cause.steps][:20],
