@@ -177,6 +177,7 @@ class Collection:
         finally:
             if self.live is not None:
                 self.live.stop()
+                self.record["live"] = self.live.summary()
             self.sampler.stop()
             reaper.release()
         if self.sampler.error:

@@ -12,6 +12,7 @@ the job: it runs in a daemon thread, and a failure is said once and the next rou
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -51,6 +52,7 @@ class LiveDiagnosis:
         self.events: JsonlAppender | None = None
         self.failed: str | None = None  # the first failure, said once
         self.rounds = 0
+        self.cpu_s = 0.0
         self._say: Callable[[str], None] = lambda _: None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="diagtrain-live", daemon=True)
@@ -85,6 +87,11 @@ class LiveDiagnosis:
                 wait = max(self.interval_s, self.round())
             except Exception as e:  # noqa: BLE001 - live diagnosis must never take the wrapper or the job down
                 self._fail(f"{type(e).__name__}: {e}")
+            self.cpu_s = time.thread_time()  # this thread's CPU so far: what live judgement cost the host
+
+    def summary(self) -> dict[str, Any]:
+        """What the host record keeps of it: judgements made, the wrapper CPU they took, a failure."""
+        return {"judgements": self.rounds, "cpu_s": round(self.cpu_s, 3), "failed": self.failed}
 
     def round(self) -> float:
         """One judgement: its events to live/findings.jsonl and the console, its snapshot to the metrics;

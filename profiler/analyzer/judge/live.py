@@ -37,8 +37,8 @@ ACTIONABLE = SEVERITIES.index("warning")
 class Live:
     """How often and over which steps a running job is judged, and when a live finding changes."""
 
-    interval_s: float = setting(2.0, "seconds between judgements: a finding within seconds of the steps that show it, "
-                                "for well under 1% of a core of the wrapper on a few ranks")
+    interval_s: float = setting(2.0, "seconds between judgements at most: a finding within seconds of the steps that "
+                                "show it (max_cpu_share spaces them out where a judgement is slow)")
     window_steps: int = setting(20, "the last steps every rank finished are judged: a cause that starts is in 60% of them "
                                 "(cost.every_step_share) 12 steps later, one that ends leaves as quickly, and memory "
                                 "growth has its warm-up and 5 steps to fit")
@@ -47,9 +47,9 @@ class Live:
     min_stalled_s: float = setting(10.0, "... and for at least this long: a profiled window's trace export takes seconds")
     grown_share: float = setting(0.5, "a live finding is updated (and said again) when the time it cost grew by this "
                                  "share since it was last said: more often is noise in a log")
-    max_cpu_share: float = setting(0.1, "the next judgement waits until the last one took at most this share of the time "
-                                   "since (of one core of the wrapper's host): on a crowded host or a large job it "
-                                   "comes less often, never at the job's expense")
+    max_cpu_share: float = setting(0.1, "the next judgement waits until the CPU the last one took is at most this share "
+                                   "of one core over the time since: a large job is judged less often, never at its "
+                                   "expense")
     resolve_rounds: int = setting(2, "a finding is resolved once absent from this many judgements of new steps in a row: "
                                   "one at the edge of a threshold would come and go every round")
 
@@ -71,7 +71,7 @@ class LiveVerdict:
     active: list[dict[str, Any]]  # the findings standing now (JSON records)
     step: int | None  # the latest step every rank has finished
     latest: dict[int, dict[str, Any]]  # rank -> its latest step record's table row
-    judged_in_s: float = 0.0
+    judged_in_s: float = 0.0  # wall time the judgement took
     next_in_s: float = 0.0  # when to judge again (see Live.max_cpu_share)
 
 
@@ -106,7 +106,7 @@ class LiveJudge:
 
     def judge(self, now: float | None = None) -> LiveVerdict:
         """Read the new step records, judge the recent steps, and return what changed."""
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         now = time.time() if now is None else now
         window = self.steps.window()
         step = max((int(s) for s in window.tables.steps["step"]), default=None) if window.tables is not None else None
@@ -120,9 +120,10 @@ class LiveJudge:
         events = self._follow(findings, window, step, now, moved)
         self.judged_step = step if step is not None else self.judged_step
         active = [self._record(t, "active", now, step) for t in self.tracked.values()]
-        took = time.perf_counter() - started
-        return LiveVerdict(events, active, step, window.latest, took,
-                           max(self.settings.interval_s, took / self.settings.max_cpu_share))
+        # Paced by the CPU it took, not its wall time: on a crowded host that is mostly waiting for a core.
+        took_cpu = time.thread_time() - cpu
+        return LiveVerdict(events, active, step, window.latest, time.perf_counter() - started,
+                           max(self.settings.interval_s, took_cpu / self.settings.max_cpu_share))
 
     def _detect(self, window: Window) -> list[Finding]:
         """The final analysis' detectors and passes on the window's tables."""

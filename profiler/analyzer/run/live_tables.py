@@ -50,15 +50,17 @@ class LiveSteps:
         self.telemetry: dict[Path, JsonlTail] = {}
         self.samples: list[dict[str, Any]] = []  # telemetry rows of the ranks and hosts, recent ones
         self.trainer: dict[str, Any] | None = None
+        self._last: Window | None = None
 
-    def read(self) -> None:
-        """Read what every rank and host appended since the last call."""
+    def read(self) -> int:
+        """Read what every rank and host appended since the last call; the number of new step records."""
         infos = self.ranks.refresh()
+        new = 0
         for rank in infos:
             if rank not in self.steps:
                 # Twice the window: a rank ahead of the slowest by up to a window keeps its steps in common.
                 self.steps[rank] = StepTail(self.ranks.ranks_dir / str(rank) / "steps.jsonl", rank, 2 * self.window_steps)
-            self.steps[rank].read()
+            new += self.steps[rank].read()
         for path in self.run_dir.glob(f"{HOSTS_DIR}/*/telemetry.jsonl"):
             tail = self.telemetry.setdefault(path, JsonlTail(path))
             self.samples += [r for r in tail.read_json() if isinstance(r, dict) and isinstance(r.get("time"), (int, float))]
@@ -67,10 +69,17 @@ class LiveSteps:
                 self.trainer = rf.read_trainer(self.run_dir / "trainer.json")[0]
             except (InputError, OSError):
                 self.trainer = {}  # not readable: the structure comes from the step records alone
+        return new
 
     def window(self) -> Window:
-        """Read what is new and build the tables of the last ``window_steps`` steps every rank finished."""
-        self.read()
+        """Read what is new and build the tables of the last ``window_steps`` steps every rank finished
+        (the last ones again when no rank finished a step since)."""
+        if self.read() == 0 and self._last is not None:
+            return self._last
+        self._last = self._window()
+        return self._last
+
+    def _window(self) -> Window:
         tails = {r: t for r, t in self.steps.items() if t.rows}
         last_steps = {r: int(t.last_step) for r, t in tails.items()}
         latest = {r: t.rows[last_steps[r]] for r, t in tails.items()}
