@@ -31,6 +31,7 @@ class Verdict(Protocol):
     events: list[Event]
     active: list[dict[str, Any]]
     latest: dict[int, dict[str, Any]]
+    step: int | None  # the latest step every rank had finished
     next_in_s: float  # when the judge asks to be called again
 
 
@@ -53,6 +54,7 @@ class LiveDiagnosis:
         self.failed: str | None = None  # the first failure, said once
         self.rounds = 0
         self.cpu_s = 0.0
+        self.step: int | None = None  # the latest step judged
         self._say: Callable[[str], None] = lambda _: None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="diagtrain-live", daemon=True)
@@ -90,8 +92,9 @@ class LiveDiagnosis:
             self.cpu_s = time.thread_time()  # this thread's CPU so far: what live judgement cost the host
 
     def summary(self) -> dict[str, Any]:
-        """What the host record keeps of it: judgements made, the wrapper CPU they took, a failure."""
-        return {"judgements": self.rounds, "cpu_s": round(self.cpu_s, 3), "failed": self.failed}
+        """What the host record keeps of it: judgements made, the last step judged, the wrapper CPU they
+        took, a failure."""
+        return {"judgements": self.rounds, "last_step": self.step, "cpu_s": round(self.cpu_s, 3), "failed": self.failed}
 
     def round(self) -> float:
         """One judgement: its events to live/findings.jsonl and the console, its snapshot to the metrics;
@@ -100,6 +103,7 @@ class LiveDiagnosis:
             return self.interval_s
         verdict = self.judge()
         self.rounds += 1
+        self.step = verdict.step if verdict.step is not None else self.step
         for event in verdict.events:
             if self.events is None:
                 (self.run_dir / LIVE_DIR).mkdir(exist_ok=True)
