@@ -22,7 +22,7 @@ import pytest
 from conftest import JOB_TIMEOUT_S, diagtrain_run, torchrun
 from diagtrain.profiler.analyzer.judge.live import NO_PROGRESS, LiveJudge
 from diagtrain.profiler.analyzer.read.step_tail import StepTail
-from diagtrain.profiler.run_dir import write_json_atomic
+from diagtrain.profiler.run_dir import clear_run, write_json_atomic
 
 PLAIN_JOB = Path(__file__).parent / "scripts" / "plain_job.py"
 ACTIONABLE = ("warning", "error", "critical")
@@ -166,3 +166,11 @@ def test_a_rank_without_progress_is_said_before_the_hang_watchdog(tmp_path):
     [event] = [e for e in later.events if e.record["kind"] == NO_PROGRESS]
     assert event.record["event"] == "new" and event.record["ranks"] == [1] and event.record["steps"] == [7]
     assert event.record["severity"] == "warning" and "rank 1" in event.line and "since step 7" in event.line
+
+
+def test_replace_removes_the_live_findings_of_the_run_it_replaces(tmp_path):
+    (tmp_path / "live").mkdir()
+    (tmp_path / "live" / "findings.jsonl").write_text('{"event": "new"}\n')
+    (tmp_path / "notes.txt").write_text("the project's own")
+    clear_run(tmp_path)
+    assert not (tmp_path / "live").exists() and (tmp_path / "notes.txt").exists()

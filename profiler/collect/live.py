@@ -16,10 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from diagtrain.profiler.run_dir import JsonlAppender, RankIndex
-
-LIVE_DIR = "live"
-FINDINGS_FILE = "findings.jsonl"
+from diagtrain.profiler.run_dir import LIVE_DIR, LIVE_FINDINGS_FILE, JsonlAppender, RankIndex
 
 
 class Event(Protocol):
@@ -107,7 +104,7 @@ class LiveDiagnosis:
         for event in verdict.events:
             if self.events is None:
                 (self.run_dir / LIVE_DIR).mkdir(exist_ok=True)
-                self.events = JsonlAppender(self.run_dir / LIVE_DIR / FINDINGS_FILE)
+                self.events = JsonlAppender(self.run_dir / LIVE_DIR / LIVE_FINDINGS_FILE)
             self.events.append(event.record)
             if event.line:
                 self._say(event.line)
