@@ -163,7 +163,8 @@ class Collection:
         self.sampler.start()
         leftovers = []
         try:
-            with Progress(self.ranks, Console(stderr=True, soft_wrap=True)) as progress:
+            standing = self.live.standing if self.live is not None else list
+            with Progress(self.ranks, Console(stderr=True, soft_wrap=True), standing) as progress:
                 pumps = [self._pump(child.stdout, sys.stdout.buffer, progress),
                          self._pump(child.stderr, sys.stderr.buffer, progress)]
                 if self.live is not None:  # its lines above the live table on a terminal, plain lines in a log

@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from diagtrain.profiler.run_dir import LIVE_DIR, LIVE_FINDINGS_FILE, JsonlAppender, RankIndex
+from diagtrain.profiler.util.text import ranges
+
+ACTIONABLE = ("warning", "error", "critical")  # what the console shows: the severities worth acting on
 
 
 class Event(Protocol):
@@ -52,6 +55,7 @@ class LiveDiagnosis:
         self.rounds = 0
         self.cpu_s = 0.0
         self.step: int | None = None  # the latest step judged
+        self._active: list[dict[str, Any]] = []  # the findings standing after the last judgement
         self._say: Callable[[str], None] = lambda _: None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="diagtrain-live", daemon=True)
@@ -108,9 +112,17 @@ class LiveDiagnosis:
             self.events.append(event.record)
             if event.line:
                 self._say(event.line)
+        self._active = verdict.active
         if self.metrics is not None:
             self.metrics.update(verdict.latest, verdict.active)
         return verdict.next_in_s
+
+    def standing(self) -> list[str]:
+        """The warnings and worse standing after the last judgement, a line each, worst first."""
+        found = sorted((f for f in self._active if f.get("severity") in ACTIONABLE),
+                       key=lambda f: -ACTIONABLE.index(f["severity"]))
+        return [f"{f['severity'].upper()} {f['kind']} on rank{'s' if len(f['ranks']) > 1 else ''} {ranges(f['ranks'])} "
+                f"since step {f.get('since_step')}, {f.get('lost_s_so_far', 0.0):.1f} s lost so far" for f in found]
 
     def _leads(self) -> bool:
         """Whether this wrapper judges: the one that started rank 0 (any, until rank 0 is known)."""
