@@ -86,7 +86,9 @@ class LiveSteps:
         last_ends = {r: float(row["end"]) for r, row in latest.items()}
         if not tails:
             return Window(None, last_steps, last_ends, latest)
-        common = min(last_steps.values())
+        # A rank that has exited (it crashed, or did fewer steps) holds the others' window back no longer.
+        running = [s for r, s in last_steps.items() if self.ranks.exit_record(r) is None]
+        common = min(running or last_steps.values())
         rows = [row for t in tails.values() for s, row in t.rows.items() if common - self.window_steps < s <= common]
         if not rows:
             return Window(None, last_steps, last_ends, latest)
