@@ -203,10 +203,12 @@ class LiveJudge:
         actionable = SEVERITIES.index(tracked.severity) >= ACTIONABLE
         line = None
         if event == "resolved" and tracked.said:
-            line = f"live: ended: {_what(record)} (since step {tracked.since_step}; {_lost(tracked)} lost)"
+            lost = f"; {tracked.lost_ms / 1e3:.1f} s lost" if tracked.lost_ms > 0 else ""
+            line = f"live: ended: {_what(record)} (since step {tracked.since_step}{lost})"
         elif event != "resolved" and actionable:
             start = "" if tracked.said else "started "
-            line = f"live: {tracked.severity.upper()} {start}{_what(record)} since step {tracked.since_step}: {_lost(tracked)} lost so far"
+            lost = f": {tracked.lost_ms / 1e3:.1f} s lost so far" if tracked.lost_ms > 0 else ""  # memory growth costs no time
+            line = f"live: {tracked.severity.upper()} {start}{_what(record)} since step {tracked.since_step}{lost}"
             tracked.said = True
         tracked.said_lost_ms = tracked.lost_ms
         return LiveEvent(record, line)
@@ -229,6 +231,3 @@ def _what(record: dict[str, Any]) -> str:
     who = f"rank{'s' if len(ranks) > 1 else ''} {ranges(ranks)}" if ranks else "the job"
     return f"{record['kind']} on {who}"
 
-
-def _lost(tracked: _Tracked) -> str:
-    return f"{tracked.lost_ms / 1e3:.1f} s" if tracked.lost_ms > 0 else "no time yet"
