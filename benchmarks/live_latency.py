@@ -1,8 +1,8 @@
 """How soon live judgement names a fault: from the step where it starts to its live finding.
 
 Each case is a real 2-rank job under `diagtrain run --profile-steps none --no-analyze` whose fault
-starts at a known step (the reference trainer's --inject with steps=A-B, or the plain script's
-straggler from its first step). Latency is read from live/findings.jsonl: the first event of the
+starts at a known step (the reference trainer's --inject with steps=A-B; a plain script's straggler,
+or its leak of 16 MiB a step, from its first step). Latency is read from live/findings.jsonl: the first event of the
 expected kind on the faulty rank at warning or worse; in steps (its ``step`` less the fault's first
 step) and in seconds (its ``detected_at`` less the start of the fault's first step on that rank).
 Target (issue 39): at most 15 s or 3 steps, whichever is later. Also recorded: any warning-or-worse
@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, save  # noqa: E402
 
 PLAIN_JOB = Path(__file__).resolve().parents[1] / "tests" / "scripts" / "plain_job.py"
+DDP_LOADER = Path(__file__).resolve().parent / "user_scripts" / "ddp_loader.py"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
 TRAINER = [sys.executable, "-m", "diagtrain.profiler.cli", "train", "--strategy", "ddp", "--nproc", "2", "--steps", "60"]
 FAULT_FROM = 15
@@ -37,6 +38,9 @@ CASES = [
      TRAINER + ["--inject", f"dataloader_stall:rank=1,ms=500,every=3,steps={FAULT_FROM}-60"], {}),
     ("plain script straggler 300 ms from step 1", "straggler", 1, 1, TORCHRUN + [str(PLAIN_JOB)],
      {"MODE": "ddp", "STEPS": "60", "STEP_MS": "50", "SLEEP_RANK": "1", "SLEEP_MS": "300"}),
+    # memory_growth needs its warm-up (3 steps) and 5 more to fit: 8 steps at the earliest.
+    ("plain script leak 16 MiB a step from step 1", "memory_growth", 1, 1,
+     TORCHRUN + [str(DDP_LOADER), "--steps", "40", "--leak-rank", "1", "--leak-mb", "16"], {}),
 ]
 ACTIONABLE = ("warning", "error", "critical")
 
