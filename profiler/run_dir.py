@@ -68,7 +68,9 @@ HOST_LOST_AFTER_S = 60.0
 # What a run puts in its directory: what `diagtrain run --replace` removes first, and nothing else
 # (an --out that is also a project folder keeps the project's own files).
 RUN_ENTRIES = ("manifest.json", "hosts", "ranks", "analysis", "telemetry.parquet", "report.md", "report.json",
-               "report.html", "injected.json", "trainer.json", "checkpoints")
+               "report.html", "injected.json", "trainer.json", "checkpoints", "live")
+LIVE_DIR = "live"  # what live judgement wrote while the job ran
+LIVE_FINDINGS_FILE = "findings.jsonl"  # ... one event per line: a finding record, event, detected_at, step
 
 
 def holds_run(run_dir: str | os.PathLike) -> bool:

@@ -40,3 +40,12 @@ def test_plain_lines_when_not_a_terminal(tmp_path):
         progress.update()  # within LINE_EVERY_S: no second line
     lines = [line for line in console.export_text().splitlines() if line]
     assert len(lines) == 1 and lines[0].startswith("[diagtrain] 1/1 ranks alive, step 3,")
+
+
+def test_live_findings_stand_above_the_table(tmp_path):
+    _rank(tmp_path, 0, 7, os.getpid())
+    console = Console(record=True, force_terminal=True, width=120)
+    standing = ["ERROR straggler on rank 0 since step 2, 3.1 s lost so far"]
+    with Progress(RankIndex(tmp_path), console, lambda: standing) as progress:
+        progress.update()
+    assert "live: ERROR straggler on rank 0 since step 2, 3.1 s lost so far" in console.export_text()

@@ -75,3 +75,43 @@ def test_jsonl_rows_of_all_hosts_become_one_parquet_table(tmp_path):
     table = pd.read_parquet(write_parquet(tmp_path))
     assert list(table["host"]) == ["a", "b"] and list(table["rank"]) == [0, 1]  # the torn line is skipped
     assert str(table["rank"].dtype) == "Int64"
+
+
+
+# A process as busy as the host allows: a thread per core in hashlib, which releases the GIL.
+ALL_CORES_BUSY = ("import hashlib, os, threading\ndata = b'x' * (1 << 22)\n"
+                  "def burn():\n    while True: hashlib.sha256(data).digest()\n"
+                  "for _ in range(os.cpu_count()): threading.Thread(target=burn).start()\n")
+
+
+def test_no_cpu_sample_exceeds_the_hosts_cores(tmp_path):
+    """CPU times count in 10 ms clock ticks: over a short window a process using every core read 450%
+    on 2 cores, and the first sample of a new process (a window of microseconds) ~5,800%."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    busy = subprocess.Popen([sys.executable, "-c", ALL_CORES_BUSY])
+    try:
+        host_dir = tmp_path / "hosts" / "h"
+        host_dir.mkdir(parents=True)
+        (tmp_path / "ranks" / "0").mkdir(parents=True)
+        info = {"rank": 0, "host": "h", "hostname": socket.gethostname(), "pid": busy.pid}
+        write_json_atomic(tmp_path / "ranks/0/rank.json", info)
+        sampler = TelemetrySampler(tmp_path, host_dir, "h", 0.01, lambda _: None)
+        limit = (psutil.cpu_count() or 1) * 100
+        time.sleep(0.3)  # its threads are running
+        first = sampler._process_row(0, info)["cpu_percent"]  # since it started: a real figure
+        short = []
+        for _ in range(300):
+            time.sleep(0.002)
+            short.append(sampler._process_row(0, info)["cpu_percent"])
+        assert 0 < first <= limit and 0 <= min(short) and max(short) <= limit
+        assert max(short) == limit  # some windows did round above the cores: held at their sum
+        [row] = [r for r in sampler.sample() if r["kind"] == "process"]
+        assert 0 <= row["cpu_percent"] <= limit
+    finally:
+        busy.kill()
+        busy.wait()

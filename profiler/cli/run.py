@@ -14,6 +14,9 @@ from rich.console import Console
 
 from diagtrain.profiler.collect import manifest, telemetry, watchdog
 from diagtrain.profiler.collect.launcher import Collection
+from diagtrain.profiler.collect.live import LiveDiagnosis
+from diagtrain.profiler.collect.metrics import LiveMetrics
+from diagtrain.profiler.collect.metrics import serve as serve_metrics
 from diagtrain.profiler.rank import BOOTSTRAP_DIR
 from diagtrain.profiler.run_dir import PROFILE_AUTO, PROFILE_NONE, check_writable, clear_run, default_run_dir
 from diagtrain.profiler.util.exit_codes import EXIT_INTERRUPTED, EXIT_USAGE
@@ -56,6 +59,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--on-hang", choices=ON_HANG, default="dump-and-kill",
                    help="on a hang: dump stacks and flight recorder, analyze, then stop the job (default) or leave it")
     p.add_argument("--no-analyze", action="store_true", help="do not analyze the run when it ends")
+    p.add_argument("--no-live", action="store_true",
+                   help="do not judge the job while it runs (live/findings.jsonl, the console's live findings)")
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve the live verdict as Prometheus metrics at http://HOST:PORT/metrics while the job runs")
+    p.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                   help="the address --metrics-port listens on (default 127.0.0.1)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, after --")
     p.set_defaults(handler=run_command)
 
@@ -74,6 +83,15 @@ def run_command(args: argparse.Namespace, argv: list[str]) -> int:
         return _usage(err, "--telemetry-interval must be positive")
     if args.hang_timeout <= 0:
         return _usage(err, "--hang-timeout must be positive")
+    if args.metrics_port is not None and args.no_live:
+        return _usage(err, "--metrics-port serves the live verdict: it cannot be combined with --no-live")
+    if args.metrics_port is not None and not 0 < args.metrics_port < 65536:
+        return _usage(err, f"--metrics-port {args.metrics_port} is not a port (1-65535)")
+    try:
+        metrics = serve_metrics(args.metrics_host, args.metrics_port) if args.metrics_port is not None else None
+    except OSError as e:  # before the job starts: a port in use must not cost a run
+        return _usage(err, f"--metrics-port {args.metrics_port}: cannot listen on {args.metrics_host}:"
+                           f"{args.metrics_port} ({e.strerror or e})")
     out = Path(args.out).resolve() if args.out else _unused(default_run_dir(_label(command)).resolve())
     taken = manifest.occupied_by(out, command)
     if taken and not args.replace:
@@ -85,6 +103,8 @@ def run_command(args: argparse.Namespace, argv: list[str]) -> int:
     except OSError as e:
         return _usage(err, f"--out {out}: cannot write there ({e.strerror or e})")
     collection = Collection(out, command, argv, windows, args.telemetry_interval, err, BOOTSTRAP_DIR)
+    if not args.no_live:
+        collection.live = live_diagnosis(out, collection.host_dir.name, metrics)
     collection.watchdog = watchdog.Watchdog(collection.ranks, collection.host_dir.name, args.hang_timeout)
     collection.kill_on_hang = args.on_hang == "dump-and-kill"
     collection.analysis_follows = not args.no_analyze
@@ -104,6 +124,16 @@ def run_command(args: argparse.Namespace, argv: list[str]) -> int:
                       "analyzes it", markup=False)
             return EXIT_INTERRUPTED
     return code
+
+
+def live_diagnosis(out: Path, host: str, metrics: LiveMetrics | None) -> LiveDiagnosis:
+    """The analyzer's live judgement, run beside the job by the launcher (made in its thread: the
+    analyzer's imports take a second that the job's start should not wait for)."""
+    def make() -> tuple:
+        from diagtrain.profiler.analyzer.judge.live import Live, LiveJudge
+
+        return LiveJudge(out).judge, Live.active().interval_s
+    return LiveDiagnosis(out, host, make, metrics)
 
 
 def profile_plan(values: list[str]) -> list[StepRange] | str:

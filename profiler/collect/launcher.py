@@ -25,6 +25,7 @@ from rich.console import Console
 from diagtrain.profiler.collect import manifest, process_tree, telemetry, watchdog
 from diagtrain.profiler.collect.auto_profile import AutoProfiler
 from diagtrain.profiler.collect.host_link import HostLink
+from diagtrain.profiler.collect.live import LiveDiagnosis
 from diagtrain.profiler.collect.profiler_noise import NoiseFilter
 from diagtrain.profiler.collect.progress import Progress
 from diagtrain.profiler.collect.reaper import Reaper
@@ -89,6 +90,7 @@ class Collection:
         self.grace_s = SHUTDOWN_GRACE_S
         self.watchdog: watchdog.Watchdog | None = None
         self.kill_on_hang = True
+        self.live: LiveDiagnosis | None = None  # live judgement beside the job, when the caller gives one
         self.analysis_follows = False  # the caller analyzes the run after it: its report names the run directory
         self.console_log = open(self.host_dir / "console.log", "ab")
         self.link = HostLink(out, self.host_dir)
@@ -161,15 +163,22 @@ class Collection:
         self.sampler.start()
         leftovers = []
         try:
-            with Progress(self.ranks, Console(stderr=True, soft_wrap=True)) as progress:
+            standing = self.live.standing if self.live is not None else list
+            with Progress(self.ranks, Console(stderr=True, soft_wrap=True), standing) as progress:
                 pumps = [self._pump(child.stdout, sys.stdout.buffer, progress),
                          self._pump(child.stderr, sys.stderr.buffer, progress)]
+                if self.live is not None:  # its lines above the live table on a terminal, plain lines in a log
+                    self.live.start(lambda line: progress.print(f"diagtrain: {line}") if progress.live is not None
+                                    else self.say(line))
                 code = self._wait(child, progress)
                 self.ended = True
                 leftovers = process_tree.stop_all(LEFTOVER_GRACE_S, keep=child.pid, settle_s=SETTLE_S)
                 for pump in pumps:
                     pump.join(timeout=LEFTOVER_GRACE_S)
         finally:
+            if self.live is not None:
+                self.live.stop()
+                self.record["live"] = self.live.summary()
             self.sampler.stop()
             reaper.release()
         if self.sampler.error:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 import time
 from collections import deque
+from typing import Callable
 
 import psutil
 from rich.console import Console, Group
@@ -20,14 +21,16 @@ from diagtrain.profiler.run_dir import RankIndex
 LINE_EVERY_S = 30.0  # plain-line mode: one status line this often
 RATE_WINDOW_S = 10.0  # steps per second over the last seconds, not since start-up
 MAX_ROWS = 16  # beyond this many ranks the table shows the slowest ones
+MAX_FINDINGS = 5  # live findings shown above the table: the rest are in live/findings.jsonl
 _HOSTNAME = socket.gethostname()
 
 
 class Progress:
     """Reads heartbeats and exit records; renders them live or as occasional lines."""
 
-    def __init__(self, ranks: RankIndex, console: Console) -> None:
-        self.ranks, self.console = ranks, console
+    def __init__(self, ranks: RankIndex, console: Console, standing: Callable[[], list[str]] = list) -> None:
+        """``standing``: lines naming the live findings that stand now, shown with the table."""
+        self.ranks, self.console, self.standing = ranks, console, standing
         self.started = time.monotonic()
         self.history: deque[tuple[float, int]] = deque()
         self.live = Live(console=console, refresh_per_second=4, transient=False) if console.is_terminal else None
@@ -90,5 +93,6 @@ class Progress:
             age = "" if r["beat_age"] is None else f"{r['beat_age']:.0f}s ago"
             status = "alive" if r["alive"] else f"exited {r['code']}" if r["code"] is not None else "gone"
             table.add_row(str(r["rank"]), r["host"] or "", str(r["step"]), age, status)
-        return Group(Text(self._summary(state), style="bold"), table)
+        findings = [Text(f"live: {line}", style="bold red") for line in self.standing()[:MAX_FINDINGS]]
+        return Group(Text(self._summary(state), style="bold"), *findings, table)
 

@@ -38,6 +38,7 @@ class TelemetrySampler:
         self.out = JsonlAppender(host_dir / "telemetry.jsonl")
         self._stop = threading.Event()
         self._processes: dict[int, psutil.Process] = {}
+        self.cores = psutil.cpu_count() or 1
         self.others = OtherProcesses(os.getpid())
         self._thread = threading.Thread(target=self._loop, name="diagtrain-telemetry", daemon=True)
         self.error: str | None = None  # why sampling stopped early, if it did
@@ -99,14 +100,17 @@ class TelemetrySampler:
         pid = info["pid"]
         proc = self._processes.get(pid)
         try:
-            if proc is None:
+            first = proc is None
+            if first:
                 proc = self._processes[pid] = psutil.Process(pid)
-                proc.cpu_percent(None)
             with proc.oneshot():
                 rss = proc.memory_info().rss
                 if rss == 0 or proc.status() == psutil.STATUS_ZOMBIE:
                     return None  # exiting or exited: its counters read as zero
-                return {"kind": "process", "rank": rank, "pid": pid, "cpu_percent": proc.cpu_percent(None),
+                cpu = _lifetime_cpu_percent(proc) if first else proc.cpu_percent(None)
+                if first:
+                    proc.cpu_percent(None)  # starts the window the next sample measures
+                return {"kind": "process", "rank": rank, "pid": pid, "cpu_percent": _at_most(cpu, self.cores),
                         "rss_bytes": rss, "threads": proc.num_threads()}
         except psutil.Error:
             return None  # the rank has exited
@@ -144,8 +148,23 @@ class OtherProcesses:
                  for pid, seconds in cpu.items() if pid in previous and pid not in job}
         busiest = sorted((pid for pid, pct in usage.items() if pct >= OTHERS_NAMED_MIN_PERCENT),
                          key=usage.get, reverse=True)[:OTHERS_NAMED]
-        return (round(sum(max(0.0, pct) for pct in usage.values()), 1),
-                [{"kind": "other", "pid": pid, "name": names[pid], "cpu_percent": round(usage[pid], 1)} for pid in busiest])
+        return (_at_most(sum(max(0.0, pct) for pct in usage.values()), self.cores),
+                [{"kind": "other", "pid": pid, "name": names[pid], "cpu_percent": _at_most(usage[pid], self.cores)}
+                 for pid in busiest])
+
+
+def _lifetime_cpu_percent(proc: psutil.Process) -> float:
+    """A new process's CPU since it started, in % of one core. Its first ``cpu_percent(None)`` would
+    measure the microseconds since that call: one 10 ms clock tick in them read 5,800% on 2 cores."""
+    times = proc.cpu_times()
+    alive_s = time.time() - proc.create_time()
+    return (times.user + times.system) / alive_s * 100 if alive_s > 0 else 0.0
+
+
+def _at_most(percent: float, cores: int) -> float:
+    """``percent`` (of one core) within what the host's cores can give: CPU times count in clock
+    ticks, so a short window can round above it."""
+    return round(min(max(percent, 0.0), cores * 100.0), 1)
 
 
 def _descendants(root: int, parents: dict[int, int]) -> set[int]:

@@ -86,10 +86,14 @@ def ledger_section(t: Tables, progress: Callable[[str], None]) -> dict[str, Any]
         return {"available": False, "reason": f"{type(e).__name__}: {e}"}
 
 
-def run_detectors(t: Tables, progress: Callable[[str], None], notes: list[dict] | None = None) -> list[Finding]:
-    """Every registered detector's findings, each stamped with the settings it ran with."""
+def run_detectors(t: Tables, progress: Callable[[str], None], notes: list[dict] | None = None,
+                  only: list[str] | None = None) -> list[Finding]:
+    """Every registered detector's findings (those named in ``only``, when given), each stamped with the
+    settings it ran with."""
     found = []
     for name, module in detector_modules().items():
+        if only is not None and name not in only:
+            continue
         try:
             made = module.detect(t)
         except Exception as e:  # noqa: BLE001 - one broken detector must not hide the others
@@ -152,4 +156,5 @@ def _settings_of(module: ModuleType) -> dict[str, Any]:
 def all_sections() -> dict[str, type]:
     """Every settings section of the analyzer (importing every judging module registers them)."""
     detector_modules()
+    importlib.import_module(f"{__package__}.live")  # live judgement's own: how often, over which steps
     return dict(settings.SECTIONS)

@@ -211,7 +211,7 @@ def read_steps(path: Path, rank: int | None) -> StepFile:
     by_step: dict[int, dict[str, Any]] = {}
     for number, line in enumerate(lines, 1):
         if previous is not None:
-            _add_step(found, by_step, *previous, rank)
+            add_step(found, by_step, *previous, rank)
         previous = (number, line)
     if previous is not None:
         number, line = previous
@@ -220,12 +220,13 @@ def read_steps(path: Path, rank: int | None) -> StepFile:
         except ValueError:
             pass  # the last line, cut short by a kill: everything before it is intact
         else:
-            _add_step(found, by_step, number, line, rank)
+            add_step(found, by_step, number, line, rank)
     found.rows = list(by_step.values())
     return found
 
 
-def _add_step(found: StepFile, by_step: dict[int, dict[str, Any]], number: int, line: str, rank: int | None) -> None:
+def add_step(found: StepFile, by_step: dict[int, dict[str, Any]], number: int, line: str, rank: int | None) -> None:
+    """Line ``number`` of a steps.jsonl into ``by_step`` (step -> row) and ``found`` (phases, p2p, what was wrong)."""
     if not line.strip():
         return
     found.lines += 1

@@ -1,0 +1,233 @@
+"""Live judgement: the verdict while the job runs, with the final report's detectors and settings.
+
+Every few seconds the wrapper (through the CLI, cli/run.py) asks :meth:`LiveJudge.judge` for what
+changed. It judges the last steps every rank has finished (run/live_tables.py) with the same
+detectors and passes as the final analysis (pipeline.run_detectors, pipeline.run_passes) and the
+settings in force, no second set of rules, and adds what only a running job can show: a rank that
+has finished no step for many typical steps (before the hang watchdog fires). A finding is followed
+from one judgement to the next by its kind and ranks, and each change is an event: ``new``,
+``update`` (its severity changed, or the time it cost grew materially) and ``resolved`` (gone from
+the recent steps). Only detectors whose evidence is there while the job runs are asked: the hang
+detector reads what a stopped job leaves (dumps, exit records), and missing_evidence judges what a
+finished run lacks.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from diagtrain.profiler.analyzer.judge import pipeline
+from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, Finding
+from diagtrain.profiler.analyzer.run.live_tables import LiveSteps, Window
+from diagtrain.profiler.analyzer.settings import section, setting, values
+from diagtrain.profiler.util.text import ranges
+
+# What a stopped or finished job leaves is judged at its end, not while it runs (see above).
+NOT_LIVE = ("hang", "missing_evidence")
+NO_PROGRESS = "no_progress"
+ACTIONABLE = SEVERITIES.index("warning")
+
+
+@section("live")
+class Live:
+    """How often and over which steps a running job is judged, and when a live finding changes."""
+
+    interval_s: float = setting(2.0, "seconds between judgements at most: a finding within seconds of the steps that "
+                                "show it (max_cpu_share spaces them out where a judgement is slow)")
+    window_steps: int = setting(20, "the last steps every rank finished are judged: a cause that starts is in 60% of them "
+                                "(cost.every_step_share) 12 steps later, one that ends leaves as quickly, and memory "
+                                "growth has its warm-up and 5 steps to fit")
+    stalled_steps: float = setting(10.0, "no step finished on a rank for this many typical steps is no progress: a "
+                                   "checkpoint or an evaluation pauses a few")
+    min_stalled_s: float = setting(10.0, "... and for at least this long: a profiled window's trace export takes seconds")
+    grown_share: float = setting(0.5, "a live finding is updated (and said again) when the time it cost grew by this "
+                                 "share since it was last said: more often is noise in a log")
+    max_cpu_share: float = setting(0.1, "the next judgement waits until the CPU the last one took is at most this share "
+                                   "of one core over the time since: a large job is judged less often, never at its "
+                                   "expense")
+    resolve_rounds: int = setting(2, "a finding is resolved once absent from this many judgements of new steps in a row: "
+                                  "one at the edge of a threshold would come and go every round")
+
+
+@dataclass
+class LiveEvent:
+    """One change of a live finding: the JSON record for live/findings.jsonl, and the console line
+    when it is worth one (a warning or worse that starts, grows or ends)."""
+
+    record: dict[str, Any]
+    line: str | None
+
+
+@dataclass
+class LiveVerdict:
+    """One judgement: what changed, what stands, and where each rank is."""
+
+    events: list[LiveEvent]
+    active: list[dict[str, Any]]  # the findings standing now (JSON records)
+    step: int | None  # the latest step every rank has finished
+    latest: dict[int, dict[str, Any]]  # rank -> its latest step record's table row
+    judged_in_s: float = 0.0  # wall time the judgement took
+    next_in_s: float = 0.0  # when to judge again (see Live.max_cpu_share)
+
+
+@dataclass
+class _Tracked:
+    """A finding followed across judgements."""
+
+    record: dict[str, Any]
+    since_step: int | None
+    severity: str
+    lost_by_step: dict[int, float] = field(default_factory=dict)  # step -> ms it cost there
+    lost_extra_ms: float = 0.0  # time not tied to a finished step (a stalled rank's wait)
+    said_lost_ms: float = 0.0  # the time lost when its last event was made
+    said: bool = False  # a console line said it (it reached warning)
+    absent: int = 0  # judgements of new steps in a row without it
+
+    @property
+    def lost_ms(self) -> float:
+        return sum(self.lost_by_step.values()) + self.lost_extra_ms
+
+
+class LiveJudge:
+    """Judges a running job's recent steps and follows its findings (call :meth:`judge` every few seconds)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.settings = Live.active()
+        self.steps = LiveSteps(Path(run_dir), self.settings.window_steps)
+        self.tracked: dict[tuple[str, tuple[int, ...]], _Tracked] = {}
+        self.judged_step: int | None = None
+        self._judged: list[Finding] | None = None  # the detectors' findings of the last steps judged
+        self.problems: list[str] = []  # detectors or passes that failed, said once by the caller
+
+    def judge(self, now: float | None = None) -> LiveVerdict:
+        """Read the new step records, judge the recent steps, and return what changed."""
+        started, cpu = time.perf_counter(), time.thread_time()
+        now = time.time() if now is None else now
+        window = self.steps.window()
+        step = max((int(s) for s in window.tables.steps["step"]), default=None) if window.tables is not None else None
+        moved = step is not None and step != self.judged_step
+        if window.tables is None:
+            findings = []
+        else:
+            if moved or self._judged is None:  # the same steps judged again would give the same findings
+                self._judged = self._detect(window)
+            findings = self._judged + self._stalled(window, now)
+        events = self._follow(findings, window, step, now, moved)
+        self.judged_step = step if step is not None else self.judged_step
+        active = [self._record(t, "active", now, step) for t in self.tracked.values()]
+        # Paced by the CPU it took, not its wall time: on a crowded host that is mostly waiting for a core.
+        took_cpu = time.thread_time() - cpu
+        return LiveVerdict(events, active, step, window.latest, time.perf_counter() - started,
+                           max(self.settings.interval_s, took_cpu / self.settings.max_cpu_share))
+
+    def _detect(self, window: Window) -> list[Finding]:
+        """The final analysis' detectors and passes on the window's tables."""
+        t = window.tables
+        detectors = [name for name in pipeline.DETECTORS if name not in NOT_LIVE]
+        found = pipeline.run_detectors(t, self._problem, only=detectors)
+        return pipeline.run_passes(found, t, self._problem)
+
+    def _problem(self, message: str) -> None:
+        if "failed" in message and message not in self.problems:
+            self.problems.append(message)
+
+    def _stalled(self, window: Window, now: float) -> list[Finding]:
+        """A rank that has finished no step for ``stalled_steps`` typical steps (and ``min_stalled_s``)."""
+        s = self.settings
+        typical_ms = float(statistics.median(window.tables.steps["wall_ms"]))
+        limit_s = max(s.stalled_steps * typical_ms / 1e3, s.min_stalled_s)
+        found = []
+        for rank, ended in sorted(window.last_ends.items()):
+            idle_s = now - ended
+            if idle_s <= limit_s or self.steps.ranks.exit_record(rank) is not None:
+                continue
+            last = window.last_steps[rank]
+            found.append(Finding(
+                kind=NO_PROGRESS, severity="warning", ranks=[rank], steps=[last + 1], time_range=(ended, now),
+                explanation=(f"no step finished on rank {rank} for {idle_s:.0f} s, {idle_s * 1e3 / typical_ms:.0f} typical "
+                             f"steps of {typical_ms:.0f} ms, since it finished step {last}."),
+                suggestion=(f"Look at what rank {rank} is doing now (py-spy dump --pid of its process): if it is blocked "
+                            "in a collective, another rank is the cause. If no rank finishes a step for --hang-timeout, "
+                            "the wrapper dumps every rank's stacks and flight recorder."),
+                metrics={"observed_s": round(idle_s, 3), "expected_ms": typical_ms, "threshold_s": limit_s,
+                         "last_step": last},
+                settings=values(s)))
+        return found
+
+    def _follow(self, findings: list[Finding], window: Window, step: int | None, now: float,
+                moved: bool) -> list[LiveEvent]:
+        """Events for the findings that started, changed or ended since the last judgement."""
+        events = []
+        seen = set()
+        steps_judged = window.tables.steps["step"].nunique() if window.tables is not None else 0
+        for f in findings:
+            key = (f.kind, tuple(f.ranks))
+            seen.add(key)
+            tracked = self.tracked.get(key)
+            if tracked is None:
+                tracked = self.tracked[key] = _Tracked(f.to_json(), min(f.steps, default=step), f.severity)
+                self._count_lost(tracked, f, steps_judged, now)
+                events.append(self._event(tracked, "new", now, step))
+                continue
+            tracked.record, tracked.absent = f.to_json(), 0
+            self._count_lost(tracked, f, steps_judged, now)
+            grew = tracked.lost_ms - tracked.said_lost_ms >= self.settings.grown_share * max(tracked.said_lost_ms, 1.0)
+            if f.severity != tracked.severity or (grew and tracked.lost_ms > 0):
+                tracked.severity = f.severity
+                events.append(self._event(tracked, "update", now, step))
+        for key in [k for k in self.tracked if k not in seen]:
+            tracked = self.tracked[key]
+            tracked.absent += moved  # a job that made no progress has not shown that a cause ended
+            if tracked.absent >= self.settings.resolve_rounds:
+                del self.tracked[key]
+                events.append(self._event(tracked, "resolved", now, step))
+        return events
+
+    def _count_lost(self, tracked: _Tracked, f: Finding, steps_judged: int, now: float) -> None:
+        """What the finding cost the job so far: per step it names, its price over the judged steps."""
+        if f.kind == NO_PROGRESS:
+            tracked.lost_extra_ms = max(0.0, (now - f.time_range[0]) * 1e3 - f.metrics["expected_ms"])
+            return
+        lost_s = f.metrics.get("lost_s")
+        total_ms = lost_s * 1e3 if lost_s is not None else (f.impact_ms or 0.0) * steps_judged
+        if f.steps and total_ms > 0:
+            tracked.lost_by_step.update({int(s): total_ms / len(f.steps) for s in f.steps})
+
+    def _event(self, tracked: _Tracked, event: str, now: float, step: int | None) -> LiveEvent:
+        record = self._record(tracked, event, now, step)
+        actionable = SEVERITIES.index(tracked.severity) >= ACTIONABLE
+        line = None
+        if event == "resolved" and tracked.said:
+            lost = f"; {tracked.lost_ms / 1e3:.1f} s lost" if tracked.lost_ms > 0 else ""
+            line = f"live: ended: {_what(record)} (since step {tracked.since_step}{lost})"
+        elif event != "resolved" and actionable:
+            start = "" if tracked.said else "started "
+            lost = f": {tracked.lost_ms / 1e3:.1f} s lost so far" if tracked.lost_ms > 0 else ""  # memory growth costs no time
+            line = f"live: {tracked.severity.upper()} {start}{_what(record)} since step {tracked.since_step}{lost}"
+            tracked.said = True
+        tracked.said_lost_ms = tracked.lost_ms
+        return LiveEvent(record, line)
+
+    @staticmethod
+    def _record(tracked: _Tracked, event: str, now: float, step: int | None) -> dict[str, Any]:
+        """The report's finding record with the event, when it was detected, the step, and its cost so far."""
+        record = {**tracked.record, "event": event, "detected_at": round(now, 3), "step": step,
+                  "since_step": tracked.since_step, "lost_s_so_far": round(tracked.lost_ms / 1e3, 3)}
+        return json.loads(json.dumps(record, default=_plain))  # numpy numbers as plain ones: any JSON writer takes it
+
+
+def _plain(value: Any) -> Any:
+    item = getattr(value, "item", None)  # a numpy scalar
+    return item() if callable(item) else str(value)
+
+
+def _what(record: dict[str, Any]) -> str:
+    ranks = record.get("ranks") or []
+    who = f"rank{'s' if len(ranks) > 1 else ''} {ranges(ranks)}" if ranks else "the job"
+    return f"{record['kind']} on {who}"
+

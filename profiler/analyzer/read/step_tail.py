@@ -1,0 +1,78 @@
+"""Reading a run directory's append-only records while the job still writes them: only the bytes
+added since the last read, and only whole lines (the line being written is read next time).
+
+Live judgement (:mod:`diagtrain.profiler.analyzer.live`) reads every rank's steps.jsonl and every
+host's telemetry.jsonl this way every few seconds, so a read costs what was appended, not the run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from diagtrain.profiler.analyzer.read.run_files import SHOWN_PROBLEMS, StepFile, add_step
+
+
+class JsonlTail:
+    """The complete lines appended to one file since the last :meth:`read`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0  # bytes consumed: up to the last newline read
+        self.lines = 0  # lines consumed
+
+    def read(self) -> list[str]:
+        """New whole lines (none while the file is absent); a file that shrank (replaced) is read anew."""
+        try:
+            with open(self.path, "rb") as f:
+                if f.seek(0, 2) < self.offset:
+                    self.offset = self.lines = 0
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return []
+        complete = data[:data.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        lines = complete.decode(errors="replace").splitlines()
+        self.lines += len(lines)
+        return lines
+
+    def read_json(self) -> list[Any]:
+        """New lines as JSON values; a line that is not JSON is left out."""
+        found = []
+        for line in self.read():
+            try:
+                found.append(json.loads(line))
+            except ValueError:
+                continue
+        return found
+
+
+class StepTail:
+    """One rank's step records as they are appended, read by the analyzer's own reader (run_files):
+    the same rows, phases and point-to-point counts as the final analysis, the same records refused.
+    Only the last ``keep`` steps are held: live judgement looks at recent steps."""
+
+    def __init__(self, path: Path, rank: int, keep: int) -> None:
+        self.tail, self.rank, self.keep = JsonlTail(path), rank, keep
+        self.found = StepFile()
+        self.rows: dict[int, dict[str, Any]] = {}  # step -> its table row, the last ``keep`` steps
+
+    def read(self) -> int:
+        """Read what was appended; the number of new step records."""
+        first = self.tail.lines + 1
+        before = self.found.lines
+        for number, line in enumerate(self.tail.read(), first):
+            add_step(self.found, self.rows, number, line, self.rank)
+        if len(self.rows) > self.keep:
+            for step in sorted(self.rows)[:len(self.rows) - self.keep]:
+                del self.rows[step]
+                self.found.p2p.pop(step, None)
+        del self.found.bad_lines[SHOWN_PROBLEMS:], self.found.impossible[SHOWN_PROBLEMS:]  # bounded on a long run
+        return self.found.lines - before
+
+    @property
+    def last_step(self) -> int | None:
+        """The latest step this rank finished, as far as its records say."""
+        return max(self.rows) if self.rows else None

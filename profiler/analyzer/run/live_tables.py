@@ -1,0 +1,141 @@
+"""The analysis tables of a running job's recent steps, from what its ranks have appended so far.
+
+Live judgement (judge/live.py) calls :meth:`LiveSteps.tables` every few seconds: each rank's
+steps.jsonl and each host's telemetry.jsonl are read from where the last call stopped
+(read/step_tail.py), and the tables hold the last steps that every rank has finished, in the same
+columns the final analysis gives the detectors (tables.build): the step records' phases and
+always-on counters, the run's structure from the counted point-to-point calls and trainer.json,
+and the ranks' telemetry joined to their steps. There are no traces, flight records or logs: what
+needs them waits for the final report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from diagtrain.profiler.analyzer.read import run_files as rf
+from diagtrain.profiler.analyzer.read.step_tail import JsonlTail, StepTail
+from diagtrain.profiler.analyzer.rank.p2p import from_step_records as p2p_from_step_records
+from diagtrain.profiler.analyzer.run import ledger
+from diagtrain.profiler.analyzer.run.structure import infer as infer_structure
+from diagtrain.profiler.analyzer.run.tables import COUNTER_COLUMNS, Tables, join_telemetry
+from diagtrain.profiler.run_dir import HOST_RECORD, HOSTS_DIR, PROFILE_WINDOWS_FILE, RankIndex, read_json
+from diagtrain.profiler.util.bounded_read import InputError
+from diagtrain.profiler.util.step_ranges import parse_step_ranges
+
+TELEMETRY_MARGIN_S = 5.0  # telemetry kept from this long before the window's first step: its first sample
+
+
+@dataclass
+class Window:
+    """The recent steps judged: the tables, and where the ranks stand."""
+
+    tables: Tables | None  # None until every rank with records has finished a step in common
+    last_steps: dict[int, int]  # rank -> the latest step it finished
+    last_ends: dict[int, float]  # rank -> when that step ended (Unix s, the rank's clock)
+    latest: dict[int, dict[str, Any]]  # rank -> its latest step's table row
+
+
+class LiveSteps:
+    """Every rank's step records and every host's telemetry, read as they are appended."""
+
+    def __init__(self, run_dir: Path, window_steps: int) -> None:
+        self.run_dir, self.window_steps = Path(run_dir), window_steps
+        self.ranks = RankIndex(run_dir)
+        self.steps: dict[int, StepTail] = {}
+        self.telemetry: dict[Path, JsonlTail] = {}
+        self.samples: list[dict[str, Any]] = []  # telemetry rows of the ranks and hosts, recent ones
+        self.trainer: dict[str, Any] | None = None
+        self._last: Window | None = None
+
+    def read(self) -> int:
+        """Read what every rank and host appended since the last call; the number of new step records."""
+        infos = self.ranks.refresh()
+        new = 0
+        for rank in infos:
+            if rank not in self.steps:
+                # Twice the window: a rank ahead of the slowest by up to a window keeps its steps in common.
+                self.steps[rank] = StepTail(self.ranks.ranks_dir / str(rank) / "steps.jsonl", rank, 2 * self.window_steps)
+            new += self.steps[rank].read()
+        for path in self.run_dir.glob(f"{HOSTS_DIR}/*/telemetry.jsonl"):
+            tail = self.telemetry.setdefault(path, JsonlTail(path))
+            self.samples += [r for r in tail.read_json() if isinstance(r, dict) and isinstance(r.get("time"), (int, float))]
+        if self.trainer is None and (self.run_dir / "trainer.json").exists():
+            try:
+                self.trainer = rf.read_trainer(self.run_dir / "trainer.json")[0]
+            except (InputError, OSError):
+                self.trainer = {}  # not readable: the structure comes from the step records alone
+        return new
+
+    def window(self) -> Window:
+        """Read what is new and build the tables of the last ``window_steps`` steps every rank finished
+        (the last ones again when no rank finished a step since)."""
+        if self.read() == 0 and self._last is not None:
+            return self._last
+        self._last = self._window()
+        return self._last
+
+    def _window(self) -> Window:
+        tails = {r: t for r, t in self.steps.items() if t.rows}
+        last_steps = {r: int(t.last_step) for r, t in tails.items()}
+        latest = {r: t.rows[last_steps[r]] for r, t in tails.items()}
+        last_ends = {r: float(row["end"]) for r, row in latest.items()}
+        if not tails:
+            return Window(None, last_steps, last_ends, latest)
+        # A rank that has exited (it crashed, or did fewer steps) holds the others' window back no longer.
+        running = [s for r, s in last_steps.items() if self.ranks.exit_record(r) is None]
+        common = min(running or last_steps.values())
+        rows = [row for t in tails.values() for s, row in t.rows.items() if common - self.window_steps < s <= common]
+        if not rows:
+            return Window(None, last_steps, last_ends, latest)
+        return Window(self._tables(rows, tails), last_steps, last_ends, latest)
+
+    def _tables(self, rows: list[dict[str, Any]], tails: dict[int, StepTail]) -> Tables:
+        steps = pd.DataFrame(rows).sort_values(["rank", "step"], ignore_index=True)
+        # Profiled steps carry the profiler's own cost (its buffers grow RSS): the detectors know them.
+        steps["profiled"] = steps["step"].isin(self._profiled_steps())
+        # As tables.build: counters no record carried are no columns at all.
+        steps = steps.drop(columns=[c for c in steps.columns if c in COUNTER_COLUMNS and steps[c].isna().all()])
+        phases: list[str] = []
+        for t in tails.values():
+            phases += [p for p in t.found.phases if p not in phases]
+        infos = self.ranks.info
+        world = next((i.get("world_size") for i in infos.values() if isinstance(i.get("world_size"), int)), None)
+        p2p = {r: p2p_from_step_records(t.found.p2p) for r, t in tails.items() if t.found.p2p}
+        tables = Tables(steps=steps, ranks=pd.DataFrame(), collectives=pd.DataFrame(), phases=phases,
+                        trainer=self.trainer or None, world_size=world,
+                        rank_hosts={r: i.get("host") for r, i in infos.items() if i.get("host")},
+                        structure=infer_structure({}, {}, [], p2p, {}, self.trainer or None, world))
+        tables.telemetry = join_telemetry(self._recent_telemetry(float(steps["start"].min())), steps)
+        tables.ledger = ledger.build(tables)
+        return tables
+
+    def _recent_telemetry(self, since: float) -> pd.DataFrame | None:
+        """The telemetry samples of the window (older ones are dropped: the window only moves on)."""
+        self.samples = [r for r in self.samples if r["time"] >= since - TELEMETRY_MARGIN_S]
+        if not self.samples:
+            return None
+        table = pd.DataFrame(self.samples)
+        if "rank" in table:
+            table["rank"] = pd.to_numeric(table["rank"], errors="coerce")
+        return table
+
+    def _profiled_steps(self) -> set[int]:
+        """The steps every rank profiles: the wrapper's requests (profile_windows.json, under
+        ``--profile-steps auto``) and the ranges given on the command line (host records)."""
+        ranges = []
+        windows = read_json(self.run_dir / PROFILE_WINDOWS_FILE)
+        if isinstance(windows, dict) and isinstance(windows.get("windows"), list):
+            ranges += [(w.get("first"), w.get("last")) for w in windows["windows"] if isinstance(w, dict)]
+        for path in self.run_dir.glob(f"{HOSTS_DIR}/*/{HOST_RECORD}"):
+            given = (read_json(path) or {}).get("profile_steps")
+            try:
+                ranges += [(r.first, r.last) for r in parse_step_ranges(given)] if isinstance(given, str) else []
+            except ValueError:
+                continue  # "auto" or "none": no ranges of its own
+        return {s for first, last in ranges if isinstance(first, int) and isinstance(last, int)
+                for s in range(first, min(last, first + 10_000) + 1)}

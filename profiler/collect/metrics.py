@@ -1,0 +1,88 @@
+"""`diagtrain run --metrics-port PORT`: the live verdict as Prometheus metrics at ``/metrics``.
+
+prometheus-client's own HTTP server, in a daemon thread of the wrapper, answers each scrape from
+the last live judgement (a snapshot swapped in whole, under a lock): a scrape reads no file and
+never waits for a judgement, and nothing it does can stop or slow the job.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any, Iterator
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+
+# Per-rank gauges: (name, help, the step record's column, factor to the metric's unit).
+RANK_GAUGES = (
+    ("diagtrain_step_seconds", "duration of the rank's latest finished step", "wall_ms", 1e-3),
+    ("diagtrain_collective_wait_seconds", "time the rank was blocked in collectives and point-to-point calls in its "
+     "latest step", "comm_wait_ms", 1e-3),
+    ("diagtrain_data_wait_seconds", "time the rank waited for its batch in its latest step", "data_ms", 1e-3),
+    ("diagtrain_cpu_runqueue_wait_seconds", "time the rank's main thread waited for a CPU in its latest step",
+     "runq_ms", 1e-3),
+    ("diagtrain_last_step", "the latest step the rank finished", "step", 1),
+)
+# Memory at the end of the rank's latest step, by kind (the step record's column).
+MEMORY = {"rss": "rss_bytes", "gpu_allocated": "gpu_allocated_bytes", "gpu_reserved": "gpu_reserved_bytes",
+          "peak": "peak_mem_bytes"}
+
+
+class LiveMetrics:
+    """The metrics of the last judgement, served by prometheus-client (see :func:`serve`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._latest: dict[int, dict[str, Any]] = {}
+        self._active: list[dict[str, Any]] = []
+        self._server = None
+
+    def update(self, latest: dict[int, dict[str, Any]], active: list[dict[str, Any]]) -> None:
+        """Swap in each rank's latest step record and the live findings standing now."""
+        with self._lock:
+            self._latest, self._active = dict(latest), list(active)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """What a scrape reads (prometheus-client's collector protocol)."""
+        with self._lock:
+            latest, active = self._latest, self._active
+        for name, help_text, column, factor in RANK_GAUGES:
+            gauge = GaugeMetricFamily(name, help_text, labels=["rank"])
+            for rank, row in sorted(latest.items()):
+                if _number(row.get(column)):
+                    gauge.add_metric([str(rank)], float(row[column]) * factor)
+            yield gauge
+        memory = GaugeMetricFamily("diagtrain_memory_bytes", "the rank's memory at the end of its latest step, by kind",
+                                   labels=["rank", "kind"])
+        for rank, row in sorted(latest.items()):
+            for kind, column in MEMORY.items():
+                if _number(row.get(column)):
+                    memory.add_metric([str(rank), kind], float(row[column]))
+        yield memory
+        findings = GaugeMetricFamily("diagtrain_live_findings", "live findings standing now, by kind and severity",
+                                     labels=["kind", "severity"])
+        for (kind, severity), n in sorted(Counter((f["kind"], f["severity"]) for f in active).items()):
+            findings.add_metric([kind, severity], n)
+        yield findings
+
+    def close(self) -> None:
+        """Stop serving."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+def serve(host: str, port: int) -> LiveMetrics:
+    """Serve ``/metrics`` on ``host:port`` from now on; OSError when the port cannot be bound (in use)."""
+    metrics = LiveMetrics()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(metrics)
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    metrics._server = server
+    return metrics
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value

@@ -1,0 +1,204 @@
+"""Live diagnosis: `diagtrain run` judges the job while it runs (live/findings.jsonl, the console,
+/metrics), with the final report's detectors and settings.
+
+The jobs are real (torchrun, gloo, the plain script every rank runs unchanged); the straggler sleeps
+300 ms a step against a 50 ms step, far above the noise of a shared 2-core machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import JOB_TIMEOUT_S, diagtrain_run, torchrun
+from diagtrain.profiler.analyzer.judge.live import NO_PROGRESS, LiveJudge
+from diagtrain.profiler.analyzer.read.step_tail import StepTail
+from diagtrain.profiler.run_dir import clear_run, write_json_atomic
+
+PLAIN_JOB = Path(__file__).parent / "scripts" / "plain_job.py"
+ACTIONABLE = ("warning", "error", "critical")
+USAGE = 2
+EXIT_SIGINT = 130
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def events(out: Path) -> list[dict]:
+    """live/findings.jsonl's events so far (a line being written is left for later)."""
+    try:
+        text = (out / "live" / "findings.jsonl").read_text()
+    except OSError:
+        return []
+    return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]
+
+
+def scrape(port: int) -> dict[str, float]:
+    """``/metrics`` read with a real HTTP client: sample name with labels -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+def start(out: Path, *options: str, **knobs: str) -> subprocess.Popen:
+    """``diagtrain run`` of the plain script on 2 ranks, not analyzed, in the background."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MODE": "ddp", "STEP_MS": "50", **knobs}
+    env.pop("DIAGTRAIN_RUN_DIR", None)
+    return subprocess.Popen([sys.executable, "-m", "diagtrain.profiler.cli", "run", "--out", str(out),
+                             "--profile-steps", "none", "--no-analyze", *options, "--", *torchrun(2), str(PLAIN_JOB)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture(scope="module")
+def clean_job(tmp_path_factory) -> tuple[Path, subprocess.Popen]:
+    """A clean job, started beside the straggler's (the straggler test asks for it first): it shares the
+    busy host with that job, as a clean run shares a crowded node, and the two cost the time of one."""
+    out = tmp_path_factory.mktemp("clean") / "run"
+    job = start(out, STEPS="150")  # ~10 s of steps: judged several times
+    yield out, job
+    if job.poll() is None:
+        job.kill()
+
+
+def test_a_straggler_is_found_and_served_while_the_job_runs(tmp_path, clean_job):
+    out, port = tmp_path / "run", free_port()
+    # Long enough for the verdict to come well before its end; stopped once it has.
+    job = start(out, "--metrics-port", str(port), STEPS="80", SLEEP_RANK="1", SLEEP_MS="300")
+    try:
+        found, metrics = None, {}
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while job.poll() is None and time.monotonic() < deadline and not (found and metrics):
+            found = found or next((e for e in events(out) if e["kind"] == "straggler" and e["event"] == "new"), None)
+            if found and not metrics:
+                samples = scrape(port)
+                if all(f'diagtrain_step_seconds{{rank="{r}"}}' in samples for r in (0, 1)):
+                    metrics = samples
+            time.sleep(0.5)
+        running = job.poll() is None  # the verdict came while the job still ran
+        job.send_signal(signal.SIGINT)  # seen: no need to wait for the rest of its steps
+        stdout, stderr = job.communicate(timeout=JOB_TIMEOUT_S)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == EXIT_SIGINT, stderr[-3000:]
+    assert found is not None and running, f"no live straggler event while the job ran: {events(out)}"
+    assert found["ranks"] == [1] and found["severity"] in ACTIONABLE
+    assert found["step"] < 40 and found["detected_at"] > 0 and found["since_step"] <= found["step"]
+    assert {"explanation", "suggestion", "metrics", "settings", "steps"} <= set(found)  # the report's schema
+    # Each rank's step lasts as long as the slowest's (~350 ms); rank 0 spends most of it waiting for rank 1.
+    assert all(metrics[f'diagtrain_step_seconds{{rank="{r}"}}'] > 0.25 for r in (0, 1))
+    assert metrics['diagtrain_collective_wait_seconds{rank="0"}'] > 0.2 > metrics['diagtrain_collective_wait_seconds{rank="1"}']
+    assert metrics['diagtrain_memory_bytes{kind="rss",rank="1"}'] > 10 * 2**20
+    assert any(k.startswith('diagtrain_live_findings{kind="straggler"') for k in metrics)
+    # One plain line (stderr is no terminal) when the warning started.
+    assert "live: " in stderr and "straggler on rank 1 since step" in stderr
+
+
+def test_a_clean_run_has_no_live_warning(clean_job):
+    out, job = clean_job
+    _, stderr = job.communicate(timeout=JOB_TIMEOUT_S)
+    assert job.returncode == 0, stderr[-3000:]
+    assert [e for e in events(out) if e["severity"] in ACTIONABLE] == []
+    [host] = out.glob("hosts/*/host.json")
+    live = json.loads(host.read_text())["live"]
+    assert live["failed"] is None and live["last_step"] >= 40  # it did judge the clean steps
+    assert "live: " not in stderr
+
+
+def test_a_metrics_port_in_use_is_refused_before_the_job_starts(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = diagtrain_run(tmp_path / "run", "--metrics-port", str(port), "--", sys.executable, "-c", "print('ran')",
+                            check=False)
+    assert run.returncode == USAGE
+    assert f"--metrics-port {port}" in run.stderr and f"127.0.0.1:{port}" in run.stderr
+    assert "ran" not in run.stdout and not (tmp_path / "run").exists()
+
+
+def test_step_records_are_read_as_appended_and_a_cut_line_waits(tmp_path):
+    path = tmp_path / "steps.jsonl"
+    record = {"rank": 0, "start": 1.0, "end": 1.1, "duration_ms": 100.0, "phases_ms": {"forward": 60.0}}
+    lines = [json.dumps({**record, "step": s}) for s in (1, 2, 3)]
+    path.write_text(lines[0] + "\n" + lines[1] + "\n" + lines[2][:20])
+    tail = StepTail(path, 0, keep=2)
+    assert tail.read() == 2 and sorted(tail.rows) == [1, 2] and tail.rows[2]["forward_ms"] == 60.0
+    with open(path, "a") as f:
+        f.write(lines[2][20:] + "\n" + '{"rank": 0, "step": "four"}\n')
+    assert tail.read() == 2 and sorted(tail.rows) == [2, 3]  # the older steps are let go
+    assert len(tail.found.bad_lines) == 1 and tail.last_step == 3
+
+
+def test_a_rank_without_progress_is_said_before_the_hang_watchdog(tmp_path):
+    """Step records as two ranks wrote them: rank 1 stopped after step 6, rank 0 went on to step 8."""
+    start = time.time() - 60
+    for rank, last in ((0, 8), (1, 6)):
+        folder = tmp_path / "ranks" / str(rank)
+        folder.mkdir(parents=True)
+        write_json_atomic(folder / "rank.json", {"rank": rank, "world_size": 2, "host": "h", "pid": 1})
+        with open(folder / "steps.jsonl", "w") as f:
+            for step in range(1, last + 1):
+                t0 = start + 0.1 * step if step <= 6 else start + 29 + (step - 7)  # rank 0 goes on 30 s later
+                f.write(json.dumps({"rank": rank, "step": step, "start": t0, "end": t0 + 0.1, "duration_ms": 100.0,
+                                    "phases_ms": {}, "comm_ms": 10.0}) + "\n")
+    judge = LiveJudge(tmp_path)
+    first = judge.judge(now=start + 0.7 + 5)  # 5 s: fewer than min_stalled_s
+    assert not [e for e in first.events if e.record["kind"] == NO_PROGRESS]
+    later = judge.judge(now=start + 0.7 + 30)  # rank 1 has finished no step for 30 s, rank 0 one just now
+    [event] = [e for e in later.events if e.record["kind"] == NO_PROGRESS]
+    assert event.record["event"] == "new" and event.record["ranks"] == [1] and event.record["steps"] == [7]
+    assert event.record["severity"] == "warning" and "rank 1" in event.line and "since step 7" in event.line
+
+
+def test_replace_removes_the_live_findings_of_the_run_it_replaces(tmp_path):
+    (tmp_path / "live").mkdir()
+    (tmp_path / "live" / "findings.jsonl").write_text('{"event": "new"}\n')
+    (tmp_path / "notes.txt").write_text("the project's own")
+    clear_run(tmp_path)
+    assert not (tmp_path / "live").exists() and (tmp_path / "notes.txt").exists()
+
+
+def test_each_event_is_appended_and_said_and_warnings_stand_until_they_end(tmp_path):
+    """The wrapper's side with a real judge on step records written as a job would: rank 1's forward
+    takes 300 ms more than rank 0's in every step, rank 0 waits for it in the gradient all-reduce."""
+    from diagtrain.profiler.collect.live import LiveDiagnosis
+
+    t0 = time.time() - 30
+    for rank in (0, 1):
+        folder = tmp_path / "ranks" / str(rank)
+        folder.mkdir(parents=True)
+        write_json_atomic(folder / "rank.json", {"rank": rank, "world_size": 2, "host": "h", "pid": 1})
+        with open(folder / "steps.jsonl", "w") as f:
+            for step in range(1, 13):
+                start = t0 + 0.4 * step
+                f.write(json.dumps({"rank": rank, "step": step, "start": start, "end": start + 0.4, "duration_ms": 400.0,
+                                    "phases_ms": {"forward": 350.0 if rank else 50.0 + step % 3, "backward": 40.0},
+                                    "comm_ms": 2.0 if rank else 300.0, "phase_comm_ms": {"backward": 2.0 if rank else 300.0}})
+                        + "\n")
+    said = []
+    live = LiveDiagnosis(tmp_path, "h", lambda: (LiveJudge(tmp_path).judge, 1.0))
+    (live.judge, live.interval_s), live._say = live.make(), said.append  # what its thread does first
+    live.round()
+    [event] = [e for e in events(tmp_path) if e["kind"] == "straggler"]
+    assert event["event"] == "new" and event["ranks"] == [1] and event["severity"] in ACTIONABLE
+    assert any("straggler on rank 1 since step" in line for line in said)
+    assert [line for line in live.standing() if "straggler on rank 1" in line]
+
