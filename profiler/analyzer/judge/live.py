@@ -29,7 +29,7 @@ from diagtrain.profiler.util.text import ranges
 
 # What a stopped or finished job leaves is judged at its end, not while it runs (see above).
 NOT_LIVE = ("hang", "missing_evidence")
-NO_PROGRESS = "no_progress"
+NO_PROGRESS = "no_progress"  # the live-only kind (written literally at its Finding for the docs test)
 ACTIONABLE = SEVERITIES.index("warning")
 
 
@@ -148,7 +148,7 @@ class LiveJudge:
                 continue
             last = window.last_steps[rank]
             found.append(Finding(
-                kind=NO_PROGRESS, severity="warning", ranks=[rank], steps=[last + 1], time_range=(ended, now),
+                kind="no_progress", severity="warning", ranks=[rank], steps=[last + 1], time_range=(ended, now),
                 explanation=(f"no step finished on rank {rank} for {idle_s:.0f} s, {idle_s * 1e3 / typical_ms:.0f} typical "
                              f"steps of {typical_ms:.0f} ms, since it finished step {last}."),
                 suggestion=(f"Look at what rank {rank} is doing now (py-spy dump --pid of its process): if it is blocked "
