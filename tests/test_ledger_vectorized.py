@@ -9,6 +9,7 @@ import pandas as pd
 from hypothesis import given, settings, strategies as st
 
 from diagtrain.profiler.analyzer.run import ledger as lg
+from diagtrain.profiler.util.groups import median_by, median_of_others, positions_by
 
 PARTS = ["forward", "backward", lg.OUTSIDE]
 # Few distinct values: ties between ranks (which one is the top, which median) are the hard cases.
@@ -89,7 +90,20 @@ def test_median_of_others_is_numpys_median_without_the_element(cells):
         mine = np.flatnonzero(groups == g)
         if len(mine) >= 2:
             expected[mine] = reference_median_of_others(values[mine])
-    np.testing.assert_array_equal(lg.median_of_others(values, groups), expected)
+    np.testing.assert_array_equal(median_of_others(values, groups), expected)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.one_of(VALUE, st.just(np.nan), st.just(np.inf))), max_size=30))
+def test_median_by_group_and_positions_by_are_groupbys(cells):
+    groups = np.array([g for g, _ in cells], dtype=int)
+    values = np.array([v for _, v in cells], dtype=float)
+    expected = np.array([np.median(values[groups == g]) for g in groups])
+    np.testing.assert_array_equal(median_by(values, groups), expected)
+    by_pandas = [(key, rows.to_numpy()) for key, rows in pd.Series(np.arange(len(groups))).groupby(groups)]
+    found = positions_by(groups)
+    assert [k for k, _ in found] == [k for k, _ in by_pandas]
+    assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(found, by_pandas))
 
 
 @settings(max_examples=300, deadline=None)

@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.analyzer.run.tables import Tables
+from diagtrain.profiler.util.groups import median_of_others, positions_by
 
 OUTSIDE = "outside phases"  # the label of work the rank did outside every recorded phase
 # The ledger's columns besides the per-phase work (``work_<phase>_ms``) and excess (``excess_<phase>_ms``).
@@ -111,34 +112,6 @@ def _peer_baselines(ledger: pd.DataFrame, groups: list[list[int]], parts: list[s
     ledger["excess_ms"] = (ledger["running_ms"] - ledger["peer_running_ms"]).clip(lower=0.0).fillna(0.0)
 
 
-def median_of_others(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
-    """For each element, ``np.median`` of the other elements of its group, to the bit (NaN where one
-    of them is NaN, and for an element alone in its group), without a median per element.
-
-    Sorted within its group, an element's others are the sorted values with its own position left
-    out: their middle one (or two) sit at fixed positions, shifted by one past the element's own."""
-    n = len(values)
-    median = np.full(n, np.nan)
-    if n == 0:
-        return median
-    order = np.lexsort((values, groups))  # by group, then value (NaN last)
-    ordered, cells = values[order], groups[order]
-    starts = np.flatnonzero(np.r_[True, cells[1:] != cells[:-1]])
-    sizes = np.diff(np.r_[starts, n])
-    start, size = np.repeat(starts, sizes), np.repeat(sizes, sizes)
-    own = np.arange(n) - start  # the element's position in its sorted group
-    low, high = (size - 2) // 2, (size - 1) // 2  # the middle of the size - 1 others
-    middle = size >= 2
-    a = ordered[np.where(middle, start + low + (low >= own), 0)]
-    b = ordered[np.where(middle, start + high + (high >= own), 0)]
-    # np.median of two is their mean, (a + b) / 2; of one, the value itself.
-    found = np.where(low == high, a, (a + b) / 2)
-    nans = np.bincount(np.repeat(np.arange(len(starts)), sizes), weights=np.isnan(ordered))
-    others_nan = np.repeat(nans, sizes) - np.isnan(ordered) > 0
-    median[order] = np.where(middle & ~others_nan, found, np.nan)
-    return median
-
-
 def _savings(ledger: pd.DataFrame, parts: list[str]) -> None:
     """What removing each rank's excess would save its step, its share of the step's loss, the part it
     lies in, and whom each rank waited for."""
@@ -151,7 +124,7 @@ def _savings(ledger: pd.DataFrame, parts: list[str]) -> None:
     waited_for = np.full(n, -1, dtype=np.int64)
     # Plain arrays per step (a step's rows in ledger order: argsort breaks ties as before); writing
     # through pandas cell by cell cost most of a live judgement (issue 39).
-    for rows in _rows_by_step(ledger["step"].to_numpy()):
+    for _, rows in positions_by(ledger["step"].to_numpy()):
         if len(rows) < 2:
             continue
         shares = shapley_of_max(running[rows], excess[rows])
@@ -170,13 +143,6 @@ def _savings(ledger: pd.DataFrame, parts: list[str]) -> None:
     ledger["cause_phase"] = pd.Series(cause_phase, index=ledger.index, dtype=object)
     ledger["waited_for"] = waited_for
     ledger["waited_for_phase"] = pd.Series(waited_phase, index=ledger.index, dtype=object)
-
-
-def _rows_by_step(steps: np.ndarray) -> list[np.ndarray]:
-    """The row positions of each step, in step order, each in row order."""
-    order = np.argsort(steps, kind="stable")
-    bounds = np.flatnonzero(np.diff(steps[order])) + 1
-    return np.split(order, bounds)
 
 
 def _cpu_floor(ledger: pd.DataFrame, t: Tables) -> None:
