@@ -9,6 +9,7 @@ that stands out only because the rank was blocked in it was spent waiting for an
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.analyzer.judge.quantities import Measure, Quantity
@@ -40,7 +41,13 @@ def waited(step_rows: pd.DataFrame, quantity: Quantity, rank: int, excess_ms: fl
     column = f"{quantity.phase}_comm_wait_ms"
     if quantity.measure is not Measure.PHASE or column not in step_rows:
         return False
-    blocked = step_rows.set_index("rank")[column].dropna()
-    if rank not in blocked or len(blocked) < 2:
+    # Two columns as arrays, not the rows re-indexed: this runs for every step of the straggler detector.
+    blocked = step_rows[column].to_numpy(dtype=float)
+    ranks = step_rows["rank"].to_numpy()[~np.isnan(blocked)]
+    blocked = blocked[~np.isnan(blocked)]
+    mine = ranks == rank
+    if not mine.any() or len(blocked) < 2:
         return False
-    return float(blocked[rank] - blocked.drop(rank).median()) >= OwnTime.active().waiting_share * excess_ms
+    # pandas' median of the others, as before (order does not change a median).
+    others = float(pd.Series(blocked[~mine]).median())
+    return float(blocked[mine][0] - others) >= OwnTime.active().waiting_share * excess_ms

@@ -21,6 +21,7 @@ from diagtrain.profiler.analyzer.judge.own_time import SOURCE as COUNTERS, OwnTi
 from diagtrain.profiler.analyzer.judge.quantities import Measure, Quantity, phase as phase_quantity
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.util.stats import MAD_TO_SIGMA
+from diagtrain.profiler.util.groups import positions_by
 from diagtrain.profiler.util.text import ranges
 
 
@@ -192,52 +193,65 @@ def _excess(steps: pd.DataFrame, phases: list[str], threshold: float,
     phased = ([label for label, q in measured.items() if q.measure is Measure.PHASE]
               + [label for label, q in measured.items() if q.measure is Measure.OWN_TIME])
     rows, compared = [], set()
-    for step, group in quantities.groupby("step"):
-        profiled = steps.loc[group.index, "profiled"].all() if "profiled" in steps else False
+    # Plain arrays per step: a frame per step and a Series lookup per rank cost most of a live
+    # judgement of 64 ranks (issue 39). Each rank's usual value and noise, aligned with its rows.
+    ranks = quantities["rank"].to_numpy()
+    values = {label: quantities[label].to_numpy(dtype=float) for label in measured}
+    usual_at = {label: usual[label].reindex(ranks).to_numpy(dtype=float) for label in measured}
+    noise_at = {label: noise[label].reindex(ranks).to_numpy(dtype=float) for label in measured}
+    profiled_rows = steps["profiled"].to_numpy(dtype=bool) if "profiled" in steps else np.zeros(len(steps), bool)
+    for step, group in positions_by(quantities["step"].to_numpy()):
+        profiled = bool(profiled_rows[group].all())
         # From traces, the first part in which a rank stands out; from phases, the earliest phase
         # with a slow rank is the cause, and later ones are waiting.
         for label in (traced if profiled and len(traced) > len(excluded) else phased):
             measure = measured[label].measure
             source = "phases" if measure is Measure.PHASE else COUNTERS if measure is Measure.OWN_TIME else "trace"
-            found = _over_peers(step, group["rank"], group[label], label, usual[label], noise[label], source,
-                                threshold, step_ms, s)
-            if found and waited(steps.loc[group.index], measured[label], found[0]["rank"], found[0]["excess_ms"]):
+            found = _over_peers(step, ranks[group], values[label][group], label, usual_at[label][group],
+                                noise_at[label][group], source, threshold, step_ms, s)
+            if found and waited(steps.iloc[group], measured[label], found[0]["rank"], found[0]["excess_ms"]):
                 continue  # blocked in collectives there: it waited for another rank
             if found and label in excluded:
                 # A stalled rank: the others wait for it later in this step, so the rest of the
                 # step is compared without it (with one rank left, not at all).
-                group = group[group["rank"] != found[0]["rank"]]
+                group = group[ranks[group] != found[0]["rank"]]
                 continue
             if found:
                 rows += found
                 break
         if len(group) >= 2:
-            compared |= {(int(r), int(step)) for r in group["rank"]}
+            compared |= {(int(r), int(step)) for r in ranks[group]}
     return pd.DataFrame(rows, columns=["rank", "step", "phase", "excess_ms", "value_ms", "peer_ms", "source",
                                        "threshold_ms"]), compared, measured
 
 
-def _over_peers(step: int, ranks: pd.Series, values: pd.Series, label: str, usual: pd.Series, noise: pd.Series,
+def _over_peers(step: int, ranks: np.ndarray, values: np.ndarray, label: str, usual: np.ndarray, noise: np.ndarray,
                 source: str, threshold: float, step_ms: float, s: Straggler) -> list[dict]:
-    """The rank whose value stands above the rest, beyond the noise, if one does."""
-    values = values.to_numpy(dtype=float)
+    """The rank whose value stands above the rest, beyond the noise, if one does (``usual`` and
+    ``noise``: each rank's, aligned with ``ranks``)."""
     if len(values) < 2 or np.isnan(values).any():
         return []  # a rank alone in this step has no peers to compare with
     top = int(np.argmax(values))
     peers = np.delete(values, top)
     peer = float(np.median(peers))
-    others = [r for r in ranks if r != ranks.iloc[top]]
+    others = ranks != ranks[top]
     # Above the peers in this step and above what they usually take: one peer's quick step is
     # not the candidate's slow one.
-    excess = values[top] - max(peer, float(usual.reindex(others).median()))
+    excess = values[top] - max(peer, _median(usual[others]))
     spread_rest = float(peers.max() - peers.min()) if len(peers) > 1 else 0.0
     # The peers' own variation, not the candidate's: a straggler for part of the run varies a lot.
-    peer_noise = noise.reindex(others).dropna()
+    peer_noise = noise[others]
+    peer_noise = peer_noise[~np.isnan(peer_noise)]
     if len(peer_noise):
-        limit = max(threshold, s.noise_sigmas * float(peer_noise.median()))
+        limit = max(threshold, s.noise_sigmas * _median(peer_noise))
     else:  # too few steps to know how much the peers vary: only a large excess counts
         limit = max(threshold, s.unknown_noise_share * step_ms)
     if excess < limit or excess <= 2 * spread_rest:
         return []
-    return [{"rank": int(ranks.iloc[top]), "step": int(step), "phase": label, "excess_ms": excess,
+    return [{"rank": int(ranks[top]), "step": int(step), "phase": label, "excess_ms": excess,
              "value_ms": float(values[top]), "peer_ms": peer, "source": source, "threshold_ms": limit}]
+
+
+def _median(values: np.ndarray) -> float:
+    """pandas' median (NaN left out; NaN when none is left), the same number as before on a Series."""
+    return float(pd.Series(values, dtype=float).median())
