@@ -23,6 +23,7 @@ from diagtrain.profiler.analyzer.judge.quantities import Measure, Quantity, Slow
 from diagtrain.profiler.analyzer.run.ledger import OUTSIDE, excess_column, work_column
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.analyzer.settings import section, setting, values
+from diagtrain.profiler.util.groups import median_by
 from diagtrain.profiler.util.stats import MAD_TO_SIGMA
 from diagtrain.profiler.util.text import ranges
 
@@ -83,8 +84,11 @@ SETTINGS = (Cost, Steady)
 
 def noise_ms(ledger: pd.DataFrame) -> float:
     """The ranks' own step-to-step variation (robust standard deviation of running time, median over ranks)."""
-    spread = ledger.groupby("rank")["running_ms"].agg(lambda v: MAD_TO_SIGMA * float(np.median(np.abs(v - np.median(v)))))
-    return float(spread.median()) if len(spread) else 0.0
+    # All ranks at once (a function per rank was a fifth of a live judgement of 64 ranks), np.median's numbers.
+    running, ranks = ledger["running_ms"].to_numpy(dtype=float), ledger["rank"].to_numpy()
+    spread = MAD_TO_SIGMA * median_by(np.abs(running - median_by(running, ranks)), ranks)
+    _, first = np.unique(ranks, return_index=True)  # one row of each rank
+    return float(pd.Series(spread[first]).median()) if len(first) else 0.0
 
 
 def causes(t: Tables, c: Cost | None = None) -> tuple[list[Cause], dict[str, Any]]:
