@@ -11,6 +11,13 @@ SEED = 0  # the same inputs always give the same interval (CI must be reproducib
 MAD_TO_SIGMA = 1.4826  # median absolute deviation of a normal distribution, in standard deviations
 
 
+def median_known(values: np.ndarray) -> float:
+    """The median of the values that are not NaN (NaN if none is), the number pandas' ``Series.median``
+    gives (np.nanmedian of the known values, which is np.median of them) without building a Series."""
+    known = values[~np.isnan(values)]
+    return float(np.median(known)) if len(known) else math.nan
+
+
 def mann_whitney_greater(new: np.ndarray, base: np.ndarray) -> float:
     """One-sided p-value that ``new`` tends to be larger than ``base`` (normal approximation, ties corrected)."""
     new, base = np.asarray(new, float), np.asarray(base, float)

@@ -14,6 +14,7 @@ import pandas as pd
 
 from diagtrain.profiler.analyzer.judge.quantities import Measure, Quantity
 from diagtrain.profiler.analyzer.settings import section, setting
+from diagtrain.profiler.util.stats import median_known
 
 
 @section("own_time")
@@ -48,6 +49,4 @@ def waited(step_rows: pd.DataFrame, quantity: Quantity, rank: int, excess_ms: fl
     mine = ranks == rank
     if not mine.any() or len(blocked) < 2:
         return False
-    # pandas' median of the others, as before (order does not change a median).
-    others = float(pd.Series(blocked[~mine]).median())
-    return float(blocked[mine][0] - others) >= OwnTime.active().waiting_share * excess_ms
+    return float(blocked[mine][0] - median_known(blocked[~mine])) >= OwnTime.active().waiting_share * excess_ms

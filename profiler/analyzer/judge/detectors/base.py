@@ -150,6 +150,8 @@ def late_on_their_path(collectives: pd.DataFrame) -> tuple[set[int], set[int]]:
     """Persistently late ranks whose delay sits right before their calls: (known from the gaps
     before their calls, assumed where those gaps are unknown)."""
     late = late_arrivals(collectives)
+    if late.empty:  # no collectives traced (every live judgement): nothing to test, and the test costs
+        return set(), set()
     late = late[is_persistently_late(late)]
     held = held_before_calls(late)
     known = set(int(r) for r in late.loc[held == 1.0, "rank"])

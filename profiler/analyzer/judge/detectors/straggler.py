@@ -20,7 +20,7 @@ from diagtrain.profiler.analyzer.judge.findings import Finding
 from diagtrain.profiler.analyzer.judge.own_time import SOURCE as COUNTERS, OwnTime, own_time, waited
 from diagtrain.profiler.analyzer.judge.quantities import Measure, Quantity, phase as phase_quantity
 from diagtrain.profiler.analyzer.run.tables import Tables
-from diagtrain.profiler.util.stats import MAD_TO_SIGMA
+from diagtrain.profiler.util.stats import MAD_TO_SIGMA, median_known
 from diagtrain.profiler.util.groups import positions_by
 from diagtrain.profiler.util.text import ranges
 
@@ -237,13 +237,12 @@ def _over_peers(step: int, ranks: np.ndarray, values: np.ndarray, label: str, us
     others = ranks != ranks[top]
     # Above the peers in this step and above what they usually take: one peer's quick step is
     # not the candidate's slow one.
-    excess = values[top] - max(peer, _median(usual[others]))
+    excess = values[top] - max(peer, median_known(usual[others]))
     spread_rest = float(peers.max() - peers.min()) if len(peers) > 1 else 0.0
     # The peers' own variation, not the candidate's: a straggler for part of the run varies a lot.
-    peer_noise = noise[others]
-    peer_noise = peer_noise[~np.isnan(peer_noise)]
-    if len(peer_noise):
-        limit = max(threshold, s.noise_sigmas * _median(peer_noise))
+    peer_noise = median_known(noise[others])
+    if not np.isnan(peer_noise):
+        limit = max(threshold, s.noise_sigmas * peer_noise)
     else:  # too few steps to know how much the peers vary: only a large excess counts
         limit = max(threshold, s.unknown_noise_share * step_ms)
     if excess < limit or excess <= 2 * spread_rest:
@@ -251,7 +250,3 @@ def _over_peers(step: int, ranks: np.ndarray, values: np.ndarray, label: str, us
     return [{"rank": int(ranks[top]), "step": int(step), "phase": label, "excess_ms": excess,
              "value_ms": float(values[top]), "peer_ms": peer, "source": source, "threshold_ms": limit}]
 
-
-def _median(values: np.ndarray) -> float:
-    """pandas' median (NaN left out; NaN when none is left), the same number as before on a Series."""
-    return float(pd.Series(values, dtype=float).median())
