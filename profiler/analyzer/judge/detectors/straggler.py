@@ -197,8 +197,11 @@ def _excess(steps: pd.DataFrame, phases: list[str], threshold: float,
     # judgement of 64 ranks (issue 39). Each rank's usual value and noise, aligned with its rows.
     ranks = quantities["rank"].to_numpy()
     values = {label: quantities[label].to_numpy(dtype=float) for label in measured}
-    usual_at = {label: usual[label].reindex(ranks).to_numpy(dtype=float) for label in measured}
-    noise_at = {label: noise[label].reindex(ranks).to_numpy(dtype=float) for label in measured}
+    usual_rows, noise_rows = usual.reindex(ranks), noise.reindex(ranks)
+    usual_at = {label: usual_rows[label].to_numpy(dtype=float) for label in measured}
+    noise_at = {label: noise_rows[label].to_numpy(dtype=float) for label in measured}
+    # What own_time.waited reads of a step's rows: the rank and its blocked time per phase.
+    blocked = steps[["rank", *[c for c in steps.columns if str(c).endswith("_comm_wait_ms")]]]
     profiled_rows = steps["profiled"].to_numpy(dtype=bool) if "profiled" in steps else np.zeros(len(steps), bool)
     for step, group in positions_by(quantities["step"].to_numpy()):
         profiled = bool(profiled_rows[group].all())
@@ -209,7 +212,7 @@ def _excess(steps: pd.DataFrame, phases: list[str], threshold: float,
             source = "phases" if measure is Measure.PHASE else COUNTERS if measure is Measure.OWN_TIME else "trace"
             found = _over_peers(step, ranks[group], values[label][group], label, usual_at[label][group],
                                 noise_at[label][group], source, threshold, step_ms, s)
-            if found and waited(steps.iloc[group], measured[label], found[0]["rank"], found[0]["excess_ms"]):
+            if found and waited(blocked.iloc[group], measured[label], found[0]["rank"], found[0]["excess_ms"]):
                 continue  # blocked in collectives there: it waited for another rank
             if found and label in excluded:
                 # A stalled rank: the others wait for it later in this step, so the rest of the
