@@ -1,0 +1,200 @@
+"""What one live judgement costs the wrapper's CPU, at 8 and 64 ranks (issue 39: the wrapper's own CPU
+under 2% of a core at 64 ranks, synthetic step records).
+
+Synthetic step records of a synchronous job (as tests/test_ledger.py's ``records_run``): every rank
+works data, forward, backward and optimizer with a little per-rank jitter, then waits in its backward
+all-reduce for the slowest rank; rank 1 is a straggler (+60 ms forward every step). The window's
+``window_steps`` steps are written first and judged once (the judge's first round: imports, first
+read). Each measured judgement is then the wrapper's steady state: every rank appends one more step
+and :meth:`LiveJudge.judge` runs once (read what is new, build the window's tables and ledger, run
+the detectors and passes, follow the findings). CPU is ``time.process_time`` (the whole process,
+this one thread), median of ``--reps``; the share of a core is that CPU over the wall time between
+judgements the wrapper waits (``live.interval_s``, spaced out by ``live.max_cpu_share``), and at
+fixed intervals of 2 and 5 s.
+
+    python benchmarks/live_cost.py [--ranks 8 64] [--reps 15] [--profile 64] [--name live_cost]
+    python benchmarks/live_cost.py --before /path/above/an/older/diagtrain [--rounds 3]
+
+With ``--before`` the older code (a directory holding a ``diagtrain`` package, put first on
+PYTHONPATH) and this code are measured in turns, each in a fresh process, ``--rounds`` times: on a
+shared host the load changes from minute to minute, and both see the same minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine, save  # noqa: E402
+
+from diagtrain.profiler.analyzer.judge.live import Live, LiveJudge  # noqa: E402
+from diagtrain.profiler.run_dir import write_json_atomic  # noqa: E402
+
+T0 = 1_790_000_000.0
+STRAGGLER, STRAGGLER_MS = 1, 60.0
+FIXED_INTERVALS_S = (2.0, 5.0)
+
+
+def own_ms(rank: int, step: int) -> dict[str, float]:
+    """One rank's own work in a step (ms): a little deterministic jitter, the straggler's extra forward."""
+    return {"data": 1.0 + 0.3 * ((rank + step) % 3), "forward": 20.0 + 0.4 * ((rank * step) % 3)
+            + (STRAGGLER_MS if rank == STRAGGLER else 0.0), "backward": 40.0, "optimizer": 5.0, "outside": 2.0}
+
+
+class SyntheticJob:
+    """Step records appended to ``root/ranks/<r>/steps.jsonl`` as a running synchronous job would."""
+
+    def __init__(self, root: Path, ranks: int) -> None:
+        self.root, self.ranks, self.step, self.clock = root, ranks, 0, T0
+        for r in range(ranks):
+            folder = root / "ranks" / str(r)
+            folder.mkdir(parents=True)
+            write_json_atomic(folder / "rank.json", {"rank": r, "host": "node-a", "hostname": "node-a", "pid": 1,
+                                                     "world_size": ranks})
+
+    def append(self, steps: int = 1) -> None:
+        """Every rank finishes ``steps`` more steps."""
+        lines: dict[int, list[str]] = {r: [] for r in range(self.ranks)}
+        for _ in range(steps):
+            self.step += 1
+            own = {r: own_ms(r, self.step) for r in range(self.ranks)}
+            slowest = max(sum(o.values()) for o in own.values())
+            for r, mine in own.items():
+                wait = slowest - sum(mine.values()) + 1.0  # the all-reduce itself takes 1 ms on everyone
+                phases = {"data": mine["data"], "forward": mine["forward"], "backward": mine["backward"] + wait,
+                          "optimizer": mine["optimizer"]}
+                wall = sum(phases.values()) + mine["outside"]
+                lines[r].append(json.dumps({
+                    "rank": r, "step": self.step, "start": self.clock, "end": self.clock + wall / 1e3,
+                    "duration_ms": wall, "phases_ms": phases,
+                    "phase_comm_ms": {"data": 0.0, "forward": 0.0, "backward": wait, "optimizer": 0.0},
+                    "comm_ms": wait, "comm_calls": 1, "runq_ms": 0.1, "cpu_ms": wall - wait}))
+            self.clock += (slowest + 1.0) / 1e3
+        for r, new in lines.items():
+            with open(self.root / "ranks" / str(r) / "steps.jsonl", "a") as f:
+                f.write("\n".join(new) + "\n")
+
+
+def measure(ranks: int, reps: int, profile: bool) -> dict:
+    """CPU seconds of ``reps`` steady-state judgements of ``ranks`` ranks (and the kinds they found)."""
+    settings = Live.active()
+    with tempfile.TemporaryDirectory() as tmp:
+        job = SyntheticJob(Path(tmp), ranks)
+        job.append(settings.window_steps)
+        judge = LiveJudge(Path(tmp))
+        first_cpu = time.process_time()
+        judge.judge(now=job.clock)
+        first_cpu = time.process_time() - first_cpu
+        cpu, kinds = [], set()
+        profiler = cProfile.Profile() if profile else None
+        for _ in range(reps):
+            job.append()
+            started = time.process_time()
+            if profiler:
+                profiler.enable()
+            verdict = judge.judge(now=job.clock)
+            if profiler:
+                profiler.disable()
+            cpu.append(time.process_time() - started)
+            kinds |= {(f["kind"], tuple(f["ranks"])) for f in verdict.active if f["severity"] != "info"}
+        if profiler:
+            print(f"--- cProfile, {reps} judgements of {ranks} ranks ---")
+            pstats.Stats(profiler).sort_stats("cumulative").print_stats(35)
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+    median = statistics.median(cpu)
+    spaced_s = max(settings.interval_s, median / settings.max_cpu_share)  # as LiveJudge.judge paces itself
+    return {"ranks": ranks, "steps_judged": settings.window_steps, "reps": reps,
+            "first_judgement_cpu_s": round(first_cpu, 4), "cpu_s_median": round(median, 4),
+            "cpu_s_min": round(min(cpu), 4), "cpu_s_max": round(max(cpu), 4),
+            "interval_s": round(spaced_s, 2), "cpu_share_at_interval": round(median / spaced_s, 4),
+            **{f"cpu_share_every_{i:g}s": round(median / i, 4) for i in FIXED_INTERVALS_S},
+            "warnings_found": sorted(f"{k} on {list(r)}" for k, r in kinds), "cpu_s": [round(c, 4) for c in cpu]}
+
+
+def in_turns(before: Path, ranks: list[int], reps: int, rounds: int) -> dict[str, list[dict]]:
+    """Each rank count measured by the older code and by this code in turns, in fresh processes; per
+    code, one row per rank count over all its rounds' judgements."""
+    code = {"before": str(before), "after": str(Path(__file__).resolve().parents[2])}
+    found: dict[str, dict[int, list[dict]]] = {name: {n: [] for n in ranks} for name in code}
+    for _ in range(rounds):
+        for n in ranks:
+            for name, path in code.items():
+                out = subprocess.run([sys.executable, __file__, "--ranks", str(n), "--reps", str(reps), "--no-save"],
+                                     capture_output=True, text=True, check=True,
+                                     env={**os.environ, "PYTHONPATH": path})
+                found[name][n].append(json.loads(out.stdout.strip().splitlines()[-1]))
+                print(name, json.dumps({k: v for k, v in found[name][n][-1].items() if k != "cpu_s"}), flush=True)
+    return {name: [_pooled(rows) for rows in by_ranks.values()] for name, by_ranks in found.items()}
+
+
+def _pooled(rows: list[dict]) -> dict:
+    """One row from several rounds' rows of one rank count: the statistics of all their judgements."""
+    settings = Live.active()
+    cpu = [c for r in rows for c in r["cpu_s"]]
+    median = statistics.median(cpu)
+    spaced_s = max(settings.interval_s, median / settings.max_cpu_share)
+    return {**rows[0], "reps": len(cpu), "rounds": len(rows), "cpu_s": cpu,
+            "first_judgement_cpu_s": round(statistics.median(r["first_judgement_cpu_s"] for r in rows), 4),
+            "cpu_s_median": round(median, 4), "cpu_s_min": round(min(cpu), 4), "cpu_s_max": round(max(cpu), 4),
+            "round_medians": [r["cpu_s_median"] for r in rows],
+            "interval_s": round(spaced_s, 2), "cpu_share_at_interval": round(median / spaced_s, 4),
+            **{f"cpu_share_every_{i:g}s": round(median / i, 4) for i in FIXED_INTERVALS_S}}
+
+
+def markdown(sections: dict[str, list[dict]], facts: dict, settings: Live) -> str:
+    lines = ["# Live judgement: the wrapper's CPU per judgement", "",
+             f"{facts['date']}, {facts['cpu_count']} cores, load {facts['load_average_1_5_15']}, `{facts['command']}`", "",
+             f"Synthetic step records (a straggler on rank {STRAGGLER}, +{STRAGGLER_MS:g} ms forward a step), "
+             f"{settings.window_steps} steps judged; one judgement after every rank appended a step, "
+             "CPU by time.process_time. Interval: live.interval_s "
+             f"({settings.interval_s:g} s), spaced to CPU / live.max_cpu_share ({settings.max_cpu_share:g}). "
+             "Target (issue 39): under 2% of a core at 64 ranks.", "",
+             "| code | ranks | judgements | CPU s median | min | max | first judgement CPU s | interval s | "
+             "CPU share there | share every 2 s | share every 5 s | warnings found |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for name, r in ((name, r) for name, rows in sections.items() for r in rows):
+        lines.append(f"| {name} | {r['ranks']} | {r['reps']} | {r['cpu_s_median']} | {r['cpu_s_min']} | {r['cpu_s_max']} | "
+                     f"{r['first_judgement_cpu_s']} | {r['interval_s']} | {r['cpu_share_at_interval']:.1%} | "
+                     f"{r['cpu_share_every_2s']:.1%} | {r['cpu_share_every_5s']:.1%} | "
+                     f"{'; '.join(r['warnings_found']) or 'none'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[8, 64])
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--profile", type=int, nargs="*", default=[], help="cProfile the judgements of these rank counts")
+    parser.add_argument("--name", default="live_cost", help="results/<name>.md and .json")
+    parser.add_argument("--no-save", action="store_true")
+    parser.add_argument("--before", type=Path, help="measure this older code too, in turns (see above)")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    settings = Live.active()
+    if args.before:
+        sections = in_turns(args.before, args.ranks, args.reps, args.rounds)
+    else:
+        sections = {"this": []}
+        for ranks in args.ranks:
+            sections["this"].append(measure(ranks, args.reps, ranks in args.profile))
+            print(json.dumps(sections["this"][-1]), flush=True)
+    facts = machine()
+    if not args.no_save:
+        save(args.name, {"machine": facts, "settings": {"interval_s": settings.interval_s,
+                                                        "max_cpu_share": settings.max_cpu_share,
+                                                        "window_steps": settings.window_steps}, "results": sections},
+             markdown(sections, facts, settings))
+
+
+if __name__ == "__main__":
+    main()
