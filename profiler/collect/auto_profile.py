@@ -29,7 +29,10 @@ MAX_WARMUP_STEPS = 20  # a job whose step time never settles is profiled after t
 LEAD_S = 0.5  # a window starts this far ahead where ranks on other hosts read it over a shared filesystem
 # ... and this far where every rank is on this host: the wrapper's write and a rank's stat take milliseconds.
 LOCAL_LEAD_S = 0.05
-MIN_LEAD_STEPS = 2  # a rank reads the request at its next step boundary: the step after that is the first safe one
+# A rank reads the request as each step begins. The step in flight when the wrapper read the records may end
+# before the request is written (a busy host, the wrapper's live judgement beside it: tens of ms seen, and
+# a rank missed a 2-step lead), so the first safe step is the one after the next.
+MIN_LEAD_STEPS = 3
 HISTORY_STEPS = 20  # "recent median": the last unprofiled steps
 MIN_HISTORY_STEPS = 5  # a median of fewer steps is not a baseline
 SLOWDOWN_FACTOR = 1.5  # a step this much slower than the recent median ...
