@@ -76,7 +76,8 @@ def test_ranks_started_by_mp_spawn_are_instrumented_by_their_rank(spawn_run):
 
 def test_the_slow_mp_spawn_rank_is_the_straggler(spawn_run):
     report = spawn_run.json("report.json")
-    [f] = [f for f in report["findings"] if f["kind"] == "straggler"]
+    # Warnings and worse: a busy host can add an info-level pause on rank 0 (information, not a verdict).
+    [f] = [f for f in report["findings"] if f["kind"] == "straggler" and f["severity"] != "info"]
     assert f["ranks"] == [1] and f["metrics"]["impact_source"] == "ledger"
     assert 60.0 <= f["impact_ms"] <= 200.0  # the 80 ms sleep, give or take a busy host (as in test_ledger)
 

@@ -220,7 +220,7 @@ def test_without_profiling_or_counters_the_report_says_what_is_missing(slow_rank
     bare = tmp_path / "no-traces"
     shutil.copytree(run, bare, ignore=shutil.ignore_patterns("trace-*", "analysis", "report.*"))
     # Without traces, the always-on counters still name the slow rank (its step without collective waits) ...
-    [f] = findings(analyze(bare, bare, ["json"], workers=1), "straggler", actionable=False)
+    [f] = findings(analyze(bare, bare, ["json"], workers=1), "straggler")
     assert f["ranks"] == [1] and f["metrics"]["source"] == "counters"
     # ... without them too, step times alone cannot: no guess, and the report says what is missing.
     without_counters(bare)
