@@ -52,3 +52,14 @@ def run(cmd: list[str], env: dict | None = None) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
     if proc.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+def live_alarms(run_dir: Path) -> list[str]:
+    """The warning-or-worse findings live judgement raised while the job ran ("live KIND [RANKS]"), from
+    RUN/live/findings.jsonl: on a clean run each is a false alarm, as a final report's would be."""
+    path = run_dir / "live" / "findings.jsonl"
+    if not path.exists():
+        return []
+    events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return sorted({f"live {e['kind']} {e['ranks']}" for e in events
+                   if e.get("event") in ("new", "update") and e.get("severity") in ("warning", "error", "critical")})

@@ -3,9 +3,10 @@
 1. A plain training script (overhead_job.py: DDP, a DataLoader, a 4-layer transformer encoder,
    AdamW; no diagtrain import) alone, under `diagtrain run --profile-steps none` (everything that is
    always on: bootstrap, step records and heartbeat, the counters and their hooks, teed logs,
-   flight recorder, telemetry), and under plain `diagtrain run` (the default, auto profiling:
-   steps inside its windows are left out). Runs alternate; the script times its own steps, so
-   every arm is measured the same way.
+   flight recorder, telemetry, live judgement), and under plain `diagtrain run` (the default, auto
+   profiling: steps inside its windows are left out). Every wrapped run serves the metrics
+   endpoint (``--metrics-port``), scraped every second while it runs (harsher than Prometheus'
+   15 s). Runs alternate; the script times its own steps, so every arm is measured the same way.
 2. The reference trainer (its own StepRecorder) alone against under `diagtrain run --profile-steps
    none`: what the wrapper adds to a loop that records steps itself.
 3. Step time inside a profiled window against outside it.
@@ -21,12 +22,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import timeit
+import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from common import machine, run, save
 
@@ -35,6 +41,45 @@ TRAINER = ["--strategy", "ddp", "--nproc", "2", "--dim", "256", "--layers", "4",
 JOB = Path(__file__).resolve().parent / "overhead_job.py"
 TARGET_RATIO = 1.01
 ARMS = {"alone": [], "always on": ["--profile-steps", "none"], "default (auto)": []}
+SCRAPE_EVERY_S = 1.0  # how often the metrics endpoint is read while a wrapped job runs
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def scraped(port: int) -> Iterator[list[int]]:
+    """Read http://127.0.0.1:PORT/metrics every SCRAPE_EVERY_S while the block runs; the scrapes that
+    answered, in a list (a job not started yet, or ended, refuses them)."""
+    answered: list[int] = []
+    stop = threading.Event()
+
+    def scrape() -> None:
+        while not stop.wait(SCRAPE_EVERY_S):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+                    answered.append(len(response.read()))
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=scrape, daemon=True)
+    thread.start()
+    try:
+        yield answered
+    finally:
+        stop.set()
+        thread.join()
+
+
+def run_wrapped(cmd: list[str], env: dict | None = None) -> int:
+    """Run a `diagtrain run` command line with the metrics endpoint on, scraped; the scrapes answered."""
+    port = free_port()
+    with scraped(port) as answered:
+        run([*cmd[:4], "--metrics-port", str(port), *cmd[4:]], env=env)
+    return len(answered)
 
 
 def torchrun() -> list[str]:
@@ -64,8 +109,9 @@ def plain_job_arm(tmp: Path, name: str, steps: int) -> float:
         run(torchrun(), env=env)
         return job_median_ms(times, set())
     out = tmp / "run"
-    run([sys.executable, "-m", "diagtrain.profiler.cli", "run", "--out", str(out), "--no-analyze", *ARMS[name], "--",
-         *torchrun()], env=env)
+    if not run_wrapped([sys.executable, "-m", "diagtrain.profiler.cli", "run", "--out", str(out), "--no-analyze",
+                        *ARMS[name], "--", *torchrun()], env=env):
+        sys.exit(f"{name}: the metrics endpoint never answered")
     return job_median_ms(times, profiled_steps(out))
 
 
@@ -133,7 +179,7 @@ def main() -> None:
                 plain[name].append(plain_job_arm(Path(tmp) / f"{name}-{i}", name, args.steps))
             a, b = Path(tmp) / f"alone{i}", Path(tmp) / f"run{i}"
             run(trainer(a, args.steps))
-            run(wrapped(b, args.steps, "--profile-steps", "none"))
+            run_wrapped(wrapped(b, args.steps, "--profile-steps", "none"))
             alone.append(recorded_median_ms(a))
             under_run.append(recorded_median_ms(b))
             print(f"round {i + 1}: " + ", ".join(f"{n} {v[-1]:.2f} ms" for n, v in plain.items())
@@ -177,6 +223,8 @@ def markdown(result: dict, plain: dict[str, list[float]], alone: list[float], un
 
 {m['date']}, {m['cpu_count']} cores, {m['memory_gib']} GiB, Python {m['python']}, torch {m['torch']}.
 Command: `{m['command']}`. Steps {WARMUP_STEPS + 1}-{result['plain_job']['steps']} of each run, rounds alternating.
+Every `diagtrain run` arm judges the job live (the default) and serves `--metrics-port`, scraped every
+{SCRAPE_EVERY_S:g} s while it runs.
 
 **A plain script** (`benchmarks/{result['plain_job']['script']}`: DDP on 2 gloo ranks, DataLoader,
 4-layer transformer encoder, AdamW; no diagtrain import), timed by itself:

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from common import live_alarms
+
 SCRIPTS = Path(__file__).resolve().parent / "user_scripts"
 STEPS = 10
 PROFILE = "4-7"
@@ -146,7 +148,7 @@ def _run(case: Case, options: list[str], out: Path, hog: bool) -> dict:
     analyzed = subprocess.run([*cli, "analyze", str(out), "--format", "json", "--quiet"], capture_output=True, text=True)
     if analyzed.returncode != 0:
         return {"findings": [], "error": analyzed.stderr[-2000:]}
-    return json.loads((out / "report.json").read_text())
+    return {**json.loads((out / "report.json").read_text()), "live_alarms": live_alarms(out)}
 
 
 def score(case: Case, report: dict) -> dict:
@@ -156,9 +158,10 @@ def score(case: Case, report: dict) -> dict:
     others = [f"{f['kind']} {f['ranks']}" for f in actionable]
     if case.expected is None:
         failed = f"analysis failed: {report['error'].strip().splitlines()[-1][:200]}" if report.get("error") else ""
-        return {"ok": not actionable and not failed, "false_alarms": others,
-                "detail": failed or "; ".join(f"{f['kind']} {f['ranks']}: {f['explanation'][:160]}" for f in actionable)
-                or "no alarm"}
+        live = report.get("live_alarms", [])
+        return {"ok": not actionable and not live and not failed, "false_alarms": others + live,
+                "detail": failed or "; ".join([f"{f['kind']} {f['ranks']}: {f['explanation'][:160]}" for f in actionable]
+                                              + live) or "no alarm"}
     kind, ranks = case.expected
     matching = [f for f in actionable if f["kind"] == kind]
     located = [f for f in matching if set(ranks) <= set(f["ranks"])]
@@ -205,7 +208,8 @@ def user_markdown(user: dict) -> str:
 
 Each case: `diagtrain run [--profile-steps {PROFILE}] -- torchrun --nproc-per-node N benchmarks/user_scripts/SCRIPT ARGS
 --steps {STEPS}`, then `diagtrain analyze`; the scripts import nothing from diagtrain. Clean cases
-{user.get('clean_repeats', CLEAN_REPEATS)} times, then once beside a CPU hog (`python -c "while True: pass"`).
+{user.get('clean_repeats', CLEAN_REPEATS)} times, then once beside a CPU hog (`python -c "while True: pass"`). A clean run's
+false alarm is a warning or worse in its report or raised by live judgement while it ran (live/findings.jsonl).
 
 {line("profiled")}
 {line("no flags")}

@@ -11,14 +11,14 @@ pattern (every step, or periodic) or came and went.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady
-from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, UPPER_BOUND, Finding
+from diagtrain.profiler.analyzer.judge.findings import UPPER_BOUND, Finding
 from diagtrain.profiler.analyzer.judge.quantities import Measure, Quantity, SlowCause
 from diagtrain.profiler.analyzer.run.ledger import OUTSIDE, excess_column, work_column
 from diagtrain.profiler.analyzer.run.tables import Tables
@@ -223,22 +223,35 @@ def _causes_of(f: Finding, found: list[Cause]) -> list[Cause]:
 def _price(f: Finding, mine: list[Cause], totals: dict[str, Any], c: Cost, t: Tables) -> None:
     lost = sum(x.lost_ms for x in mine)
     share = sum(x.share for x in mine)
-    main = max(mine, key=lambda x: x.lost_ms)
+    main = replace(max(mine, key=lambda x: x.lost_ms), **_seen_pattern(f, mine, t, c))
     # The detector's own reading of a period (from every step it saw) stands where it made one.
-    f.metrics.update({k: v for k, v in _cost_metrics(mine, totals, t).items()
+    f.metrics.update({k: v for k, v in _cost_metrics(mine, totals, t, main).items()
                       if not (k == "period_steps" and f.metrics.get(k) is not None)})
     if f.kind not in c.validated_kinds.split(","):
         f.metrics[UPPER_BOUND] = True  # a price not yet held against a clean twin: claimed as a bound
     f.metrics["detector_impact_ms"] = f.impact_ms
     f.impact_ms = _bounded(f, mine, totals, c)
-    # The ledger charges a step only above the run's noise, so on a busy host it can see a pattern in
-    # fewer steps than the detector that compared the rank with its peers: there the detector's
-    # judgement of how often it happened stands (raised where the rule says more), priced by the ledger.
     if f.severity != "critical":
-        ruled = severity(share, main.pattern, c)
-        f.severity = ruled if main.pattern != INTERMITTENT else max(f.severity, ruled, key=SEVERITIES.index)
+        f.severity = severity(share, main.pattern, c)
     f.explanation += " " + _cost_words(main, lost, share, totals) + _bound_words(f)
     f.settings.update(values(c))
+
+
+def _seen_pattern(f: Finding, mine: list[Cause], t: Tables, c: Cost) -> dict[str, Any]:
+    """How often the cause came: the ledger's pattern where it names one; where the ledger saw it come and
+    go, the pattern of its steps with those in which the detector saw the rank stand out from its peers.
+
+    The ledger charges a step only above 3 standard deviations of one step's noise: on a busy host a
+    60 ms pause in every step sits under that bar in some steps, which the detector still sees. The
+    detector alone does not say it either: one that read a window of three profiled steps (auto
+    profiling's first window) saw the rank slow in all of them even where that was the only time it was."""
+    main = max(mine, key=lambda x: x.lost_ms)
+    if main.pattern != INTERMITTENT:
+        return {}
+    steps = sorted(int(s) for s in _steady(t)["step"].unique())
+    seen = sorted(set().union(*(x.steps for x in mine)) | (set(f.steps) & set(steps)))
+    pattern, period = _pattern(seen, steps, c)
+    return {"steps": seen, "pattern": pattern, "period": period} if pattern != INTERMITTENT else {}
 
 
 def _bounded(f: Finding, mine: list[Cause], totals: dict[str, Any], c: Cost) -> float:
@@ -291,8 +304,9 @@ def _finding(cause: Cause, totals: dict[str, Any], c: Cost, t: Tables) -> Findin
     return f
 
 
-def _cost_metrics(mine: list[Cause], totals: dict[str, Any], t: Tables) -> dict[str, Any]:
-    main = max(mine, key=lambda x: x.lost_ms)
+def _cost_metrics(mine: list[Cause], totals: dict[str, Any], t: Tables, main: Cause | None = None) -> dict[str, Any]:
+    """The ledger's price of ``mine`` for a finding's metrics; its pattern ``main``'s (the costliest cause's)."""
+    main = main or max(mine, key=lambda x: x.lost_ms)
     lost = sum(x.lost_ms for x in mine)
     profiled = _profiled_saving(t, main.rank, [x.part for x in mine])
     return {"lost_s": round(lost / 1e3, 4), "lost_ms_per_step": lost / totals["steady_steps"],
