@@ -8,6 +8,7 @@ list the command line gave: no request can name a path.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,7 @@ class Dashboard:
         self.runs = runs
         self.following = dict(following or {})  # run index -> the running job it follows
         self.generation = 0  # how many times a followed run changed: what each page last saw is in its live-version
+        self._refreshing = threading.Lock()  # every open page's interval asks: one refresh at a time
 
     def run(self, index: Any) -> RunData:
         """The run at ``index`` (0 or 1); anything else is the first run."""
@@ -78,7 +80,7 @@ class Dashboard:
             raise PreventUpdate
         if run.live is not None or (tab == "compare" and any(r.live is not None for r in self.runs)):
             if tab in AFTER_ANALYSIS:
-                return html.P(live.PENDING, className="pending")
+                return html.P(live.pending("This view"), className="pending")
             if tab != "overview" and run.steps.empty:
                 return html.P("No step has finished yet; this page follows the job.", className="pending")
         pages = {"overview": self._overview, "timeline": self._timeline, "steps": self._steps,
@@ -95,22 +97,22 @@ class Dashboard:
     def refresh_live(self, seen: dict | None) -> tuple[Any, bool, Any]:
         """Read what the followed jobs appended (a finished one's final analysis replaces it): the live
         badge, whether the refresh stops, and the page's live-version when it has changed since it looked."""
-        for index, follower in list(self.following.items()):
-            before = follower.version
-            self.runs[index] = follower.refresh()
-            try:
-                final = follower.final()
-            except RunError:
-                final = None  # the analysis is still being written, or damaged: the live view stays
-            if final is not None:
-                self.runs[index] = final
-                del self.following[index]
-            if final is not None or follower.version != before:
-                self.generation += 1
-        marks = [live.marker(r) for r in self.runs if r.live is not None]
-        badge = html.Span(" · ".join(marks), className="live-badge") if marks else None
-        changed = (seen or {}).get("generation") != self.generation
-        return badge, not self.following, {"generation": self.generation} if changed else dash.no_update
+        with self._refreshing:
+            for index, follower in list(self.following.items()):
+                before = follower.version
+                self.runs[index] = follower.refresh()
+                try:
+                    final = follower.final()
+                except RunError:
+                    final = None  # the analysis is damaged: the live view stays, and says the job ended
+                if final is not None:
+                    self.runs[index] = final
+                    del self.following[index]
+                if final is not None or follower.version != before:
+                    self.generation += 1
+            changed = (seen or {}).get("generation") != self.generation
+            return live_badge(self.runs), not self.following, \
+                {"generation": self.generation} if changed else dash.no_update
 
     def _overview(self, run: RunData) -> Any:
         facts = html.Table([html.Tr([html.Th(k), html.Td(v)]) for k, v in overview.facts(run)], className="facts")
@@ -165,8 +167,8 @@ class Dashboard:
                    + (" Ranks are grouped: each group row shows what most of its ranks do (top strip) and its "
                       "slowest rank (bottom strip); ranks that findings name have lanes of their own. Click a group "
                       "row to open it into its ranks." if groups else "")
-                   + (f" The job is running: its steps are drawn as they finish; operators of profiled steps: "
-                      f"{live.PENDING[0].lower()}{live.PENDING[1:]}" if run.live is not None else ""),
+                   + (" The job is running: its steps are drawn as they finish. "
+                      + live.pending("The operators of profiled steps") if run.live is not None else ""),
                    className="hint"),
         ])
 
@@ -198,9 +200,8 @@ class Dashboard:
         ])
 
     def _memory(self, run: RunData) -> Any:
-        peaks = html.P(f"Peak memory per rank against its model state: {live.PENDING[0].lower()}{live.PENDING[1:]}",
-                       className="pending") if run.live is not None else dcc.Graph(id="memory-peaks",
-                                                                                   figure=memory.peaks(run))
+        peaks = html.P(live.pending("Peak memory per rank against its model state"), className="pending") \
+            if run.live is not None else dcc.Graph(id="memory-peaks", figure=memory.peaks(run))
         return html.Div([peaks, dcc.Graph(id="memory-time", figure=memory.over_time(run))])
 
     def _expected(self, run: RunData) -> Any:
@@ -389,8 +390,7 @@ def layout(runs: list[RunData]) -> Any:
     tabs = [dcc.Tab(label=label, value=value) for value, label in TABS if value != "compare" or len(runs) > 1]
     return html.Div([
         html.Div([html.H2("diagtrain"), html.Span(str(runs[0].path), className="run-path"),
-                  html.Span([html.Span(" · ".join(live.marker(r) for r in runs if r.live is not None),
-                                       className="live-badge")] if following else [], id="live-marker")],
+                  html.Span(live_badge(runs), id="live-marker")],
                  className="header"),
         # A running job's view asks for what is new every REFRESH_MS, until its final analysis is shown.
         dcc.Interval(id="live-refresh", interval=live.REFRESH_MS, disabled=not following),
@@ -401,6 +401,12 @@ def layout(runs: list[RunData]) -> Any:
         dcc.Store(id="view"),
         dcc.Loading(html.Div(id="page", className="page"), delay_show=300),
     ], className="app")
+
+
+def live_badge(runs: list[RunData]) -> Any:
+    """The red badge of the runs that are followed live (None when none is)."""
+    marks = [live.marker(r) for r in runs if r.live is not None]
+    return html.Span(" · ".join(marks), className="live-badge") if marks else None
 
 
 def build(runs: list[RunData], host: str = "127.0.0.1", following: dict[int, live.LiveRun] | None = None) -> Dash:

@@ -24,8 +24,15 @@ from diagtrain.profiler.analyzer.run.so_far import ANALYZING, ENDED, RUNNING, Ru
 # How often the page asks for what is new: live judgement writes at most every 2 s (live.interval_s)
 # and a step record comes every step; every 3 s shows each judgement soon without keeping the server busy.
 REFRESH_MS: int = 3000
-PENDING = "Available when the job ends and is analyzed."
+PENDING = "available when the job ends and is analyzed"
+
+
 WORDS = {RUNNING: "running", ANALYZING: "ended, being analyzed", ENDED: "ended, not analyzed"}
+
+
+def pending(what: str) -> str:
+    """The line a running job's view shows for ``what`` needs the traces or the final analysis."""
+    return f"{what}: {PENDING}."
 
 
 def follows(run: Path) -> bool:

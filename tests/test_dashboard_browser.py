@@ -218,6 +218,10 @@ def test_a_running_job_is_followed_live_then_settles_into_its_report(tmp_path, b
             _tab(browser, "Steps")
             drawn = wait.until(lambda d: _heatmap_last_step(d))
             wait.until(lambda d: (_heatmap_last_step(d) or 0) > drawn)
+            # The timeline draws every rank's steps so far (their operators come with the analysis).
+            _tab(browser, "Timeline")
+            lanes = wait.until(lambda d: _layout(d, "timeline") if _legend(d)["title"] else None)
+            assert lanes["meta"]["ranks"] == [0, 1]
             _tab(browser, "Overview")
             # The job ends, `diagtrain run` analyzes it, and the page becomes its report: no badge.
             report = WebDriverWait(browser, JOB_TIMEOUT_S + START_TIMEOUT_S).until(

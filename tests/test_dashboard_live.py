@@ -10,6 +10,7 @@ from pathlib import Path
 
 import dash
 import pytest
+from dash.exceptions import PreventUpdate
 
 from diagtrain.dashboard import app, live
 from diagtrain.profiler.analyzer.run.so_far import ANALYZING, ENDED, RUNNING, job_state
@@ -102,8 +103,10 @@ def test_a_running_job_is_followed_as_it_is_appended_to(tmp_path):
     assert board.refresh_live(seen)[2] is dash.no_update  # this page has seen the latest
     overview = str(board.render_tab("overview", 0))
     assert "Live findings (2)" in overview and "memory_growth" in overview and "dataloader_stall" not in overview
-    for tab in ("communication", "expected", "hang"):
+    for tab in ("communication", "expected", "hang", "memory"):
         assert live.PENDING in str(board.render_tab(tab, 0))
+    with pytest.raises(PreventUpdate):  # a new step redraws the heatmap in place: the metric chosen stays
+        board.render_tab("steps", 0, app.LIVE_VERSION)
     assert board.update_heatmap("forward_ms", "relative", 0)["layout"]["meta"]["marked"] == [1]
     figure, _ = board.update_timeline(None, None, None, None, 0)
     assert figure["layout"]["meta"]["ranks"] == [0, 1]

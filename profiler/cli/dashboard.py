@@ -53,8 +53,8 @@ def run_dashboard(args: argparse.Namespace, argv: list[str]) -> int:
     runs, following = [], {}
     for path in paths:
         if live.follows(path):  # still running (or being analyzed): followed until its report is there
-            following[len(runs)] = live.LiveRun(path)
-            runs.append(following[len(runs)].refresh())
+            follower = following[len(runs)] = live.LiveRun(path)
+            runs.append(follower.refresh())
             continue
         missing = data.missing_analysis(path)
         if missing:

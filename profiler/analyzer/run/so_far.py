@@ -65,15 +65,18 @@ class RunSoFar:
         self.live = LiveSteps(Path(run_dir), None)  # keeps every step
         self._steps = pd.DataFrame()
         self._telemetry = pd.DataFrame()
+        self._repeated = 0  # steps recorded more than once, so far
 
     def read(self) -> SoFar:
         """Read what was appended since the last call; the tables of the whole run so far."""
         new = self.live.read()
         added = [row for tail in self.live.steps.values() for row in tail.added.values()]
         if added:
-            # A step recorded again (a restarted job) replaces its earlier row, as in the final analysis.
-            self._steps = pd.concat([self._steps, pd.DataFrame(added)], ignore_index=True).drop_duplicates(
-                ["rank", "step"], keep="last", ignore_index=True)
+            self._steps = pd.concat([self._steps, pd.DataFrame(added)], ignore_index=True)
+        repeated = sum(tail.found.repeated for tail in self.live.steps.values())
+        if repeated != self._repeated:  # a step recorded again (a restarted job) replaces its row, as in the analysis
+            self._steps = self._steps.drop_duplicates(["rank", "step"], keep="last", ignore_index=True)
+            self._repeated = repeated
         if self.live.new_samples:
             self._telemetry = pd.concat([self._telemetry, samples_table(self.live.new_samples)], ignore_index=True)
         steps = self.live.steps_table(self._steps) if len(self._steps) else pd.DataFrame()
