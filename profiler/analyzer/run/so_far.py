@@ -72,13 +72,13 @@ class RunSoFar:
         new = self.live.read()
         added = [row for tail in self.live.steps.values() for row in tail.added.values()]
         if added:
-            self._steps = pd.concat([self._steps, pd.DataFrame(added)], ignore_index=True)
+            self._steps = _appended(self._steps, pd.DataFrame(added))
         repeated = sum(tail.found.repeated for tail in self.live.steps.values())
         if repeated != self._repeated:  # a step recorded again (a restarted job) replaces its row, as in the analysis
             self._steps = self._steps.drop_duplicates(["rank", "step"], keep="last", ignore_index=True)
             self._repeated = repeated
         if self.live.new_samples:
-            self._telemetry = pd.concat([self._telemetry, samples_table(self.live.new_samples)], ignore_index=True)
+            self._telemetry = _appended(self._telemetry, samples_table(self.live.new_samples))
         steps = self.live.steps_table(self._steps) if len(self._steps) else pd.DataFrame()
         hosts = read_hosts(self.live.run_dir)
         command = hosts[0].get("command") if hosts else None
@@ -91,3 +91,8 @@ class RunSoFar:
         """The latest step that every rank with records has finished."""
         last: list[Any] = [t.last_step for t in self.live.steps.values() if t.rows]
         return min(last) if last else None
+
+
+def _appended(table: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` below ``table`` (pandas deprecates concatenating an empty frame: the first rows are the table)."""
+    return pd.concat([table, rows], ignore_index=True) if len(table) else rows.reset_index(drop=True)
