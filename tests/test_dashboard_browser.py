@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from cluster_runs import cluster_run
-from conftest import JOB_TIMEOUT_S, heartbeat_step, torchrun, wait_until
+from conftest import JOB_TIMEOUT_S, Run, died_in_teardown, heartbeat_step, torchrun, wait_until
 from werkzeug.serving import make_server
 
 from diagtrain.dashboard import app, data, rows, timeline
@@ -184,9 +184,9 @@ def test_communication_and_memory_in_a_browser(server, pipeline_server, browser)
     assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
 
 
-# A 2-rank job of the plain script whose rank 1 sleeps 300 ms a step against a 50 ms step: ~25 s of
+# A 2-rank job of the plain script whose rank 1 sleeps 300 ms a step against a 50 ms step: ~20 s of
 # steps, a straggler live judgement finds well before the end (test_live.py's job, shorter).
-LIVE_JOB = {"MODE": "ddp", "STEPS": "70", "STEP_MS": "50", "SLEEP_RANK": "1", "SLEEP_MS": "300", "OMP_NUM_THREADS": "1"}
+LIVE_JOB = {"MODE": "ddp", "STEPS": "55", "STEP_MS": "50", "SLEEP_RANK": "1", "SLEEP_MS": "300", "OMP_NUM_THREADS": "1"}
 
 
 def test_a_running_job_is_followed_live_then_settles_into_its_report(tmp_path, browser):
@@ -194,12 +194,14 @@ def test_a_running_job_is_followed_live_then_settles_into_its_report(tmp_path, b
     growing and the live straggler without a reload, then the final report once the run is analyzed."""
     out = tmp_path / "run"
     env = {**{k: v for k, v in os.environ.items() if k != "DIAGTRAIN_RUN_DIR"}, **LIVE_JOB}
-    job = subprocess.Popen([sys.executable, "-m", "diagtrain.profiler.cli", "run", "--out", str(out), "--profile-steps",
-                            "none", "--", *torchrun(2), str(PLAIN_JOB)], env=env, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE, text=True)
+    console = tmp_path / "console.log"  # a file, not a pipe nobody reads while the job runs
+    with open(console, "w") as log:
+        job = subprocess.Popen([sys.executable, "-m", "diagtrain.profiler.cli", "run", "--out", str(out),
+                                "--profile-steps", "none", "--", *torchrun(2), str(PLAIN_JOB)], env=env,
+                               stdout=subprocess.DEVNULL, stderr=log)
     try:
         wait_until(lambda: heartbeat_step(out, 1) >= 1 or job.poll() is not None, "the job's first step")
-        assert job.poll() is None, job.stderr.read()[-3000:]
+        assert job.poll() is None, console.read_text()[-3000:]
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         with _dashboard(out) as (url, _):
             browser.get(url)
@@ -230,9 +232,11 @@ def test_a_running_job_is_followed_live_then_settles_into_its_report(tmp_path, b
             assert (out / "report.json").exists() and "Live findings" not in report
             assert "straggler" in report
             status = browser.find_element(By.XPATH, "//table[@class='facts']//th[text()='status']/following-sibling::td")
-            assert status.text == "ok"
             assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
-        assert job.wait(timeout=JOB_TIMEOUT_S) == 0, job.stderr.read()[-3000:]
+            code = job.wait(timeout=JOB_TIMEOUT_S)
+            # torch's rare teardown crash after every rank's script ended fails a run that did its work.
+            assert (code == 0 and status.text == "ok") or died_in_teardown(Run(out, code, "")), \
+                console.read_text()[-3000:]
     finally:
         if job.poll() is None:
             job.kill()
