@@ -8,6 +8,7 @@ list the command line gave: no request can name a path.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,19 +25,25 @@ from diagtrain.dashboard import (
     figures,
     hang,
     heatmap,
+    live,
     memory,
     overview,
     rows,
     telemetry,
     timeline,
 )
-from diagtrain.dashboard.data import RunData
+from diagtrain.dashboard.data import RunData, RunError
 from diagtrain.dashboard.style import FINDING_COLORS
 
 ASSETS = Path(__file__).parent / "assets"
 TABS = [("overview", "Overview"), ("timeline", "Timeline"), ("steps", "Steps"), ("communication", "Communication"),
         ("memory", "Memory"), ("expected", "Expected"), ("telemetry", "Telemetry"), ("hang", "Hang"),
         ("compare", "Compare")]
+# Tabs whose content needs the traces or the final analysis: a running job's shows live.PENDING there.
+AFTER_ANALYSIS = ("communication", "expected", "hang", "compare")
+# Tabs that follow a running job in place (their figures' own callbacks redraw, the user's choices stay).
+IN_PLACE = ("timeline", "steps", "telemetry")
+LIVE_VERSION = "live-version"
 MAX_LANES_ON_FOCUS = 16  # a finding in a bigger job opens with its ranks and a few peers only
 PEER_LANES = 4  # ... that many other ranks, for comparison
 DEFAULT_THRESHOLD_PCT = 5.0
@@ -55,22 +62,57 @@ CELL_STYLE = {"fontFamily": "monospace", "fontSize": "12px", "padding": "2px 6px
 class Dashboard:
     """The runs on show and what each callback returns for them."""
 
-    def __init__(self, runs: list[RunData]) -> None:
+    def __init__(self, runs: list[RunData], following: dict[int, live.LiveRun] | None = None) -> None:
         self.runs = runs
+        self.following = dict(following or {})  # run index -> the running job it follows
+        self.generation = 0  # how many times a followed run changed: what each page last saw is in its live-version
+        self._refreshing = threading.Lock()  # every open page's interval asks: one refresh at a time
 
     def run(self, index: Any) -> RunData:
         """The run at ``index`` (0 or 1); anything else is the first run."""
         return self.runs[index] if isinstance(index, int) and 0 <= index < len(self.runs) else self.runs[0]
 
     # --- pages -----------------------------------------------------------------------------
-    def render_tab(self, tab: str, run_index: int) -> Any:
-        """The content of one tab."""
+    def render_tab(self, tab: str, run_index: int, trigger: str | None = None) -> Any:
+        """The content of one tab; on a followed run's change, only where its figures cannot redraw in place."""
         run = self.run(run_index)
+        if trigger == LIVE_VERSION and run.live is not None and self._in_place(tab, run):
+            raise PreventUpdate
+        if run.live is not None or (tab == "compare" and any(r.live is not None for r in self.runs)):
+            if tab in AFTER_ANALYSIS:
+                return html.P(live.pending("This view"), className="pending")
+            if tab != "overview" and run.steps.empty:
+                return html.P("No step has finished yet; this page follows the job.", className="pending")
         pages = {"overview": self._overview, "timeline": self._timeline, "steps": self._steps,
                  "communication": self._communication, "memory": self._memory, "expected": self._expected,
                  "telemetry": self._telemetry,
                  "hang": self._hang, "compare": self._compare}
         return pages.get(tab, self._overview)(run)
+
+    @staticmethod
+    def _in_place(tab: str, run: RunData) -> bool:
+        """Whether the tab's page follows a running job by its own callbacks (an empty page is drawn again)."""
+        return tab in IN_PLACE and not run.steps.empty and (tab != "telemetry" or bool(telemetry.metrics(run)))
+
+    def refresh_live(self, seen: dict | None) -> tuple[Any, bool, Any]:
+        """Read what the followed jobs appended (a finished one's final analysis replaces it): the live
+        badge, whether the refresh stops, and the page's live-version when it has changed since it looked."""
+        with self._refreshing:
+            for index, follower in list(self.following.items()):
+                before = follower.version
+                self.runs[index] = follower.refresh()
+                try:
+                    final = follower.final()
+                except RunError:
+                    final = None  # the analysis is damaged: the live view stays, and says the job ended
+                if final is not None:
+                    self.runs[index] = final
+                    del self.following[index]
+                if final is not None or follower.version != before:
+                    self.generation += 1
+            changed = (seen or {}).get("generation") != self.generation
+            return live_badge(self.runs), not self.following, \
+                {"generation": self.generation} if changed else dash.no_update
 
     def _overview(self, run: RunData) -> Any:
         facts = html.Table([html.Tr([html.Th(k), html.Td(v)]) for k, v in overview.facts(run)], className="facts")
@@ -87,10 +129,13 @@ class Dashboard:
                           + [html.Tr([html.Td(v) for v in row]) for row in lost_rows], className="facts")
         health = [html.Li(f"{h['severity']}: {h['message']}") for h in run.report.get("health") or []]
         skipped = [html.Li(f"{s['path']}: {s['reason']}") for s in run.report.get("skipped") or []]
+        following = run.live is not None
         return html.Div([
             html.H3("Run"), facts,
-            html.H3(f"Findings ({len(findings)})"),
-            html.Div(cards or [html.P("No problems found.")], id="findings"),
+            html.H3(f"{'Live findings' if following else 'Findings'} ({len(findings)})"),
+            html.P("What live judgement finds in the recent steps, standing now; the final report replaces it when the "
+                   "job ends and is analyzed.", className="hint") if following else None,
+            html.Div(cards or [html.P("None standing now." if following else "No problems found.")], id="findings"),
             html.Div([html.H3("Where the time went"), html.P(lost_head),
                       lost if lost_rows else html.P("No rank made the others wait beyond the noise.")],
                      id="time-lost") if lost_head else None,
@@ -121,7 +166,9 @@ class Dashboard:
                    "phases; zoomed in to a few profiled steps, the operators: compute, communication, memory and idle."
                    + (" Ranks are grouped: each group row shows what most of its ranks do (top strip) and its "
                       "slowest rank (bottom strip); ranks that findings name have lanes of their own. Click a group "
-                      "row to open it into its ranks." if groups else ""),
+                      "row to open it into its ranks." if groups else "")
+                   + (" The job is running: its steps are drawn as they finish. "
+                      + live.pending("The operators of profiled steps") if run.live is not None else ""),
                    className="hint"),
         ])
 
@@ -153,8 +200,9 @@ class Dashboard:
         ])
 
     def _memory(self, run: RunData) -> Any:
-        return html.Div([dcc.Graph(id="memory-peaks", figure=memory.peaks(run)),
-                         dcc.Graph(id="memory-time", figure=memory.over_time(run))])
+        peaks = html.P(live.pending("Peak memory per rank against its model state"), className="pending") \
+            if run.live is not None else dcc.Graph(id="memory-peaks", figure=memory.peaks(run))
+        return html.Div([peaks, dcc.Graph(id="memory-time", figure=memory.over_time(run))])
 
     def _expected(self, run: RunData) -> Any:
         state, state_cols = expected.state_table(run)
@@ -250,13 +298,13 @@ class Dashboard:
         window = timeline.full_window(run)
         if view and view.get("run") == run_index and trigger != "timeline-reset":
             window = timeline.Window(float(view["x0"]), float(view["x1"]), view.get("ranks"), view.get("focus"))
-        if trigger in ("timeline", "timeline-zoom") and relayout:
+        if trigger in ("timeline", "timeline-zoom", LIVE_VERSION) and relayout:
             zoom = zoomed_range(relayout)
             if zoom == "reset":
                 window = replace(timeline.full_window(run), ranks=window.ranks, focus=window.focus)
             elif zoom is not None:
-                window = replace(window, x0=zoom[0], x1=zoom[1])
-            else:
+                window = replace(window, x0=zoom[0], x1=zoom[1])  # a running job's new steps keep the zoom
+            elif trigger != LIVE_VERSION:
                 raise PreventUpdate  # a relayout that is not a zoom (autosize, legend clicks)
         if lanes:
             window.ranks = [int(r) for r in lanes]
@@ -336,11 +384,17 @@ ZOOM_FILTER = """function(relayout) {
 
 
 def layout(runs: list[RunData]) -> Any:
-    """The page: a header, the run choice (two runs), the tabs and their content."""
+    """The page: a header (a running job's live badge), the run choice (two runs), the tabs and their content."""
     choices = [{"label": f"{'RUN' if i == 0 else 'RUN2'}: {r.path}", "value": i} for i, r in enumerate(runs)]
+    following = any(r.live is not None for r in runs)
     tabs = [dcc.Tab(label=label, value=value) for value, label in TABS if value != "compare" or len(runs) > 1]
     return html.Div([
-        html.Div([html.H2("diagtrain"), html.Span(str(runs[0].path), className="run-path")], className="header"),
+        html.Div([html.H2("diagtrain"), html.Span(str(runs[0].path), className="run-path"),
+                  html.Span(live_badge(runs), id="live-marker")],
+                 className="header"),
+        # A running job's view asks for what is new every REFRESH_MS, until its final analysis is shown.
+        dcc.Interval(id="live-refresh", interval=live.REFRESH_MS, disabled=not following),
+        dcc.Store(id=LIVE_VERSION, data={"generation": 0}),
         dcc.RadioItems(id="run", options=choices, value=0, inline=True,
                        style={} if len(runs) > 1 else {"display": "none"}),
         dcc.Tabs(id="tabs", value="overview", children=tabs),
@@ -349,15 +403,26 @@ def layout(runs: list[RunData]) -> Any:
     ], className="app")
 
 
-def build(runs: list[RunData], host: str = "127.0.0.1") -> Dash:
-    """The Dash app for ``runs`` (one, or BASE and NEW) served on ``host``, callbacks wired."""
-    board = Dashboard(runs)
+def live_badge(runs: list[RunData]) -> Any:
+    """The red badge of the runs that are followed live (None when none is)."""
+    marks = [live.marker(r) for r in runs if r.live is not None]
+    return html.Span(" · ".join(marks), className="live-badge") if marks else None
+
+
+def build(runs: list[RunData], host: str = "127.0.0.1", following: dict[int, live.LiveRun] | None = None) -> Dash:
+    """The Dash app for ``runs`` (one, or BASE and NEW) served on ``host``, callbacks wired; ``following``:
+    the running jobs among them (by index), refreshed in place until their final analysis is there."""
+    board = Dashboard(runs, following)
     # compress: the timeline's figures are JSON that gzip shrinks ten to twenty times.
     app = Dash(__name__, title="diagtrain", assets_folder=str(ASSETS), suppress_callback_exceptions=True,
                update_title=None, serve_locally=True, compress=True)
     guard(app.server, host)
     app.layout = layout(runs)
-    app.callback(Output("page", "children"), Input("tabs", "value"), Input("run", "value"))(board.render_tab)
+    app.callback(Output("page", "children"), Input("tabs", "value"), Input("run", "value"), Input(LIVE_VERSION, "data"))(
+        lambda tab, run_index, _seen: board.render_tab(tab, run_index, _trigger()))
+    app.callback(Output("live-marker", "children"), Output("live-refresh", "disabled"), Output(LIVE_VERSION, "data"),
+                 Input("live-refresh", "n_intervals"), State(LIVE_VERSION, "data"), prevent_initial_call=True)(
+        lambda _n, seen: board.refresh_live(seen))
     app.callback(Output("tabs", "value"), Output("view", "data"),
                  Input({"type": "finding", "index": ALL}, "n_clicks"), State("run", "value"),
                  prevent_initial_call=True)(
@@ -368,16 +433,18 @@ def build(runs: list[RunData], host: str = "127.0.0.1") -> Dash:
                             prevent_initial_call=True)
     app.callback(Output("timeline", "figure"), Output("timeline-status", "children"),
                  Input("view", "data"), Input("timeline-zoom", "data"), Input("lanes", "value"),
-                 Input("timeline-reset", "n_clicks"), Input("timeline-expand", "value"), State("run", "value"))(
-        lambda view, relayout, lanes, _reset, expand, run_index: board.update_timeline(
+                 Input("timeline-reset", "n_clicks"), Input("timeline-expand", "value"), Input(LIVE_VERSION, "data"),
+                 State("run", "value"))(
+        lambda view, relayout, lanes, _reset, expand, _seen, run_index: board.update_timeline(
             _trigger(), view, relayout, lanes, run_index, expand))
     app.callback(Output("timeline-expand", "value"), Input("timeline", "clickData"), State("view", "data"),
                  State("lanes", "value"), State("timeline-expand", "value"), State("run", "value"),
                  prevent_initial_call=True)(board.expand_group)
     app.callback(Output("heatmap", "figure"), Input("heatmap-metric", "value"), Input("heatmap-mode", "value"),
-                 State("run", "value"))(board.update_heatmap)
-    app.callback(Output("telemetry", "figure"), Input("telemetry-metric", "value"), State("run", "value"))(
-        board.update_telemetry)
+                 Input(LIVE_VERSION, "data"), State("run", "value"))(
+        lambda metric, mode, _seen, run_index: board.update_heatmap(metric, mode, run_index))
+    app.callback(Output("telemetry", "figure"), Input("telemetry-metric", "value"), Input(LIVE_VERSION, "data"),
+                 State("run", "value"))(lambda metric, _seen, run_index: board.update_telemetry(metric, run_index))
     app.callback(Output("collectives", "data"), Output("collectives", "columns"), Output("collectives-note", "children"),
                  Input("collectives-mode", "value"), State("run", "value"))(board.update_collectives)
     if len(runs) > 1:

@@ -61,6 +61,15 @@ class Spans:
 
 
 @dataclass
+class LiveMark:
+    """A running job's view (dashboard/live.py): where it stands; the final analysis replaces it."""
+
+    state: str  # the job's: running, analyzing, or ended (without an analysis so far)
+    step: int | None  # the latest step every rank has finished
+    updated_at: float  # Unix seconds of the last read of the run
+
+
+@dataclass
 class RunData:
     """Everything one run's views need."""
 
@@ -78,6 +87,7 @@ class RunData:
     _spans: dict[int, Spans | None] = field(default_factory=dict, repr=False)
     _summary: dict[str, Any] | None = field(default=None, repr=False)
     cache: dict[Any, Any] = field(default_factory=dict, repr=False)  # what views derive once from the above
+    live: LiveMark | None = None  # set while the job runs: steps and findings so far, no traces or analysis
 
     @property
     def findings(self) -> list[dict[str, Any]]:
@@ -141,15 +151,21 @@ def load(run: Path, progress: Callable[[str], None] = lambda _: None) -> RunData
         raise RunError(f"{run}: its analysis is damaged; run `diagtrain analyze {run}`")
     progress(f"read {run}")
     t0 = _origin(steps, timeline, analysis)
-    steps = steps.assign(**{c: steps[c] - t0 for c in ("start", "end") if c in steps})
-    if not telemetry.empty:
-        telemetry = telemetry.assign(t=_unix_seconds(telemetry["time"]) - t0)
+    steps, telemetry = since(steps, telemetry, t0)
     data = RunData(path=run, report=report, steps=steps, ranks=ranks, collectives=collectives, telemetry=telemetry,
                    nccl=nccl, hang=hang, timeline=timeline, t0=t0)
     data.lanes = lanes(report, steps, timeline)
     if not data.lanes and not hang.get("flight_recorder"):  # dumps alone still make a Hang tab
         raise RunError(f"{run}: nothing to show: the analysis found no step records and no traces there")
     return data
+
+
+def since(steps: pd.DataFrame, telemetry: pd.DataFrame, t0: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Steps and telemetry with their times as seconds since ``t0`` (Unix seconds): the timeline's x."""
+    steps = steps.assign(**{c: steps[c] - t0 for c in ("start", "end") if c in steps})
+    if not telemetry.empty:
+        telemetry = telemetry.assign(t=_unix_seconds(telemetry["time"]) - t0)
+    return steps, telemetry
 
 
 def lanes(report: dict[str, Any], steps: pd.DataFrame, timeline: dict[str, Any]) -> list[Lane]:

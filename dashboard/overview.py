@@ -23,7 +23,8 @@ def facts(run: RunData) -> list[tuple[str, str]]:
         ("ranks", str(r.get("world_size") or len(run.lanes))),
         ("hosts", ", ".join(h for h in r.get("hosts") or [] if h) or ", ".join(sorted({lane.host for lane in run.lanes})) or "?"),
         ("steps", str(r.get("steps", 0))),
-        ("traces", "GPU (kernels)" if r.get("on_gpu") else "CPU (host ops)"),
+        ("traces", "read when the job ends and is analyzed" if run.live is not None else
+         "GPU (kernels)" if r.get("on_gpu") else "CPU (host ops)"),
         ("first step", datetime.fromtimestamp(run.t0, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if run.t0 else "?"),
     ]
     injected = r.get("injected") or []

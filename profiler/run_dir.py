@@ -71,6 +71,8 @@ RUN_ENTRIES = ("manifest.json", "hosts", "ranks", "analysis", "telemetry.parquet
                "report.html", "injected.json", "trainer.json", "checkpoints", "live")
 LIVE_DIR = "live"  # what live judgement wrote while the job ran
 LIVE_FINDINGS_FILE = "findings.jsonl"  # ... one event per line: a finding record, event, detected_at, step
+# The wrapper that analyzes a run writes its host folder's name here first (one analysis per run).
+ANALYSIS_CLAIM = "analysis/claimed-by"
 
 
 def holds_run(run_dir: str | os.PathLike) -> bool:

@@ -312,7 +312,8 @@ def test_the_server_serves_only_its_runs(straggler):
     # A callback asking for a run index that does not exist gets the first run, nothing else.
     payload = {"output": "heatmap.figure", "outputs": {"id": "heatmap", "property": "figure"},
                "inputs": [{"id": "heatmap-metric", "property": "value", "value": "wall_ms"},
-                          {"id": "heatmap-mode", "property": "value", "value": "absolute"}],
+                          {"id": "heatmap-mode", "property": "value", "value": "absolute"},
+                          {"id": "live-version", "property": "data", "value": {"generation": 0}}],
                "state": [{"id": "run", "property": "value", "value": "/etc"}], "changedPropIds": ["heatmap-metric.value"]}
     response = client.post("/_dash-update-component", json=payload)
     assert response.status_code == 200

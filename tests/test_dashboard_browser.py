@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from cluster_runs import cluster_run
+from conftest import JOB_TIMEOUT_S, Run, died_in_teardown, heartbeat_step, torchrun, wait_until
 from werkzeug.serving import make_server
 
 from diagtrain.dashboard import app, data, rows, timeline
@@ -28,6 +30,7 @@ from diagtrain.dashboard import app, data, rows, timeline
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 ARTIFACTS = Path(os.environ.get("DIAGTRAIN_TEST_ARTIFACTS", Path(__file__).resolve().parents[1] / "test-artifacts"))
 START_TIMEOUT_S = 240  # the analysis runs first
+PLAIN_JOB = Path(__file__).parent / "scripts" / "plain_job.py"
 WAIT_S = 30  # for a callback's result to reach the page
 
 if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
@@ -179,6 +182,86 @@ def test_communication_and_memory_in_a_browser(server, pipeline_server, browser)
     assert over_time == ["step peak, all 4 ranks (hover for each)", "process RSS (telemetry), all 4 ranks (hover for each)"]
     browser.save_screenshot(str(ARTIFACTS / "dashboard-memory.png"))
     assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+
+
+# A 2-rank job of the plain script whose rank 1 sleeps 300 ms a step against a 50 ms step: ~20 s of
+# steps, a straggler live judgement finds well before the end (test_live.py's job, shorter).
+LIVE_JOB = {"MODE": "ddp", "STEPS": "55", "STEP_MS": "50", "SLEEP_RANK": "1", "SLEEP_MS": "300", "OMP_NUM_THREADS": "1"}
+
+
+def test_a_running_job_is_followed_live_then_settles_into_its_report(tmp_path, browser):
+    """`diagtrain dashboard` on a job still running under `diagtrain run`: the live badge, the step count
+    growing and the live straggler without a reload, then the final report once the run is analyzed."""
+    out = tmp_path / "run"
+    env = {**{k: v for k, v in os.environ.items() if k != "DIAGTRAIN_RUN_DIR"}, **LIVE_JOB}
+    console = tmp_path / "console.log"  # a file, not a pipe nobody reads while the job runs
+    with open(console, "w") as log:
+        job = subprocess.Popen([sys.executable, "-m", "diagtrain.profiler.cli", "run", "--out", str(out),
+                                "--profile-steps", "none", "--", *torchrun(2), str(PLAIN_JOB)], env=env,
+                               stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        wait_until(lambda: heartbeat_step(out, 1) >= 1 or job.poll() is not None, "the job's first step")
+        assert job.poll() is None, console.read_text()[-3000:]
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        with _dashboard(out) as (url, _):
+            browser.get(url)
+            wait = WebDriverWait(browser, JOB_TIMEOUT_S)
+            first = wait.until(lambda d: _live_step(d))
+            assert (out / "report.json").exists() is False  # opened on the running job, not an analysis
+            # New steps and the live straggler arrive without a reload while the job runs.
+            seen = wait.until(lambda d: (lambda step: step if step and step > first and _live_card(d) else None)(
+                _live_step(d)) or (job.poll() is not None and "ended"))
+            assert seen != "ended", "the job ended before the page showed new steps and the live straggler"
+            card = _live_card(browser)
+            assert "straggler" in card and "rank 1" in card
+            assert "Live findings" in browser.find_element(By.ID, "page").text
+            browser.save_screenshot(str(ARTIFACTS / "dashboard-live.png"))
+            # The steps heatmap takes the new steps in place (its metric stays as chosen).
+            _tab(browser, "Steps")
+            drawn = wait.until(lambda d: _heatmap_last_step(d))
+            wait.until(lambda d: (_heatmap_last_step(d) or 0) > drawn)
+            # The timeline draws every rank's steps so far (their operators come with the analysis).
+            _tab(browser, "Timeline")
+            lanes = wait.until(lambda d: _layout(d, "timeline") if _legend(d)["title"] else None)
+            assert lanes["meta"]["ranks"] == [0, 1]
+            _tab(browser, "Overview")
+            # The job ends, `diagtrain run` analyzes it, and the page becomes its report: no badge.
+            report = WebDriverWait(browser, JOB_TIMEOUT_S + START_TIMEOUT_S).until(
+                lambda d: not _live_text(d) and "Findings (" in d.find_element(By.ID, "page").text
+                and d.find_element(By.ID, "page").text)
+            assert (out / "report.json").exists() and "Live findings" not in report
+            assert "straggler" in report
+            status = browser.find_element(By.XPATH, "//table[@class='facts']//th[text()='status']/following-sibling::td")
+            assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+            code = job.wait(timeout=JOB_TIMEOUT_S)
+            # torch's rare teardown crash after every rank's script ended fails a run that did its work.
+            assert (code == 0 and status.text == "ok") or died_in_teardown(Run(out, code, "")), \
+                console.read_text()[-3000:]
+    finally:
+        if job.poll() is None:
+            job.kill()
+
+
+def _heatmap_last_step(browser) -> int | None:
+    """The last step column the steps heatmap shows (None before it is drawn)."""
+    return browser.execute_script("var g = document.querySelector('#heatmap .js-plotly-plot');"
+                                  "return g && g.data && g.data[0] && g.data[0].x ? Math.max.apply(null, g.data[0].x) : null;")
+
+
+def _live_text(browser) -> str:
+    return browser.find_element(By.ID, "live-marker").text
+
+
+def _live_step(browser) -> int | None:
+    """N of the badge's ``live: step N, ...`` (None before a step, or once the badge is gone)."""
+    match = re.match(r"live: step (\d+),", _live_text(browser))
+    return int(match.group(1)) if match else None
+
+
+def _live_card(browser) -> str:
+    """The text of the first live finding card naming a straggler ("" while none stands)."""
+    cards = [c.text for c in browser.find_elements(By.CSS_SELECTOR, "button.finding") if "straggler" in c.text]
+    return cards[0] if cards else ""
 
 
 def _cells(browser, selector: str) -> list[str]:

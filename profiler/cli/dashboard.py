@@ -23,8 +23,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "dashboard", help="open a run's findings, timeline, steps, communication, memory and hang views in a browser",
         description="Serve the analysis of RUN (and RUN2, for a side-by-side comparison) as a Dash app. Runs the "
-        "analysis first if RUN has none. Serves only the run directories given here, on 127.0.0.1 unless --host says "
-        "otherwise.",
+        "analysis first if RUN has none. A job still running under `diagtrain run` is followed live: its steps, "
+        "telemetry and live findings appear as they come, and the final report once the job ends and is analyzed. "
+        "Serves only the run directories given here, on 127.0.0.1 unless --host says otherwise.",
         epilog="example: diagtrain dashboard runs/20261122T010833Z-3d --port 8050",
     )
     p.add_argument("run", help="run directory (analyzed first if needed)")
@@ -47,10 +48,14 @@ def run_dashboard(args: argparse.Namespace, argv: list[str]) -> int:
         return _usage(err, f"--port {args.port}: not a TCP port")
     if args.workers < 1:
         return _usage(err, "--workers must be at least 1")
-    from diagtrain.dashboard import app, data
+    from diagtrain.dashboard import app, data, live
 
-    runs = []
+    runs, following = [], {}
     for path in paths:
+        if live.follows(path):  # still running (or being analyzed): followed until its report is there
+            follower = following[len(runs)] = live.LiveRun(path)
+            runs.append(follower.refresh())
+            continue
         missing = data.missing_analysis(path)
         if missing:
             try:
@@ -70,7 +75,7 @@ def run_dashboard(args: argparse.Namespace, argv: list[str]) -> int:
                   markup=False)
     if not _port_free(args.host, args.port):
         return _usage(err, f"--port {args.port}: already in use on {args.host}; choose another")
-    dash_app = app.build(runs, host=args.host)
+    dash_app = app.build(runs, host=args.host, following=following)
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
     err.print(f"diagtrain dashboard: http://{_url_host(args.host)}:{args.port}/  (Ctrl-C to stop)", markup=False)
     try:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from diagtrain.profiler.run_dir import (
+    ANALYSIS_CLAIM,
     HOST_RECORD,
     HOSTS_DIR,
     SCHEMA_VERSION,
@@ -216,10 +217,10 @@ def write(run_dir: Path, gone: list[str] = ()) -> dict[str, Any]:
 
 def claim_analysis(run_dir: Path, host: str) -> bool:
     """True for exactly one of the wrappers that ask (the first): the one that analyzes the run."""
-    folder = run_dir / "analysis"
-    folder.mkdir(parents=True, exist_ok=True)
+    claim = run_dir / ANALYSIS_CLAIM
+    claim.parent.mkdir(parents=True, exist_ok=True)
     try:
-        fd = os.open(folder / "claimed-by", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
         return False
     with os.fdopen(fd, "w") as f:

@@ -1,8 +1,9 @@
 """Reading a run directory's append-only records while the job still writes them: only the bytes
 added since the last read, and only whole lines (the line being written is read next time).
 
-Live judgement (:mod:`diagtrain.profiler.analyzer.live`) reads every rank's steps.jsonl and every
-host's telemetry.jsonl this way every few seconds, so a read costs what was appended, not the run.
+Live judgement (:mod:`diagtrain.profiler.analyzer.judge.live`) and the dashboard of a running job
+(run/so_far.py) read every rank's steps.jsonl and every host's telemetry.jsonl this way every few
+seconds, so a read costs what was appended, not the run.
 """
 
 from __future__ import annotations
@@ -52,20 +53,25 @@ class JsonlTail:
 class StepTail:
     """One rank's step records as they are appended, read by the analyzer's own reader (run_files):
     the same rows, phases and point-to-point counts as the final analysis, the same records refused.
-    Only the last ``keep`` steps are held: live judgement looks at recent steps."""
+    Only the last ``keep`` steps are held (live judgement looks at recent steps); ``keep=None`` holds
+    every step (the dashboard shows the whole run so far)."""
 
-    def __init__(self, path: Path, rank: int, keep: int) -> None:
+    def __init__(self, path: Path, rank: int, keep: int | None) -> None:
         self.tail, self.rank, self.keep = JsonlTail(path), rank, keep
         self.found = StepFile()
         self.rows: dict[int, dict[str, Any]] = {}  # step -> its table row, the last ``keep`` steps
+        self.added: dict[int, dict[str, Any]] = {}  # step -> its row, as the last read added (or replaced) it
 
     def read(self) -> int:
         """Read what was appended; the number of new step records."""
         first = self.tail.lines + 1
         before = self.found.lines
+        self.added = {}
         for number, line in enumerate(self.tail.read(), first):
-            add_step(self.found, self.rows, number, line, self.rank)
-        if len(self.rows) > self.keep:
+            add_step(self.found, self.added, number, line, self.rank)
+        self.found.repeated += sum(step in self.rows for step in self.added)  # a step recorded again, read later
+        self.rows.update(self.added)
+        if self.keep is not None and len(self.rows) > self.keep:
             for step in sorted(self.rows)[:len(self.rows) - self.keep]:
                 del self.rows[step]
                 self.found.p2p.pop(step, None)

@@ -43,12 +43,14 @@ class Window:
 class LiveSteps:
     """Every rank's step records and every host's telemetry, read as they are appended."""
 
-    def __init__(self, run_dir: Path, window_steps: int) -> None:
+    def __init__(self, run_dir: Path, window_steps: int | None) -> None:
+        """``window_steps=None`` keeps every step and gathers no samples (run/so_far.py takes them as read)."""
         self.run_dir, self.window_steps = Path(run_dir), window_steps
         self.ranks = RankIndex(run_dir)
         self.steps: dict[int, StepTail] = {}
         self.telemetry: dict[Path, JsonlTail] = {}
         self.samples: list[dict[str, Any]] = []  # telemetry rows of the ranks and hosts, recent ones
+        self.new_samples: list[dict[str, Any]] = []  # the rows the last read added
         self.trainer: dict[str, Any] | None = None
         self._last: Window | None = None
 
@@ -56,14 +58,19 @@ class LiveSteps:
         """Read what every rank and host appended since the last call; the number of new step records."""
         infos = self.ranks.refresh()
         new = 0
+        # Twice the window: a rank ahead of the slowest by up to a window keeps its steps in common.
+        keep = None if self.window_steps is None else 2 * self.window_steps
         for rank in infos:
             if rank not in self.steps:
-                # Twice the window: a rank ahead of the slowest by up to a window keeps its steps in common.
-                self.steps[rank] = StepTail(self.ranks.ranks_dir / str(rank) / "steps.jsonl", rank, 2 * self.window_steps)
+                self.steps[rank] = StepTail(self.ranks.ranks_dir / str(rank) / "steps.jsonl", rank, keep)
             new += self.steps[rank].read()
+        self.new_samples = []
         for path in self.run_dir.glob(f"{HOSTS_DIR}/*/telemetry.jsonl"):
             tail = self.telemetry.setdefault(path, JsonlTail(path))
-            self.samples += [r for r in tail.read_json() if isinstance(r, dict) and isinstance(r.get("time"), (int, float))]
+            self.new_samples += [r for r in tail.read_json()
+                                 if isinstance(r, dict) and isinstance(r.get("time"), (int, float))]
+        if self.window_steps is not None:
+            self.samples += self.new_samples
         if self.trainer is None and (self.run_dir / "trainer.json").exists():
             try:
                 self.trainer = rf.read_trainer(self.run_dir / "trainer.json")[0]
@@ -94,21 +101,35 @@ class LiveSteps:
             return Window(None, last_steps, last_ends, latest)
         return Window(self._tables(rows, tails), last_steps, last_ends, latest)
 
-    def _tables(self, rows: list[dict[str, Any]], tails: dict[int, StepTail]) -> Tables:
-        steps = pd.DataFrame(rows).sort_values(["rank", "step"], ignore_index=True)
+    def steps_table(self, steps: pd.DataFrame) -> pd.DataFrame:
+        """Step rows as the final analysis has them (tables.build): sorted, profiled steps marked, no
+        column for a counter no record carried."""
+        steps = steps.sort_values(["rank", "step"], ignore_index=True)
         # Profiled steps carry the profiler's own cost (its buffers grow RSS): the detectors know them.
         steps["profiled"] = steps["step"].isin(self._profiled_steps())
-        # As tables.build: counters no record carried are no columns at all.
-        steps = steps.drop(columns=[c for c in steps.columns if c in COUNTER_COLUMNS and steps[c].isna().all()])
+        return steps.drop(columns=[c for c in steps.columns if c in COUNTER_COLUMNS and steps[c].isna().all()])
+
+    def phases(self) -> list[str]:
+        """The phases the ranks' step records named, in the order they were first seen."""
         phases: list[str] = []
-        for t in tails.values():
+        for t in self.steps.values():
             phases += [p for p in t.found.phases if p not in phases]
-        infos = self.ranks.info
-        world = next((i.get("world_size") for i in infos.values() if isinstance(i.get("world_size"), int)), None)
+        return phases
+
+    def world_size(self) -> int | None:
+        """The job's world size, as its ranks' records say."""
+        return next((i.get("world_size") for i in self.ranks.info.values() if isinstance(i.get("world_size"), int)), None)
+
+    def rank_hosts(self) -> dict[int, str]:
+        """rank -> the host folder of the wrapper that started it."""
+        return {r: i.get("host") for r, i in self.ranks.info.items() if i.get("host")}
+
+    def _tables(self, rows: list[dict[str, Any]], tails: dict[int, StepTail]) -> Tables:
+        steps = self.steps_table(pd.DataFrame(rows))
+        world = self.world_size()
         p2p = {r: p2p_from_step_records(t.found.p2p) for r, t in tails.items() if t.found.p2p}
-        tables = Tables(steps=steps, ranks=pd.DataFrame(), collectives=pd.DataFrame(), phases=phases,
-                        trainer=self.trainer or None, world_size=world,
-                        rank_hosts={r: i.get("host") for r, i in infos.items() if i.get("host")},
+        tables = Tables(steps=steps, ranks=pd.DataFrame(), collectives=pd.DataFrame(), phases=self.phases(),
+                        trainer=self.trainer or None, world_size=world, rank_hosts=self.rank_hosts(),
                         structure=infer_structure({}, {}, [], p2p, {}, self.trainer or None, world))
         tables.telemetry = join_telemetry(self._recent_telemetry(float(steps["start"].min())), steps)
         tables.ledger = ledger.build(tables)
@@ -117,12 +138,7 @@ class LiveSteps:
     def _recent_telemetry(self, since: float) -> pd.DataFrame | None:
         """The telemetry samples of the window (older ones are dropped: the window only moves on)."""
         self.samples = [r for r in self.samples if r["time"] >= since - TELEMETRY_MARGIN_S]
-        if not self.samples:
-            return None
-        table = pd.DataFrame(self.samples)
-        if "rank" in table:
-            table["rank"] = pd.to_numeric(table["rank"], errors="coerce")
-        return table
+        return samples_table(self.samples) if self.samples else None
 
     def _profiled_steps(self) -> set[int]:
         """The steps every rank profiles: the wrapper's requests (profile_windows.json, under
@@ -139,3 +155,11 @@ class LiveSteps:
                 continue  # "auto" or "none": no ranges of its own
         return {s for first, last in ranges if isinstance(first, int) and isinstance(last, int)
                 for s in range(first, min(last, first + 10_000) + 1)}
+
+
+def samples_table(samples: list[dict[str, Any]]) -> pd.DataFrame:
+    """Telemetry rows as read from telemetry.jsonl (``time`` in Unix seconds), ranks as numbers."""
+    table = pd.DataFrame(samples)
+    if "rank" in table:
+        table["rank"] = pd.to_numeric(table["rank"], errors="coerce")
+    return table
