@@ -201,9 +201,9 @@ def test_two_long_stalls_that_cost_a_quarter_of_the_run_are_a_warning(tmp_path):
     assert not [f for f in report["findings"] if f["ranks"] == [0] and f["severity"] != "info"]
 
 
-def priced_straggler(run: Path, seen: list[int], severity: str) -> dict:
+def priced_straggler(run: Path, seen: list[int], severity: str, profiled: tuple[int, ...] = ()) -> dict:
     """A straggler finding on rank 2 that a detector saw in ``seen`` (as it judged it: ``severity``),
-    priced by the ledger of ``run``."""
+    priced by the ledger of ``run`` whose ``profiled`` steps have traces."""
     from diagtrain.profiler.analyzer.judge import cost
     from diagtrain.profiler.analyzer.judge.findings import Finding
     from diagtrain.profiler.analyzer.rank import load
@@ -213,6 +213,7 @@ def priced_straggler(run: Path, seen: list[int], severity: str) -> dict:
     inputs, _ = discover(run)
     t = tables.build(run, load.load(inputs, run / "analysis" / "cache", workers=1)[0])
     t.ledger = ledger.build(t)
+    t.steps["profiled"] = t.steps["step"].isin(profiled)  # as the traces of those steps mark them
     detected = Finding(kind="straggler", severity=severity, explanation="rank 2 is a straggler.", suggestion="",
                        ranks=[2], steps=seen, metrics={"excess_ms": 30.0}, impact_ms=30.0)
     [f] = [f for f in cost.priced([detected], t) if f.ranks == [2]]
@@ -232,12 +233,24 @@ def test_how_often_a_cause_came_is_judged_from_the_ledger_and_the_detector_toget
     assert 0.05 < f["metrics"]["share_of_run"] < 0.25
 
 
+def test_two_data_stalls_every_three_steps_stay_a_warning_as_the_detector_judged(tmp_path):
+    # Rank 1 waits 80 ms for data in steps 3 and 6 of a short run (a stall every 3rd step): two occurrences,
+    # too few for the ledger to name a period (cost.min_periods), and 17% of the run. The data stall detector
+    # read every step's records and judged it worth a warning (a data phase far above the typical one): it stands.
+    report, _ = analyzed(records_run(tmp_path, {(1, s): {"data": 80.0} for s in (3, 6)}))
+    [f] = [f for f in report["findings"] if f["kind"] == "dataloader_stall"]
+    assert f["ranks"] == [1] and f["steps"] == [3, 6] and f["severity"] == "warning"
+    assert f["metrics"]["pattern"] == "intermittent" and f["metrics"]["share_of_run"] < 0.25
+
+
 def test_a_straggler_seen_only_in_a_profiled_window_is_judged_over_the_whole_run(tmp_path):
     # Rank 2 was slow in steps 6-8 alone, the three steps auto profiling traced: the detector that read those
     # traces saw it slow in every step it could see. The counters of every step say it came and went.
     run = records_run(tmp_path, {(2, s): {"outside": 60.0} for s in (6, 7, 8)})
-    f = priced_straggler(run, [6, 7, 8], "warning")
+    f = priced_straggler(run, [6, 7, 8], "warning", profiled=(6, 7, 8))
     assert f["metrics"]["pattern"] == "intermittent" and f["steps"] == [6, 7, 8] and f["severity"] == "info"
+    # Seen so in every step's records, the detector's judgement of how often stands beside the rule.
+    assert priced_straggler(run, [6, 7, 8], "warning")["severity"] == "warning"
 
 
 @pytest.mark.parametrize("cpus", [2, 8])

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady
-from diagtrain.profiler.analyzer.judge.findings import UPPER_BOUND, Finding
+from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, UPPER_BOUND, Finding
 from diagtrain.profiler.analyzer.judge.quantities import Measure, Quantity, SlowCause
 from diagtrain.profiler.analyzer.run.ledger import OUTSIDE, excess_column, work_column
 from diagtrain.profiler.analyzer.run.tables import Tables
@@ -232,9 +232,23 @@ def _price(f: Finding, mine: list[Cause], totals: dict[str, Any], c: Cost, t: Ta
     f.metrics["detector_impact_ms"] = f.impact_ms
     f.impact_ms = _bounded(f, mine, totals, c)
     if f.severity != "critical":
-        f.severity = severity(share, main.pattern, c)
+        ruled = severity(share, main.pattern, c)
+        # A detector that compared every step's records with the rank's peers judged how often with thresholds
+        # of its own (a data phase 3x the typical one): that stands beside the rule, which needs three
+        # occurrences to name a period (two stalls in a short run). One that saw a profiled window alone
+        # cannot say how often: auto profiling's first window is where a rank slow then looks slow always.
+        f.severity = max(f.severity, ruled, key=SEVERITIES.index) \
+            if main.pattern == INTERMITTENT and not _window_only(f, t) else ruled
     f.explanation += " " + _cost_words(main, lost, share, totals) + _bound_words(f)
     f.settings.update(values(c))
+
+
+def _window_only(f: Finding, t: Tables) -> bool:
+    """Whether the detector saw the cause only in profiled steps (from their traces) of a run with others."""
+    if "profiled" not in t.steps or not f.steps:
+        return False
+    profiled = set(t.steps.loc[t.steps["profiled"].astype(bool), "step"])
+    return set(f.steps) <= profiled and len(profiled) < t.steps["step"].nunique()
 
 
 def _seen_pattern(f: Finding, mine: list[Cause], t: Tables, c: Cost) -> dict[str, Any]:
