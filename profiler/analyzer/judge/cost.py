@@ -19,6 +19,7 @@ import pandas as pd
 
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady
 from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, UPPER_BOUND, Finding
+from diagtrain.profiler.analyzer.judge.own_time import SOURCE as COUNTERS
 from diagtrain.profiler.analyzer.judge.quantities import Measure, Quantity, SlowCause
 from diagtrain.profiler.analyzer.run.ledger import OUTSIDE, excess_column, work_column
 from diagtrain.profiler.analyzer.run.tables import Tables
@@ -28,6 +29,7 @@ from diagtrain.profiler.util.stats import MAD_TO_SIGMA
 from diagtrain.profiler.util.text import ranges
 
 EVERY_STEP, INTERMITTENT = "every step", "intermittent"
+RECORDS = ("phases", COUNTERS)  # the kinds of evidence (a finding's ``source``) read from every step's records
 
 
 @section("cost")
@@ -244,8 +246,9 @@ def _price(f: Finding, mine: list[Cause], totals: dict[str, Any], c: Cost, t: Ta
 
 
 def _window_only(f: Finding, t: Tables) -> bool:
-    """Whether the detector saw the cause only in profiled steps (from their traces) of a run with others."""
-    if "profiled" not in t.steps or not f.steps:
+    """Whether the detector saw the cause in the traces of profiled steps alone, in a run with others (step
+    records, its phases and counters, cover every step)."""
+    if f.metrics.get("source") in RECORDS or "profiled" not in t.steps or not f.steps:
         return False
     profiled = set(t.steps.loc[t.steps["profiled"].astype(bool), "step"])
     return set(f.steps) <= profiled and len(profiled) < t.steps["step"].nunique()
