@@ -147,7 +147,7 @@ def priced(findings: list[Finding], t: Tables) -> list[Finding]:
     over the whole run), with their pattern and the uniform severity; causes no detector named become findings."""
     c = Cost.active()
     found, totals = causes(t, c)
-    if not found:
+    if not totals:
         return findings
     covered: set[tuple[int, str]] = set()
     for f in findings:
@@ -155,6 +155,12 @@ def priced(findings: list[Finding], t: Tables) -> list[Finding]:
         if mine:
             _price(f, mine, totals, c, t)
             covered |= {(x.rank, x.part) for x in mine}
+        elif _charged_nothing(f, found, t):
+            f.severity = "info"
+            f.metrics["ledger_charged_nothing"] = True
+            f.explanation += (f" But the ledger of every step charged rank {f.ranks[0]} nothing above this run's noise "
+                              f"({totals['charged_above_ms']:.1f} ms a step): seen in profiled steps alone, it cost the "
+                              "job nothing measurable.")
     for cause in found:
         if (cause.rank, cause.part) not in covered and severity(cause.share, cause.pattern, c) != "info":
             findings.append(_finding(cause, totals, c, t))
@@ -243,6 +249,13 @@ def _price(f: Finding, mine: list[Cause], totals: dict[str, Any], c: Cost, t: Ta
             if main.pattern == INTERMITTENT and not _window_only(f, t) else ruled
     f.explanation += " " + _cost_words(main, lost, share, totals) + _bound_words(f)
     f.settings.update(values(c))
+
+
+def _charged_nothing(f: Finding, found: list[Cause], t: Tables) -> bool:
+    """A straggler seen in the traces of profiled steps alone whose rank the ledger, which read every step's
+    counters (the profiled ones too), charged with nothing: its excess there is within the run's noise."""
+    return (f.kind == "straggler" and len(f.ranks) == 1 and f.severity in ("warning", "error")
+            and not any(x.rank == f.ranks[0] for x in found) and _window_only(f, t))
 
 
 def _window_only(f: Finding, t: Tables) -> bool:
