@@ -46,6 +46,8 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
 
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (glibc malloc.h)
+MMAP_THRESHOLD_MAX = 32 * 2**20  # glibc's largest on 64-bit: buffers up to this come from the heap
+KEEP_BYTES = 1 << 30  # free memory at the heap's top is kept up to this, not handed back
 
 
 class Faults:
@@ -63,6 +65,13 @@ class Faults:
             libc = ctypes.CDLL(None)
             libc.mallopt(M_MMAP_THRESHOLD, 4096)
             libc.mallopt(M_TRIM_THRESHOLD, 0)
+        elif args.churn_rank >= 0:
+            # ... and its peers made certain not to: left alone, glibc's moving threshold sometimes puts a
+            # peer in the same state (CI saw rank 0 fault as often as the churning rank), and the case is
+            # one rank that churns beside ranks that keep their memory.
+            libc = ctypes.CDLL(None)
+            libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)
+            libc.mallopt(M_TRIM_THRESHOLD, KEEP_BYTES)
 
     def before_forward(self, step: int) -> None:
         """A slow rank (a noisy neighbour, a slower CPU), a rank that raises, one that blocks."""
