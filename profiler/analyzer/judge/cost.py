@@ -231,7 +231,8 @@ def _causes_of(f: Finding, found: list[Cause]) -> list[Cause]:
 def _price(f: Finding, mine: list[Cause], totals: dict[str, Any], c: Cost, t: Tables) -> None:
     lost = sum(x.lost_ms for x in mine)
     share = sum(x.share for x in mine)
-    main = replace(max(mine, key=lambda x: x.lost_ms), **_seen_pattern(f, mine, t, c))
+    costliest = max(mine, key=lambda x: x.lost_ms)
+    main = replace(costliest, **_seen_pattern(f, costliest, mine, t, c))
     # The detector's own reading of a period (from every step it saw) stands where it made one.
     f.metrics.update({k: v for k, v in _cost_metrics(mine, totals, t, main).items()
                       if not (k == "period_steps" and f.metrics.get(k) is not None)})
@@ -261,13 +262,18 @@ def _charged_nothing(f: Finding, found: list[Cause], t: Tables) -> bool:
 def _window_only(f: Finding, t: Tables) -> bool:
     """Whether the detector saw the cause in the traces of profiled steps alone, in a run with others (step
     records, its phases and counters, cover every step)."""
-    if f.metrics.get("source") in RECORDS or "profiled" not in t.steps or not f.steps:
+    if f.metrics.get("source") in RECORDS or not f.steps:
         return False
-    profiled = set(t.steps.loc[t.steps["profiled"].astype(bool), "step"])
-    return set(f.steps) <= profiled and len(profiled) < t.steps["step"].nunique()
+    profiled = _profiled_steps(t)
+    return bool(profiled) and set(f.steps) <= profiled and len(profiled) < t.steps["step"].nunique()
 
 
-def _seen_pattern(f: Finding, mine: list[Cause], t: Tables, c: Cost) -> dict[str, Any]:
+def _profiled_steps(t: Tables) -> set[int]:
+    """The steps with traces (none where the step table does not say)."""
+    return set(t.steps.loc[t.steps["profiled"].astype(bool), "step"]) if "profiled" in t.steps else set()
+
+
+def _seen_pattern(f: Finding, main: Cause, mine: list[Cause], t: Tables, c: Cost) -> dict[str, Any]:
     """How often the cause came: the ledger's pattern where it names one; where the ledger saw it come and
     go, the pattern of its steps with those in which the detector saw the rank stand out from its peers.
 
@@ -275,7 +281,6 @@ def _seen_pattern(f: Finding, mine: list[Cause], t: Tables, c: Cost) -> dict[str
     60 ms pause in every step sits under that bar in some steps, which the detector still sees. The
     detector alone does not say it either: one that read a window of three profiled steps (auto
     profiling's first window) saw the rank slow in all of them even where that was the only time it was."""
-    main = max(mine, key=lambda x: x.lost_ms)
     if main.pattern != INTERMITTENT:
         return {}
     steps = sorted(int(s) for s in _steady(t)["step"].unique())
@@ -347,9 +352,9 @@ def _cost_metrics(mine: list[Cause], totals: dict[str, Any], t: Tables, main: Ca
 def _profiled_saving(t: Tables, rank: int, parts: list[str]) -> float | None:
     """The ledger's mean saving over the profiled steps, for this rank's parts: what the critical path
     prices from the traces of the same steps."""
-    if "profiled" not in t.steps or not t.steps["profiled"].any():
+    profiled = _profiled_steps(t)
+    if not profiled:
         return None
-    profiled = set(t.steps.loc[t.steps["profiled"].astype(bool), "step"])
     rows = t.ledger[t.ledger["step"].isin(profiled)]
     if rows.empty:
         return None
