@@ -11,6 +11,7 @@ import pytest
 
 from conftest import diagtrain_run, torchrun
 from diagtrain.profiler.analyzer.analyze import analyze
+from diagtrain.profiler.analyzer.judge.findings import UPPER_BOUND, saving_text
 from diagtrain.profiler.run_dir import write_json_atomic
 
 LOADER_SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "user_scripts" / "ddp_loader.py"
@@ -278,5 +279,9 @@ def test_a_sleeping_rank_on_a_full_host_saves_what_its_cpus_allow(tmp_path, cpus
     if cpus == 2:
         assert f["impact_ms"] == pytest.approx(169.0 - 136.0, abs=3) and f["metrics"]["ledger_impact_ms"] > 95
         assert "save at most 3" in f["explanation"] and f["severity"] == "error"  # the run's share stands
+        # More ranks than CPUs: the price is claimed as a bound ("up to"), and the report says why.
+        assert f["metrics"][UPPER_BOUND] is True and "4 ranks on 2 CPUs" in f["explanation"]
+        assert saving_text(f).startswith("up to ")
     else:
         assert f["impact_ms"] == pytest.approx(100.0, abs=3) and "cpu_bound_ms" not in f["metrics"]
+        assert UPPER_BOUND not in f["metrics"] and "CPUs:" not in f["explanation"] and saving_text(f).startswith("~")

@@ -21,7 +21,7 @@ from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady
 from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, UPPER_BOUND, Finding
 from diagtrain.profiler.analyzer.judge.own_time import SOURCE as COUNTERS
 from diagtrain.profiler.analyzer.judge.quantities import Measure, Quantity, SlowCause
-from diagtrain.profiler.analyzer.run.ledger import OUTSIDE, excess_column, work_column
+from diagtrain.profiler.analyzer.run.ledger import OUTSIDE, crowded_hosts, excess_column, work_column
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.analyzer.settings import section, setting, values
 from diagtrain.profiler.util.groups import median_by
@@ -248,8 +248,23 @@ def _price(f: Finding, mine: list[Cause], totals: dict[str, Any], c: Cost, t: Ta
         # cannot say how often: auto profiling's first window is where a rank slow then looks slow always.
         f.severity = max(f.severity, ruled, key=SEVERITIES.index) \
             if main.pattern == INTERMITTENT and not _window_only(f, t) else ruled
-    f.explanation += " " + _cost_words(main, lost, share, totals) + _bound_words(f)
+    f.explanation += " " + _cost_words(main, lost, share, totals) + _bound_words(f) + _crowded_words(f, t)
     f.settings.update(values(c))
+
+
+def _crowded_words(f: Finding, t: Tables) -> str:
+    """On a host with more ranks than CPUs the ledger's price is a bound: marked so, and said why."""
+    crowded = crowded_hosts(t)
+    host = next((t.rank_hosts[r] for r in f.ranks if t.rank_hosts.get(r) in crowded), None)
+    if host is None:
+        return ""
+    # A rank held up there frees a CPU its peers then use; without the cause it takes one back. What that
+    # saves depends on the scheduler: 8 ranks on 2 CPUs (benchmarks/impact.py's 3D case) saved 68 ms and
+    # then ~0 against a price of 126-164 ms, with a CPU for every rank the price holds.
+    ranks, cpus = crowded[host]
+    f.metrics.update({UPPER_BOUND: True, "host_ranks": ranks, "host_cpus": cpus})
+    return (f" Its host ran {ranks} ranks on {cpus} CPUs: removing the cause saves at most this much there, and "
+            "how much less depends on how the ranks share the CPUs it holds up or frees.")
 
 
 def _charged_nothing(f: Finding, found: list[Cause], t: Tables) -> bool:
@@ -334,7 +349,7 @@ def _finding(cause: Cause, totals: dict[str, Any], c: Cost, t: Tables) -> Findin
         impact_ms=cause.per_step_ms,
     )
     f.impact_ms = _bounded(f, [cause], totals, c)
-    f.explanation += _bound_words(f)
+    f.explanation += _bound_words(f) + _crowded_words(f, t)
     f.settings.update(values(c))
     return f
 

@@ -171,6 +171,16 @@ def free_cpus(t: Tables) -> dict[str, float]:
             for h in t.hosts if isinstance(h.get("cpus"), int) and h["cpus"] > 0 and h.get("name")}
 
 
+def crowded_hosts(t: Tables) -> dict[str, tuple[int, int]]:
+    """The hosts that ran more ranks than they have CPUs: host -> (ranks, CPUs)."""
+    ranks: dict[str, int] = {}
+    for host in t.rank_hosts.values():
+        if host:
+            ranks[host] = ranks.get(host, 0) + 1
+    cpus = {h["name"]: h["cpus"] for h in t.hosts if isinstance(h.get("cpus"), int) and h["cpus"] > 0 and h.get("name")}
+    return {h: (n, cpus[h]) for h, n in ranks.items() if h in cpus and n > cpus[h]}
+
+
 def shapley_of_max(running: np.ndarray, excess: np.ndarray) -> np.ndarray:
     """Each rank's share of the step's loss: the step lasts ``max(running)`` and would last ``floor``, the
     highest of the ranks' running times less their excess; each level between is shared equally by the
