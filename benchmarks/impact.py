@@ -273,7 +273,7 @@ is within when the measured saving is at most the bound + {result['tolerance'] *
 Load: the highest 1-minute load average seen at a run's start or end (2 cores): the twin's step time
 moves with it, and above ~2 the measured saving is mostly the machine's noise (rerun with --reps 3).
 
-**{passed}/{len(rows)} claims within +-{result['tolerance'] * 100:.0f}%.**
+**{passed}/{len(rows)} claims hold: within +-{result['tolerance'] * 100:.0f}%, or a bound the measured saving does not exceed.**
 
 | case | mode | expected | found | claimed ms/step | measured ms/step | ratio | within +-{result['tolerance'] * 100:.0f}% | step ms clean -> fault | the claim's other figures | load | date |
 | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
