@@ -11,6 +11,8 @@ import pandas as pd
 import psutil
 import pytest
 
+from diagtrain.profiler.analyzer.judge.contention import own_work_only
+from diagtrain.profiler.analyzer.judge.findings import Finding
 from diagtrain.profiler.analyzer.judge.pipeline import run_detectors, run_passes
 from diagtrain.profiler.analyzer.run import ledger
 from diagtrain.profiler.analyzer.run.tables import Tables
@@ -113,6 +115,23 @@ def test_churn_does_not_excuse_more_work_or_a_rank_that_waits(changes, why):
     given = {"extra_cpu": EXCESS_MS, "faults": (20, 3_060), "samples": (32, 32), **changes}
     straggler = by_kind(run_of(**given))["straggler"]
     assert straggler.severity == "warning" and "memory_churn" not in straggler.metrics, why
+
+
+def test_churn_is_judged_in_the_steps_the_ledger_charged():
+    # Rank 1 churned in steps 2-3 only (glibc's moving threshold at start-up), which the detector saw;
+    # the ledger charged it steps 4 and 8 (a checkpoint), where it faulted no more than its peer.
+    tables = run_of(extra_cpu=EXCESS_MS, faults=(20, 20), samples=(32, 32))
+    tables.steps.loc[(tables.steps["rank"] == 1) & tables.steps["step"].isin([2, 3]), "page_faults"] = 3_060
+
+    def straggler(**metrics) -> Finding:
+        return Finding(kind="straggler", severity="warning", explanation="", suggestion="", ranks=[1], steps=[2, 3],
+                       metrics={"excess_ms": EXCESS_MS, **metrics})
+
+    [detector_only] = own_work_only([straggler()], tables)
+    assert detector_only.severity == "info" and detector_only.metrics["memory_churn"] is True
+    [priced] = own_work_only([straggler(impact_source="ledger", pattern="every 4 steps", charged_steps=[4, 8],
+                                        charged_ms_per_step=EXCESS_MS)], tables)
+    assert priced.severity == "warning" and "memory_churn" not in priced.metrics
 
 
 def test_a_rank_slow_in_some_steps_only_is_a_straggler_on_a_quiet_host_not_on_a_busy_one():

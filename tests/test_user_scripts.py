@@ -188,6 +188,25 @@ def test_a_slow_rank_in_ddp_is_a_straggler(slow_rank_ddp):
     assert f["metrics"]["excess_ms"] == pytest.approx(80, rel=0.35)
     # Late at every all-reduce, but from its own work before them: not a slow collective.
     assert not findings(report, "slow_collective")
+    # Its traces put the 80 ms sleep outside any operator, in every profiled step (its operators can take
+    # a little longer too where it computes while its peer's all-reduce spins on the other core).
+    assert f["metrics"]["traced_steps"] == [3, 4, 5]
+    assert f["metrics"]["traced_outside_ops_ms"] == pytest.approx(80, rel=0.35)
+    assert f["metrics"]["traced_outside_ops_ms"] > sum(f["metrics"]["traced_ops_ms"].values())
+    assert "the traces put its excess over its peers, per step, outside any operator (+" in f["explanation"]
+
+
+def test_a_rank_with_more_work_is_told_by_the_operators_that_took_it(tmp_path):
+    # Rank 1's batches are 8 times larger: its linear layers forward and backward take the extra time.
+    report = user_run(tmp_path / "run", 2, "ddp_loader.py", "--batch-rank", "1", "--batch-scale", "8")
+    [f] = findings(report, "straggler")
+    assert "traced_ops_ms" in f["metrics"], (f["explanation"], f["metrics"])
+    ops = f["metrics"]["traced_ops_ms"]
+    assert f["ranks"] == [1] and set(f["metrics"]["traced_steps"]) <= {3, 4, 5}, f["explanation"]
+    top = max(ops, key=ops.get)
+    assert "Addmm" in top or "linear" in top or "addmm" in top, ops
+    assert sum(ops.values()) > f["metrics"]["traced_outside_ops_ms"]  # the work is in operators, not between them
+    assert f"in {top} (+{ops[top]:.1f} ms)" in f["explanation"]
 
 
 def test_the_model_check_of_a_plain_ddp_script(slow_rank_ddp):

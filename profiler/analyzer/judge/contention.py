@@ -215,7 +215,7 @@ def _not_own_work(finding: Finding, tables: Tables, s: Contention) -> tuple[str,
     # The ledger compares running time, CPU starvation taken out: a pattern it priced is the rank's own.
     if not _ledger_pattern(finding) and (reason := starvation(tables, rank, steps, excess, _stretch(finding))):
         return reason, f"that is host contention (see host_contention), not rank {rank}'s own work", "starved"
-    if finding.kind == "straggler" and (reason := churn(tables, rank, steps, excess)):
+    if finding.kind == "straggler" and (reason := churn(tables, rank, *_priced_steps(finding, steps, excess))):
         return (reason, "the same work done more slowly, not more work (a steady allocator, e.g. jemalloc or "
                 "tcmalloc, or MALLOC_MMAP_THRESHOLD_ set high, keeps the memory)", "memory_churn")
     if finding.kind == "straggler" and (reason := _intermittent_on_busy_host(tables, finding, s)):
@@ -246,6 +246,16 @@ def _intermittent_on_busy_host(tables: Tables, finding: Finding, s: Contention) 
     named = f" ({load.named()})" if load.processes else ""
     return (f"it was slow in only {len(finding.steps)} of the {seen} steps it was seen in, on a host whose CPUs "
             f"other processes kept busy{named}")
+
+
+def _priced_steps(finding: Finding, steps: list[int], excess_ms: float) -> tuple[list[int], float]:
+    """The steps whose time the finding's price is about, and its excess per step there: the ledger's
+    charged steps where it priced the finding (a detector's steps can be other ones: a rank that churned
+    in early steps and writes a checkpoint every 4th), else the detector's own."""
+    charged = finding.metrics.get("charged_steps")
+    if finding.metrics.get("impact_source") != "ledger" or not charged:
+        return steps, excess_ms
+    return charged, finding.metrics["charged_ms_per_step"]
 
 
 def _ledger_pattern(finding: Finding) -> bool:

@@ -29,6 +29,7 @@ from diagtrain.profiler.util.stats import MAD_TO_SIGMA
 from diagtrain.profiler.util.text import ranges
 
 EVERY_STEP, INTERMITTENT = "every step", "intermittent"
+MAX_CHARGED_SHOWN = 1000  # charged steps a finding's metrics list (a report of a 100k-step run stays small)
 RECORDS = ("phases", COUNTERS)  # the kinds of evidence (a finding's ``source``) read from every step's records
 
 
@@ -361,6 +362,8 @@ def _cost_metrics(mine: list[Cause], totals: dict[str, Any], t: Tables, main: Ca
     profiled = _profiled_saving(t, main.rank, [x.part for x in mine])
     return {"lost_s": round(lost / 1e3, 4), "lost_ms_per_step": lost / totals["steady_steps"],
             "share_of_run": sum(x.share for x in mine), "pattern": main.pattern, "period_steps": main.period,
+            # The steps the price is about (the first ones of a long run: later passes judge them as a sample).
+            "charged_steps": main.steps[:MAX_CHARGED_SHOWN], "charged_ms_per_step": main.lost_ms / len(main.steps),
             "ledger_noise_ms": totals["noise_ms"], "ledger_profiled_ms": profiled, "impact_source": "ledger"}
 
 

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from diagtrain.profiler.analyzer import settings
-from diagtrain.profiler.analyzer.judge import contention, cost, critical_path, expected
+from diagtrain.profiler.analyzer.judge import contention, cost, critical_path, expected, traced_excess
 from diagtrain.profiler.analyzer.judge.explained import explained
 from diagtrain.profiler.analyzer.judge.findings import Finding, order
 from diagtrain.profiler.analyzer.run.tables import Tables
@@ -70,6 +70,7 @@ def judge(t: Tables, spans_of: Callable[[int], pd.DataFrame | None], progress: C
     ``notes`` too for a detector), never fatal."""
     progress("running the detectors")
     findings = run_passes(run_detectors(t, progress, notes), t, progress)
+    findings = traced(findings, t, spans_of, progress)
     progress("tracing the critical path")
     path_section = trace_critical_path(t, findings, progress)
     findings = cost.reconcile(findings)
@@ -118,6 +119,16 @@ def run_passes(findings: list[Finding], t: Tables, progress: Callable[[str], Non
         except Exception as e:  # noqa: BLE001 - the findings stand as they were
             progress(f"{name} check failed: {type(e).__name__}: {e}")
     return findings
+
+
+def traced(findings: list[Finding], t: Tables, spans_of: Callable[[int], pd.DataFrame | None],
+           progress: Callable[[str], None]) -> list[Finding]:
+    """Ledger-priced findings told which operators their excess was in, where traced; never fatal."""
+    try:
+        return traced_excess.refine(findings, t, spans_of)
+    except Exception as e:  # noqa: BLE001 - the findings stand without it
+        progress(f"reading the traced excess failed: {type(e).__name__}: {e}")
+        return findings
 
 
 def trace_critical_path(t: Tables, findings: list[Finding], progress: Callable[[str], None]) -> dict[str, Any]:

@@ -1,0 +1,130 @@
+"""Where in the traces a rank's excess went: its operators in the profiled steps, against its peers'.
+
+The ledger prices a cause from every step's records (a phase, or work outside the recorded phases);
+where some of the steps it charged were profiled, the rank's timeline spans say which operators took
+the extra time, or that it was spent outside any operator (a sleep, I/O, a lock, the interpreter
+between operators). Whole steps are compared, not one phase: plain scripts' traces mark few phases,
+and a rank's other phases match its peers' anyway.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from diagtrain.profiler.analyzer.judge.cost import EVERY_STEP
+from diagtrain.profiler.analyzer.judge.detectors.base import steady
+from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.run.tables import Tables
+
+SHOWN_OPS = 3  # operators named in a finding's words
+MIN_SHARE = 0.1  # an operator is named when it holds at least this share of the rank's excess
+WORK_KINDS = ("compute", "memory")  # timeline span kinds that are the rank's own work (not comm, not idle)
+
+SpansOf = Callable[[int], "pd.DataFrame | None"]
+
+
+@dataclass
+class TracedExcess:
+    """A rank's excess in some traced steps: the operators it spent longer in than its peers, and the rest."""
+
+    steps: list[int]  # the charged steps that were profiled
+    excess_ms: float  # the ledger's excess of the rank's running time over its peers' (median of the traced steps)
+    ops: list[tuple[str, float]]  # (operator, ms per step above the peers' median), largest first
+    outside_ops_ms: float  # the excess not in the operators named, per step
+
+    def to_metrics(self) -> dict:
+        """The finding's record of it."""
+        return {"traced_steps": self.steps, "traced_ops_ms": {op: round(ms, 3) for op, ms in self.ops},
+                "traced_outside_ops_ms": round(self.outside_ops_ms, 3)}
+
+    def words(self) -> str:
+        """One sentence for the finding's explanation, the largest part first ("" when it says nothing)."""
+        parts = [(ms, f"in {op} (+{ms:.1f} ms)") for op, ms in self.ops[:SHOWN_OPS]]
+        if self.outside_ops_ms >= MIN_SHARE * self.excess_ms:
+            parts.append((self.outside_ops_ms, f"outside any operator (+{self.outside_ops_ms:.1f} ms: a sleep, I/O, "
+                                               "a lock, or Python between operators)"))
+        if not parts:
+            return ""
+        where = [text for _, text in sorted(parts, key=lambda x: -x[0])]
+        steps = f"traced step {self.steps[0]}" if len(self.steps) == 1 else f"{len(self.steps)} traced steps"
+        listed = where[0] if len(where) == 1 else ", ".join(where[:-1]) + " and " + where[-1]
+        return f" In its {steps}, the traces put its excess over its peers, per step, {listed}."
+
+
+def refine(findings: list[Finding], t: Tables, spans_of: SpansOf) -> list[Finding]:
+    """Each finding the ledger priced on one rank, told where its excess went in the charged steps that
+    were profiled (unchanged without traces of them)."""
+    for f in findings:
+        steps = f.metrics.get("charged_steps")
+        if f.metrics.get("impact_source") != "ledger" or len(f.ranks) != 1 or not steps:
+            continue
+        # A cause in every step is there in the steps under the ledger's bar too (on a busy host, often
+        # the profiled ones, which profiling slows on every rank).
+        found = traced_excess(t, spans_of, f.ranks[0], None if f.metrics.get("pattern") == EVERY_STEP else steps)
+        if found is not None and (words := found.words()):
+            f.metrics.update(found.to_metrics())
+            f.explanation += words
+    return findings
+
+
+def traced_excess(t: Tables, spans_of: SpansOf, rank: int, steps: list[int] | None) -> TracedExcess | None:
+    """Where ``rank``'s excess went in those of ``steps`` (None: any) that were profiled; None without
+    traces of them, of a peer, or an excess."""
+    seg = t.segments
+    if seg is None or seg.empty or t.ledger.empty:
+        return None
+    profiled = set(seg.loc[seg["rank"] == rank, "step"].astype(int)) & set(steady(t.ledger[["rank", "step"]])["step"])
+    traced = sorted(profiled if steps is None else set(int(s) for s in steps) & profiled)
+    ranks = sorted(int(r) for r in t.ledger["rank"].unique())
+    group = next((g for g in t.structure.peer_groups(ranks) if rank in g), [])
+    peers = [r for r in group if r != rank]
+    if not traced or not peers:
+        return None
+    mine = t.ledger[(t.ledger["rank"] == rank) & t.ledger["step"].isin(traced)]
+    # Medians over the steps: on a busy host one preempted operator takes tens of ms in one step.
+    excess = float(mine["excess_ms"].median()) if len(mine) else float("nan")
+    if not np.isfinite(excess) or excess <= 0:
+        return None
+    busy = _busy_by_op(t, spans_of, [rank, *peers], traced)
+    if busy.empty or rank not in busy.index.get_level_values("rank"):
+        return None
+    per_op = _above_peers(busy, rank)
+    ops = sorted(((str(op), float(ms)) for op, ms in per_op.items() if ms >= MIN_SHARE * excess), key=lambda x: -x[1])
+    outside = max(excess - sum(ms for _, ms in ops), 0.0)  # the ops named: small ones are the peers' noise
+    return TracedExcess(traced, excess, ops, outside)
+
+
+def _busy_by_op(t: Tables, spans_of: SpansOf, ranks: list[int], steps: list[int]) -> pd.DataFrame:
+    """ms of work per (step, rank) and operator, from each rank's spans inside its traced steps (a step's
+    window: from its first work segment's start to its last one's end)."""
+    seg = t.segments[t.segments["rank"].isin(ranks) & t.segments["step"].isin(steps)]
+    windows = seg.groupby(["rank", "step"]).agg(start=("start_us", "min"), end=("end_us", "max"))
+    rows = []
+    for rank in ranks:
+        spans = spans_of(rank)
+        if spans is None or spans.empty or rank not in windows.index.get_level_values("rank"):
+            continue
+        work = spans[spans["kind"].isin(WORK_KINDS)]
+        for step, (start, end) in windows.loc[rank].iterrows():
+            inside = work[(work["end_us"] > start) & (work["start_us"] < end)]
+            ms = (inside["end_us"].clip(upper=end) - inside["start_us"].clip(lower=start)) / 1e3
+            rows.append(ms.groupby(inside["name"]).sum().rename((rank, int(step))))
+    if not rows:
+        return pd.DataFrame()
+    busy = pd.DataFrame(rows).fillna(0.0)
+    busy.index = pd.MultiIndex.from_tuples(busy.index, names=["rank", "step"])
+    return busy
+
+
+def _above_peers(busy: pd.DataFrame, rank: int) -> pd.Series:
+    """Per operator, the rank's ms above its peers' median in the same step, the median over its steps."""
+    above = []
+    for step, cell in busy.groupby(level="step"):
+        cell = cell.droplevel("step")
+        if rank in cell.index and len(cell) >= 2:
+            above.append(cell.loc[rank] - cell.drop(index=rank).median())
+    return pd.concat(above, axis=1).median(axis=1) if above else pd.Series(dtype=float)
