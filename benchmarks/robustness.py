@@ -176,7 +176,8 @@ def _one_trace(path: Path, cache: Path) -> dict:
     item = RankInput(path.name, [path], 0)
     traces, impossible, _ = _read_traces(item)
     load_rank(item, cache)
-    return {"dropped": traces[0].left_out + impossible, "partial": traces[0].cut is not None}
+    return {"dropped": traces[0].left_out + impossible, "partial": traces[0].cut is not None,
+            "device_unknown": traces[0].device_time_unknown}
 
 
 def mutated_files(root: Path, mutations: int) -> dict:
@@ -186,7 +187,8 @@ def mutated_files(root: Path, mutations: int) -> dict:
     rows = {}
     for name, source in damage.TRACES.items():
         row = rows.setdefault(source.parent.name, {"files": 0, "cases": 0, "crashes": 0, "hangs": 0, "kept": 0,
-                                                   "dropped": 0, "thrown_under_1pct": 0, "cut": 0, "cut_partial": 0})
+                                                   "dropped": 0, "thrown_under_1pct": 0, "cut": 0, "cut_partial": 0,
+                                                   "cut_device_unknown": 0})
         row["files"] += 1
         for i, (kind, text, share) in enumerate(_trace_cases(name, rng, mutations)):
             path = root / f"{name}-{i}" / ("trace.json" if kind == "truncated JSON" else "trace.json.gz")
@@ -207,6 +209,7 @@ def mutated_files(root: Path, mutations: int) -> dict:
             if kind.startswith("truncated") and not failed:
                 row["cut"] += 1
                 row["cut_partial"] += found["partial"]
+                row["cut_device_unknown"] += found["device_unknown"]
             shutil.rmtree(path.parent)
     rows["flight-recorder dumps"] = _mutated_dumps(root / "dumps", rng, mutations)
     return {"mutations": mutations, "rows": rows}
@@ -248,10 +251,12 @@ def mutated_markdown(result: dict) -> list[str]:
     """The table of part 4."""
     lines = [f"## Mutated real files ({result['mutations']} mutations of each kind per file)", "",
              "| folder | files | cases | crashes | hangs | ranks kept | events dropped | thrown away with <1% bad "
-             "| cut, analyzed as partial |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| cut, analyzed as partial | cut, device time not reported |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for folder, r in result["rows"].items():
         lines.append(f"| {folder} | {r['files']} | {r['cases']} | {r['crashes']} | {r['hangs']} | {r['kept']} | "
-                     f"{r['dropped']} | {r['thrown_under_1pct']} | {r['cut_partial']} of {r['cut']} |")
+                     f"{r['dropped']} | {r['thrown_under_1pct']} | {r['cut_partial']} of {r['cut']} | "
+                     f"{r.get('cut_device_unknown', '')} |")
     return lines + [""]
 
 
@@ -423,7 +428,11 @@ def markdown(result: dict) -> str:
         lines += mutated_markdown(mutated)[:2] + [f"Run{ran or ' with the rest'}. Dumps: ranks kept counts dumps "
                  "read, events dropped counts entries left out, and a cut pickle counts as analyzed when it is "
                  "refused saying it ends early (a pickle cannot be read in part safely). A trace cut before its first "
-                 "complete event has nothing to keep: it is refused (ranks kept and the cut column leave it out).", ""] + mutated_markdown(mutated)[2:]
+                 "complete event has nothing to keep: it is refused (ranks kept and the cut column leave it out). "
+                 "A trace cut among device work written with its launches (Kineto's CUPTI layout, whose buffers need "
+                 "not come in time order) can have lost work anywhere in its window: its device time is not "
+                 "reported (the last column); one that wrote every launch first ends its window at the first launch "
+                 "left unanswered.", ""] + mutated_markdown(mutated)[2:]
     problems = inputs["failures"] + [f"{r['kind']}: {r['lost']}" for r in done if r["lost"]] + [
         f"{r['kind']}: crashed (exit {r['exit_code']}):\n\n```\n{r['stderr_tail']}\n```" for r in done if r["crashed"]]
     if problems:

@@ -199,12 +199,65 @@ def test_a_file_cut_short_keeps_what_was_written(tmp_path, trace, how):
     clipped = read_trace(path)
     _clip_to_complete(clipped)
     assert clipped.events["end"].max() <= partial.complete_until_us
-    # The sampled trace writes its device work in passes that go back in time (a later pass, lost to the
-    # cut, can fall inside the kept window): that caveat is said; the time-ordered one has no caveat.
-    unordered = any("written out of time order" in n["message"] for n in partial.notes)
-    assert unordered == (trace == "sampled_128rank_rank0")
-    if trace == "rocm_mi250_minitoy":  # its layout lets the horizon see every lost kernel: no idle added
+    # The sampled trace writes its device work with its launches, in passes that go back in time (a later
+    # pass, lost to the cut, can fall inside the kept window): its device time is not reported, and says so.
+    # The ROCm one writes every launch before its device work: an unanswered launch shows every lost kernel.
+    unvouched = trace == "sampled_128rank_rank0"
+    assert partial.device_time_unknown == unvouched
+    assert any("device time (busy and idle) is not reported" in n["message"] for n in partial.notes) == unvouched
+    if unvouched:
+        assert result.on_gpu and result.breakdown == {} and result.steps["idle_us"].isna().all()
+    else:
         assert result.breakdown["idle_us"] <= whole.breakdown["idle_us"]
+
+
+def _device_missing_inside(cut: TraceFile, full: TraceFile) -> int:
+    """The full file's device events inside the cut trace's kept window that the cut read lacks."""
+    lo, until = cut.events["ts"].min(), cut.complete_until_us
+    device = lambda t: t.events[t.events["stream"] >= 0]  # noqa: E731
+    inside = device(full)[lambda d: (d["ts"] >= lo) & (d["end"] <= until)]
+    kept = set(zip(*(device(cut)[c] for c in ("ts", "stream", "correlation"))))
+    return sum(key not in kept for key in zip(inside["ts"], inside["stream"], inside["correlation"]))
+
+
+@pytest.mark.parametrize("share", [0.55, 0.75, 0.9, 0.97])
+def test_a_cut_among_unordered_device_work_reports_no_device_time(tmp_path, share):
+    """HTA's sampled trace writes each kernel next to its launch, in passes that restart back in time: a
+    cut loses passes that can lie inside the kept window. The host part (written whole, first) still
+    gives the steps the full file gives; the device time is not reported rather than counted idle."""
+    doc = clean_doc("sampled_128rank_rank0")
+    text, cut, _ = _cut_at(doc, share)
+    path = write(tmp_path / "cut.json", text[:cut])
+    partial, full = read_trace(path), read_trace(TRACES["sampled_128rank_rank0"])
+    assert partial.device_time_unknown and (partial.events["stream"] >= 0).any()
+    lost_inside = _device_missing_inside(partial, full)
+    result, whole = load(path, tmp_path / "c1"), load(TRACES["sampled_128rank_rank0"], tmp_path / "c2")
+    assert result.on_gpu and result.breakdown == {} and result.steps["idle_us"].isna().all()
+    assert result.steps["compute_us"].isna().all()  # no device busy time from a device timeline with holes
+    # The undamaged part: the host ops of the window (written whole, before the device work and its
+    # launches) are the full file's, and so are its steps' times.
+    clipped = read_trace(path)
+    _clip_to_complete(clipped)
+    host = lambda t: t.events[(t.events["stream"] < 0) & (t.events["cat"] != "cuda_runtime")]  # noqa: E731
+    window = host(full)[lambda h: h["end"] <= partial.complete_until_us].reset_index(drop=True)
+    pd.testing.assert_frame_equal(host(clipped)[["name", "ts", "dur"]].astype({"name": str}).reset_index(drop=True),
+                                  window[["name", "ts", "dur"]].astype({"name": str}))
+    times = ["step", "start_us", "end_us", "wall_us"]
+    expected = whole.steps[whole.steps["step"].isin(result.steps["step"])][times].reset_index(drop=True)
+    pd.testing.assert_frame_equal(result.steps[times].reset_index(drop=True), expected)
+    if share == 0.75:  # a pass written later, lost to this cut, falls inside the kept window
+        assert lost_inside > 100 and len(expected) == 1
+
+
+@pytest.mark.parametrize("share", [0.8, 0.88, 0.95])
+def test_a_cut_among_announced_device_work_loses_no_kernel_inside_its_window(tmp_path, share):
+    """The ROCm trace writes every launch before its device work: the window ends at the first launch the
+    cut left unanswered, so no kernel of the full file inside it is missing, and its idle is the full file's."""
+    doc = clean_doc("rocm_mi250_minitoy")
+    text, cut, _ = _cut_at(doc, share)
+    partial, full = read_trace(write(tmp_path / "cut.json", text[:cut])), read_trace(TRACES["rocm_mi250_minitoy"])
+    assert not partial.device_time_unknown and (partial.events["stream"] >= 0).any()
+    assert _device_missing_inside(partial, full) == 0
 
 
 def test_a_cut_after_the_events_loses_only_the_keys_after_them(tmp_path):

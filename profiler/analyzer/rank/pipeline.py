@@ -61,7 +61,8 @@ def load_rank(item: RankInput, cache_root: Path) -> RankResult:
     events, base_us = _rank_events(traces)
     fr = _flight_recorder(item)
     on_gpu = any(t.on_gpu for t in traces)
-    timed = device_time_known(events)
+    # A cut trace whose lost device work may lie anywhere in its window has no known device time.
+    timed = device_time_known(events) and not any(t.device_time_unknown for t in traces)
     comm = [t.comm_events() for t in traces]
     collectives = pd.concat([rank_collectives(c, rank, t.epoch_offset_us, t.pg_config, fr,
                                               host=t.events) for t, c in zip(traces, comm)],

@@ -141,6 +141,9 @@ class TraceFile:
     # A file cut inside its events: where its evidence ends (its last complete event, or the first launch
     # whose kernel is missing). Its time after that is missing evidence, not idle time.
     complete_until_us: float | None = None
+    # A file cut inside device work that its launches do not vouch for: what the cut lost may lie anywhere
+    # in the window, so the rank's device time (busy, idle) is not reported.
+    device_time_unknown: bool = False
 
     @property
     def on_gpu(self) -> bool:
@@ -230,6 +233,7 @@ def read_trace(path: Path) -> TraceFile:
         arguments=arguments, notes=(salvaged.notes(path, events) if salvaged else []) + notes,
         left_out=salvaged.damage.total if salvaged else 0, cut=salvaged.cut if salvaged else None,
         complete_until_us=_evidence_until(events, salvaged.complete_until_us) if salvaged else None,
+        device_time_unknown=bool(salvaged and salvaged.device_unvouched),
     )
 
 
@@ -331,7 +335,7 @@ class _Salvaged:
     cut: str | None = None  # the file's end, in words, when it ends early
     complete_until_us: float | None = None  # set when the cut falls inside the events
     kept: int = 0  # duration events read
-    out_of_order: bool = False  # some stream's events go back in time in file order
+    device_unvouched: bool = False  # cut inside device work whose launches were not written before it
 
     def notes(self, path: Path, events: pd.DataFrame) -> list[dict[str, str]]:
         """The health notes: the malformed events by reason, and a cut file's partial window."""
@@ -346,11 +350,12 @@ class _Salvaged:
                           "message": f"{display(path)}: the file {self.cut}: the trace is partial; its {self.kept:,} "
                                      f"duration events complete before the cut are kept, and the rank's window ends "
                                      f"{into} in, where its evidence does: what came after is missing, not idle"})
-            if self.out_of_order:
+            if self.device_unvouched:
                 notes.append({"check": "partial_trace", "severity": "warning",
-                              "message": f"{display(path)}: its device events are written out of time order, so "
-                                         "what the cut lost may lie inside the kept window too: device idle time "
-                                         "there may include work that is missing"})
+                              "message": f"{display(path)}: its device work is written with its launches, in "
+                                         "buffers that need not come in time order, so what the cut lost may lie "
+                                         "anywhere in the kept window: the rank's device time (busy and idle) is "
+                                         "not reported"})
         elif self.cut:
             notes.append({"check": "partial_trace", "severity": "info",
                           "message": f"{display(path)}: the file {self.cut}: every event was read, only keys "
@@ -382,10 +387,17 @@ def _read_whole(path: Path) -> tuple[_Trace, _Columns, _Salvaged]:
         where = f" (the file {salvage.cut.describe()})" if salvage.cut else ""
         raise TraceError(f"{display(path)}: not a PyTorch Profiler trace: no traceEvents array{where}")
     found.kept = columns.rows
-    found.out_of_order = columns.goes_back_in_time()
     found.cut = _cut(salvage.cut, truncated)
     if salvage.cut is None or salvage.found and salvage.cut.where.startswith("after"):
         found.complete_until_us = None  # every event was read: nothing of the window is missing
+    # Where the cut's device loss can lie. A writer that puts every launch before the device work (ROCm's
+    # traces) announces all of it: a launch left unanswered shows where the loss begins (_evidence_until).
+    # One that writes each kernel with its launch, as Kineto writes CUPTI's buffers (in the order of their
+    # addresses, not their times: HTA's 2-rank trace writes its last buffer first, the sampled 128-rank
+    # one restarts its device passes twice), loses launch and kernel together, from passes that may start
+    # anywhere in the window; nothing kept bounds them (before any restart is seen, the file looks ordered).
+    # The device time of such a window is unknown: the rank reports none rather than idle made of holes.
+    found.device_unvouched = found.complete_until_us is not None and not columns.launches_written_first()
     return header, columns, found
 
 
@@ -567,14 +579,20 @@ class _Columns:
             columns[column] = values[by_row]
         return Arguments(rows, columns)
 
-    def goes_back_in_time(self) -> bool:
-        """Whether the device events read so far go back in time in file order: an exporter that writes
-        them in passes (per stream, or per buffer as in HTA's sampled 128-rank trace) can hold what a cut
-        lost anywhere in the kept window, beyond what the streams' reach and unanswered launches show."""
+    def launches_written_first(self) -> bool:
+        """Whether every device event read so far (in file order) had its launch written before the first
+        device event: then the launches announce all the device work, and one left unanswered shows where
+        the cut's loss begins. Without device events there is nothing to vouch for."""
         if not self.parts["ts"]:
-            return False
-        ts, stream = np.concatenate(self.parts["ts"]), np.concatenate(self.parts["stream"])
-        return bool((np.diff(ts[stream >= 0]) < 0).any())
+            return True
+        stream, correlation = np.concatenate(self.parts["stream"]), np.concatenate(self.parts["correlation"])
+        device = stream >= 0
+        if not device.any():
+            return True
+        first = int(np.argmax(device))
+        launch_codes = [code for code, name in enumerate(self.names.values) if _LAUNCH.search(name)]
+        announced = np.isin(np.concatenate(self.parts["name"])[:first], launch_codes) & (correlation[:first] >= 0)
+        return bool(np.isin(correlation[device], correlation[:first][announced]).all())
 
     def _take(self, column: str) -> np.ndarray:
         """One column's pieces as one array; the pieces are let go."""
