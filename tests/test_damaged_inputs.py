@@ -201,8 +201,9 @@ def test_a_file_cut_short_keeps_what_was_written(tmp_path, trace, how):
     assert clipped.events["end"].max() <= partial.complete_until_us
     # The sampled trace writes its device work with its launches, in passes that go back in time (a later
     # pass, lost to the cut, can fall inside the kept window): its device time is not reported, and says so.
-    # The ROCm one writes every launch before its device work: an unanswered launch shows every lost kernel.
-    unvouched = trace == "sampled_128rank_rank0"
+    # The ROCm one writes every launch before its device work: an unanswered launch shows every lost kernel,
+    # unless the cut came before any device work (the gzip cut here): then all of it is lost.
+    unvouched = trace == "sampled_128rank_rank0" or not (partial.events["stream"] >= 0).any()
     assert partial.device_time_unknown == unvouched
     assert any("device time (busy and idle) is not reported" in n["message"] for n in partial.notes) == unvouched
     if unvouched:
@@ -247,6 +248,26 @@ def test_a_cut_among_unordered_device_work_reports_no_device_time(tmp_path, shar
     pd.testing.assert_frame_equal(result.steps[times].reset_index(drop=True), expected)
     if share == 0.75:  # a pass written later, lost to this cut, falls inside the kept window
         assert lost_inside > 100 and len(expected) == 1
+
+
+@pytest.mark.parametrize("trace", ["sampled_128rank_rank0", "rocm_mi250_minitoy"])
+def test_a_gpu_trace_cut_before_its_device_work_is_no_cpu_job(tmp_path, trace):
+    """Cut in its host part, a GPU trace has no kernel, and here no launch either (only CPU ops: ROCm's lists
+    its GPUs in deviceProperties, HTA's sampled one has NCCL as its backend): its device time is unknown,
+    not a CPU job's (whose idle is the host's). A CPU job's trace cut so stays a CPU job's."""
+    text, cut, _ = _cut_at(clean_doc(trace), 0.05)
+    path = write(tmp_path / "cut.json", text[:cut])
+    partial = read_trace(path)
+    assert not (partial.events["stream"] >= 0).any() and set(partial.events["cat"]) <= {"cpu_op", "user_annotation"}
+    assert partial.device_time_unknown and partial.on_gpu
+    result = load(path, tmp_path / "c")
+    assert result.on_gpu and result.breakdown == {}
+
+
+def test_a_cpu_trace_cut_short_stays_a_cpu_trace(tmp_path):
+    text, cut, _ = _cut_at(clean_doc("cpu_only_gloo_rank34"), 0.5)
+    partial = read_trace(write(tmp_path / "cut.json", text[:cut]))
+    assert partial.cut and not partial.device_time_unknown and not partial.on_gpu
 
 
 @pytest.mark.parametrize("share", [0.8, 0.88, 0.95])

@@ -87,6 +87,7 @@ class _Trace(msgspec.Struct, gc=False):
     traceEvents: msgspec.Raw = msgspec.Raw()  # decoded apart, a piece or an event at a time
     nodes: msgspec.Raw = msgspec.Raw()  # set in a PyTorch execution trace (operator graph), not a profiler trace
     distributedInfo: dict[str, Any] | None = None
+    deviceProperties: msgspec.Raw = msgspec.Raw()  # Kineto lists the job's GPUs here ("[]" on CPU)
     baseTimeNanoseconds: int | None = None
     record_shapes: Number = None
     profile_memory: Number = None
@@ -148,7 +149,7 @@ class TraceFile:
     @property
     def on_gpu(self) -> bool:
         """The job ran on an accelerator: the trace has device work, timed or not."""
-        return self.device_ranges > 0 or device_time_known(self.events)
+        return self.device_ranges > 0 or self.device_time_unknown or device_time_known(self.events)
 
     def keep(self, mask: np.ndarray) -> None:
         """Keep only the events where ``mask`` is true; the kept arguments follow their events' new rows."""
@@ -397,12 +398,18 @@ def _read_whole(path: Path) -> tuple[_Trace, _Columns, _Salvaged]:
     # one restarts its device passes twice), loses launch and kernel together, from passes that may start
     # anywhere in the window; nothing kept bounds them (before any restart is seen, the file looks ordered).
     # The device time of such a window is unknown: the rank reports none rather than idle made of holes.
-    found.device_unvouched = found.complete_until_us is not None and not columns.launches_written_first()
+    # A cut before any device event of a GPU job's trace (it launched work, lists its GPUs, or its process
+    # group is NCCL's) has lost all its device work: unknown too, not a CPU job's trace.
+    gpu_job = (columns.launched() or len(bytes(header.deviceProperties).strip(b" \t\r\n[]")) > 0
+               or (header.distributedInfo or {}).get("backend") in GPU_BACKENDS)
+    found.device_unvouched = found.complete_until_us is not None and (
+        not columns.launches_written_first() or (gpu_job and not columns.has_device_events()))
     return header, columns, found
 
 
 # Host calls that put work on the device: a kept one whose device event is missing was answered after the cut.
 _LAUNCH = re.compile(r"Launch|Memcpy|Memset")
+GPU_BACKENDS = ("nccl", "rccl")  # process-group backends of jobs whose work runs on a device
 
 
 def _evidence_until(events: pd.DataFrame, last_end: float | None) -> float | None:
@@ -579,6 +586,17 @@ class _Columns:
             columns[column] = values[by_row]
         return Arguments(rows, columns)
 
+    def has_device_events(self) -> bool:
+        """Whether any device event was read."""
+        return bool(self.parts["stream"]) and bool((np.concatenate(self.parts["stream"]) >= 0).any())
+
+    def launched(self) -> bool:
+        """Whether any host call that puts work on a device was read."""
+        return bool(self.parts["name"]) and bool(np.isin(np.concatenate(self.parts["name"]), self._launch_codes()).any())
+
+    def _launch_codes(self) -> list[int]:
+        return [code for code, name in enumerate(self.names.values) if _LAUNCH.search(name)]
+
     def launches_written_first(self) -> bool:
         """Whether every device event read so far (in file order) had its launch written before the first
         device event: then the launches announce all the device work, and one left unanswered shows where
@@ -590,8 +608,7 @@ class _Columns:
         if not device.any():
             return True
         first = int(np.argmax(device))
-        launch_codes = [code for code, name in enumerate(self.names.values) if _LAUNCH.search(name)]
-        announced = np.isin(np.concatenate(self.parts["name"])[:first], launch_codes) & (correlation[:first] >= 0)
+        announced = np.isin(np.concatenate(self.parts["name"])[:first], self._launch_codes()) & (correlation[:first] >= 0)
         return bool(np.isin(correlation[device], correlation[:first][announced]).all())
 
     def _take(self, column: str) -> np.ndarray:
