@@ -89,7 +89,20 @@ def test_a_run_that_grew_is_read_from_where_the_last_analysis_left_it(tmp_path):
     assert same_as_full(path, cache) == 1  # nothing new: only the last line again
     state = json.loads((cache / step_cache.STATE_FILE).read_text())
     assert state["number"] == state["lines"] == 46
-    assert [p["rows"] for p in state["parts"]] == [39, 7]  # what was appended went to a file of its own
+    assert [p["rows"] for p in state["parts"]] == [46]  # a small last file takes the new rows in
+
+
+def test_rows_appended_to_a_large_cache_go_to_a_file_of_their_own(tmp_path, monkeypatch):
+    monkeypatch.setattr(step_cache, "SMALL_PART_ROWS", 30)  # as if 30 rows were many
+    path, cache = tmp_path / "steps.jsonl", tmp_path / "cache"
+    path.write_text(lines([varied(s) for s in range(1, 41)]))
+    same_as_full(path, cache)
+    for first in (41, 48, 55):
+        append(path, lines([varied(s) for s in range(first, first + 7)]))
+        same_as_full(path, cache)
+    state = json.loads((cache / step_cache.STATE_FILE).read_text())
+    assert [p["rows"] for p in state["parts"]] == [39, 21]  # 7 rows in a file of their own, then 7 more twice in it
+    assert sorted(p.name for p in cache.glob("rows-*")) == sorted(p["file"] for p in state["parts"])
 
 
 def test_the_same_steps_table_notes_and_skipped_inputs_as_a_full_read(tmp_path):
@@ -125,7 +138,8 @@ def test_a_cut_last_line_is_left_out_until_it_is_complete(tmp_path):
     assert same_as_full(path, cache) == 2 and read_steps(path, 0).bad_count == 1
 
 
-def test_a_step_recorded_again_later_replaces_its_row(tmp_path):
+def test_a_step_recorded_again_later_replaces_its_row(tmp_path, monkeypatch):
+    monkeypatch.setattr(step_cache, "SMALL_PART_ROWS", 10)  # the cached rows' file is not rewritten unless it must be
     path, cache = tmp_path / "steps.jsonl", tmp_path / "cache"
     path.write_text(lines([varied(s) for s in range(1, 21)]))
     same_as_full(path, cache)
@@ -138,6 +152,7 @@ def test_a_step_recorded_again_later_replaces_its_row(tmp_path):
     state = json.loads((cache / step_cache.STATE_FILE).read_text())
     assert [p["rows"] for p in state["parts"]] == [21]  # a replaced row: written again as one file
     assert sorted(p.name for p in cache.glob("rows-*")) == [state["parts"][0]["file"]]  # the old files removed
+    assert same_as_full(path, cache) == 1  # and the rows read back from it are the new ones
 
 
 def test_problems_before_and_after_the_cached_part_add_up(tmp_path):

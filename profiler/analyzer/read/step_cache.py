@@ -21,19 +21,15 @@ import hashlib
 import io
 import json
 import os
-import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from diagtrain.profiler.analyzer.read.inputs import MAX_LINES_BYTES
 from diagtrain.profiler.analyzer.read.run_files import SHOWN_PROBLEMS, StepFile, add_last_step, add_step
-from diagtrain.profiler.run_dir import remove_quietly, write_json_atomic
+from diagtrain.profiler.run_dir import remove_quietly, replacing, write_json_atomic
 from diagtrain.profiler.util.bounded_read import MAX_LINE_CHARS, display, open_regular
-from diagtrain.profiler.util.parquet import write_parquet
 
 CACHE_VERSION = 1  # bump when what the cache holds, or how a record is read, changes
 STEPS_CACHE = "@steps"  # under analysis/cache: a trace's cache key never holds "@" (discover._key)
@@ -42,6 +38,7 @@ FINGERPRINT_BYTES = 4096
 MISSING = "_missing"  # per row, the columns its record did not have (a None value is a column it had)
 BLOCK_BYTES = 1 << 16
 MAX_PARTS = 16  # files of rows before they are written again as one
+SMALL_PART_ROWS = 4096  # a last file of fewer rows takes the new rows in (reading a file costs ~3 ms)
 
 
 def cache_dir(cache_root: Path, rank: int) -> Path:
@@ -89,13 +86,19 @@ class Part:
 
 
 def _parts(parts: list[Part], cached: list[dict[str, Any]], rows: list[dict[str, Any]], offset: int) -> list[Part]:
-    """The files the rows go to: the cached ones and one of the rows appended since, so that writing
-    costs what was appended; all in one file when a cached row was replaced (a step recorded again)
-    or the files grew many."""
+    """The files the rows go to: the cached ones, the last of them rewritten with the rows appended
+    since while it is small (else a file of its own), so that writing costs what was appended and a
+    run analyzed often is still a few files; all in one when a cached row was replaced (a step
+    recorded again) or the files grew many."""
     name = f"rows-{offset}.parquet"  # a new name: a state never names a file half written
-    if len(parts) < MAX_PARTS and all(a is b for a, b in zip(cached, rows)):
-        return parts + [Part(name, len(rows) - len(cached), rows[len(cached):])] if len(rows) > len(cached) else parts
-    return [Part(name, len(rows), rows)] if rows else []
+    if len(rows) == len(cached) and all(a is b for a, b in zip(cached, rows)):
+        return parts
+    if len(parts) >= MAX_PARTS or not all(a is b for a, b in zip(cached, rows)):
+        return [Part(name, len(rows), rows)] if rows else []
+    if parts and parts[-1].rows < SMALL_PART_ROWS:
+        parts = parts[:-1]  # the small last file and the new rows as one
+    kept = sum(p.rows for p in parts)
+    return parts + [Part(name, len(rows) - kept, rows[kept:])]
 
 
 def _add_lines(found: StepFile, by_step: dict[int, dict[str, Any]], lines: Iterable[str], after: int,
@@ -171,7 +174,7 @@ def _restored(cache: Path, f: io.BufferedReader, st: os.stat_result, path: Path,
                 or st.st_size < prefix.offset or _fingerprint(f, st, prefix.offset) != prefix.fingerprint):
             return None
         parts = [Part(p["file"], p["rows"]) for p in state["parts"]]
-        rows = [row for part in parts for row in _rows(pd.read_parquet(cache / part.file), part.rows)]
+        rows = [row for part in parts for row in _rows(cache / part.file, part.rows)]
         found = StepFile(phases=list(state["phases"]), bad_lines=list(state["bad_lines"]), lines=state["lines"],
                          impossible=list(state["impossible"]), repeated=state["repeated"],
                          bad_lines_dropped=state["bad_lines_dropped"], impossible_dropped=state["impossible_dropped"],
@@ -191,9 +194,7 @@ def _write(cache: Path, found: StepFile, parts: list[Part], prefix: Prefix, path
         cache.mkdir(parents=True, exist_ok=True)
         for part in parts:
             if part.new is not None:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    write_parquet(cache / part.file, _frame(part.new))
+                _write_rows(cache / part.file, part.new)
         write_json_atomic(cache / STATE_FILE, {
             "version": CACHE_VERSION, "file": display(path), "rank": rank, "offset": prefix.offset,
             "number": prefix.number, "fingerprint": prefix.fingerprint,
@@ -209,33 +210,53 @@ def _write(cache: Path, found: StepFile, parts: list[Part], prefix: Prefix, path
         remove_quietly(cache / name)
 
 
-def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """The rows as a table, with per row the columns it lacked (a missing key and a None value make
-    different columns in the steps table: NaN where a phase is absent, None where a counter is unknown)."""
-    frame = pd.DataFrame(rows)
-    columns = list(frame.columns)
-    width = len(columns)
-    missing = ["" if len(row) == width else ",".join(str(i) for i, c in enumerate(columns) if c not in row)
+def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Replace ``path`` with the rows as a table, with per row the columns it lacked: a missing key and a
+    None value make different columns in the steps table (NaN where a phase is absent, None where a
+    counter is unknown). Straight to Arrow: through a pandas frame it cost twice as much."""
+    import pyarrow as pa  # noqa: PLC0415 - the analysis' import, as in util/parquet.py
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    names = _names(rows)
+    width = len(names)
+    missing = ["" if len(row) == width else ",".join(str(i) for i, name in enumerate(names) if name not in row)
                for row in rows]
-    return frame.assign(**{MISSING: missing})
+    if all(tuple(row) == names for row in rows):  # the usual run: every record has the same fields, in order
+        columns = list(zip(*(row.values() for row in rows)))
+    else:
+        columns = [[row.get(name) for row in rows] for name in names]
+    table = pa.table({**{name: pa.array(column) for name, column in zip(names, columns)}, MISSING: missing})
+    with replacing(path) as tmp:
+        pq.write_table(table, tmp)
 
 
-def _rows(frame: pd.DataFrame, count: int) -> list[dict[str, Any]]:
-    """The rows :func:`_frame` was given: the keys each had, None where a value was None. Built column by
-    column (``to_dict`` boxes each value on its own: 10x slower)."""
-    if len(frame) != count:
-        raise ValueError(f"{len(frame)} rows where the state says {count}")
-    missing = frame.pop(MISSING).tolist()
-    columns = list(frame.columns)
-    values = []
-    for column in columns:
-        found, absent = frame[column].tolist(), frame[column].isna()
-        values.append([None if a else v for v, a in zip(found, absent.tolist())] if absent.any() else found)
-    rows = [dict(zip(columns, row)) for row in zip(*values)]
+def _names(rows: list[dict[str, Any]]) -> tuple[str, ...]:
+    """Every row's keys, in the order first seen (the steps table's column order, as pandas makes it);
+    a row is looked into only when its keys differ from the row before's."""
+    names: dict[str, None] = {}
+    before: Any = None
+    for row in rows:
+        if row.keys() != before:
+            names.update(dict.fromkeys(row))
+            before = row.keys()
+    return tuple(names)
+
+
+def _rows(path: Path, count: int) -> list[dict[str, Any]]:
+    """The rows :func:`_write_rows` was given: the keys each had, None where a value was None. Built column by
+    column from Arrow (pandas' ``to_dict`` boxes each value on its own: 10x slower)."""
+    import pyarrow.parquet as pq  # noqa: PLC0415 - the analysis' import, as in util/parquet.py
+
+    columns = pq.read_table(path).to_pydict()
+    missing = columns.pop(MISSING)
+    if len(missing) != count:
+        raise ValueError(f"{len(missing)} rows where the state says {count}")
+    names = list(columns)
+    rows = [dict(zip(names, row)) for row in zip(*columns.values())]
     for row, lacked in zip(rows, missing):
         if lacked:
             for i in lacked.split(","):
-                del row[columns[int(i)]]
+                del row[names[int(i)]]
     return rows
 
 
