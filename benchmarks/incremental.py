@@ -133,6 +133,18 @@ NOTES = """
 *tables s* is the table build (the step reading inside it), *judge s* the detectors, passes, ledger
 and critical path, *write s* the outputs; loading the ranks is ~0 here (no traces). *rest µs per step
 record*: the analysis' wall time outside the step reading, per rank and step of the whole run.
+
+What is proportional to N: the lines parsed (`lines parsed`: the N new lines per rank, and each
+file's last line again) and the Parquet written (the new rows, or a last file of under 4,096 rows
+rewritten with them). What still costs the whole run, per step record: reading the cached rows back
+(Parquet to Python rows, ~8 µs) and the steps table built from every row as before (~4 µs), so the
+step reading of an incremental analysis is ~10 µs per step record of the run against ~50 µs cold;
+and everything after the reading, unchanged by the cache: the detectors, passes, ledger and
+critical path judge every step of the run (the straggler detector loops over every step), which is
+most of an incremental analysis at 8 ranks (*judge s*). A cold analysis pays for writing the cache:
+compare its step reading with *old read s* (the same file read with no cache, as before).
+The host is shared: wall times vary by tens of percent between neighbouring rows (see the load
+average); compare CPU seconds and ratios within a row.
 """
 
 

@@ -170,8 +170,9 @@ def _restored(cache: Path, f: io.BufferedReader, st: os.stat_result, path: Path,
     try:
         state = json.loads((cache / STATE_FILE).read_text())
         prefix = Prefix(state["offset"], state["number"], state["fingerprint"])
-        if (state.get("version") != CACHE_VERSION or state.get("file") != display(path) or state.get("rank") != rank
-                or st.st_size < prefix.offset or _fingerprint(f, st, prefix.offset) != prefix.fingerprint):
+        if (state.get("version") != CACHE_VERSION or state.get("file") != display(path.absolute())
+                or state.get("rank") != rank or st.st_size < prefix.offset
+                or _fingerprint(f, st, prefix.offset) != prefix.fingerprint):
             return None
         parts = [Part(p["file"], p["rows"]) for p in state["parts"]]
         rows = [row for part in parts for row in _rows(cache / part.file, part.rows)]
@@ -196,7 +197,7 @@ def _write(cache: Path, found: StepFile, parts: list[Part], prefix: Prefix, path
             if part.new is not None:
                 _write_rows(cache / part.file, part.new)
         write_json_atomic(cache / STATE_FILE, {
-            "version": CACHE_VERSION, "file": display(path), "rank": rank, "offset": prefix.offset,
+            "version": CACHE_VERSION, "file": display(path.absolute()), "rank": rank, "offset": prefix.offset,
             "number": prefix.number, "fingerprint": prefix.fingerprint,
             "parts": [{"file": p.file, "rows": p.rows} for p in parts],
             "lines": found.lines, "phases": found.phases, "repeated": found.repeated,
