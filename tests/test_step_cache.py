@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pandas as pd
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from diagtrain.profiler.analyzer.rank import load
 from diagtrain.profiler.analyzer.read import step_cache
@@ -236,3 +239,37 @@ def test_a_real_run_analyzed_again_after_it_grew(user_run, tmp_path):
     again = steps(True)
     pd.testing.assert_frame_equal(again[0], steps(False)[0])
     assert again[1:] == steps(False)[1:] and len(again[0]) == len(first[0]) + 6
+
+
+LINES = st.one_of(
+    st.builds(lambda s: json.dumps(varied(s)), st.integers(1, 30)),  # steps repeat: 30 of them, many lines
+    st.builds(lambda s, ms: json.dumps(record(s, duration_ms=ms)), st.integers(1, 30),
+              st.sampled_from([-1, 1e30, 5, 7.5])),
+    st.sampled_from(["", "not json", "[1]", "{}", '{"rank": 0, "st', json.dumps(record(3, rank=1)), "\u00e9\u00e8"]),
+)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(lines=st.lists(LINES, min_size=1, max_size=60), endings=st.sampled_from(["\n", "\r\n", "\r"]),
+       cuts=st.lists(st.one_of(st.floats(0, 1), st.integers(0, 59)), max_size=6), junk=st.booleans())
+def test_any_file_appended_in_any_pieces_reads_as_a_full_read(lines, endings, cuts, junk):
+    """Cut anywhere (a fraction of the bytes) or after a line (an integer: the line's number); lines
+    ended as on Linux, Windows or old Macs (a lone \\r: every line is one as the reader splits them,
+    none as the cache's offsets do); bytes not UTF-8 at the end; rows cached in files of 8."""
+    ends = [len(endings.join(lines[:i + 1]) + endings) for i in range(len(lines))]
+    data = (endings.join(lines) + endings).encode() + (b"\xff\xfe" if junk else b"")
+    at = sorted({min(len(data), ends[c % len(ends)]) if isinstance(c, int) else int(c * len(data)) for c in cuts})
+    small, step_cache.SMALL_PART_ROWS = step_cache.SMALL_PART_ROWS, 8
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            path, cache = Path(tmp) / "steps.jsonl", Path(tmp) / "cache"
+            path.write_bytes(b"")
+            done = 0
+            for end in [*at, len(data)]:
+                with open(path, "ab") as f:
+                    f.write(data[done:end])
+                done = end
+                same_as_full(path, cache)
+    finally:
+        step_cache.SMALL_PART_ROWS = small
