@@ -41,7 +41,7 @@ def analyze(path: Path, out: Path, formats: list[str], workers: int,
         results, more_skipped = load.load(inputs, analysis_dir / "cache", workers, progress, on_cluster)
     skipped += more_skipped
     progress("building the tables")
-    t = tables.build(path, results, flight_recorder)
+    t = tables.build(path, results, flight_recorder, analysis_dir / "cache")
     skipped += t.skipped
     notes = health.check(t, results)
     t.ledger = ledger.build(t)

@@ -174,6 +174,11 @@ def _check_unpacked(size: int, consumed: int, limit: int, path: str | os.PathLik
         raise InputError(path, f"unpacks to more than {MAX_GZIP_RATIO}x its size: a decompression bomb, not a trace")
 
 
+def open_regular(path: str | os.PathLike, limit: int) -> int:
+    """A descriptor of ``path``, checked as :func:`read_lines` checks it (a regular file within ``limit``)."""
+    return _open_regular(path, limit)
+
+
 def _open_regular(path: str | os.PathLike, limit: int) -> int:
     """A descriptor of ``path``, checked to be a regular file of at most ``limit`` bytes."""
     try:

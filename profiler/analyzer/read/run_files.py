@@ -201,6 +201,20 @@ class StepFile:
     impossible: list[str] = field(default_factory=list)  # "step 4: duration_ms 1e+18", records left out
     repeated: int = 0  # steps recorded more than once (a restarted job): the last record kept
     p2p: dict[int, dict[str, Any]] = field(default_factory=dict)  # step -> its point-to-point calls (checked)
+    # Problems counted but no longer held: a cache of the records (step_cache) keeps only the first few.
+    bad_lines_dropped: int = 0
+    impossible_dropped: int = 0
+    parsed: int = 0  # lines this read went through: every line, or after a cache only the new ones
+
+    @property
+    def bad_count(self) -> int:
+        """Lines that are not step records, held or not."""
+        return len(self.bad_lines) + self.bad_lines_dropped
+
+    @property
+    def impossible_count(self) -> int:
+        """Records with impossible values left out, held or not."""
+        return len(self.impossible) + self.impossible_dropped
 
 
 def read_steps(path: Path, rank: int | None) -> StepFile:
@@ -214,19 +228,24 @@ def read_steps(path: Path, rank: int | None) -> StepFile:
             add_step(found, by_step, *previous, rank)
         previous = (number, line)
     if previous is not None:
-        number, line = previous
-        try:
-            json.loads(line)
-        except ValueError:
-            pass  # the last line, cut short by a kill: everything before it is intact
-        else:
-            add_step(found, by_step, number, line, rank)
+        add_last_step(found, by_step, *previous, rank)
     found.rows = list(by_step.values())
     return found
 
 
+def add_last_step(found: StepFile, by_step: dict[int, dict[str, Any]], number: int, line: str, rank: int | None) -> None:
+    """The file's last line, through :func:`add_step` only if it is JSON: a line cut short by a kill is no bad line."""
+    try:
+        json.loads(line)
+    except ValueError:
+        found.parsed += 1
+        return  # the last line, cut short by a kill: everything before it is intact
+    add_step(found, by_step, number, line, rank)
+
+
 def add_step(found: StepFile, by_step: dict[int, dict[str, Any]], number: int, line: str, rank: int | None) -> None:
     """Line ``number`` of a steps.jsonl into ``by_step`` (step -> row) and ``found`` (phases, p2p, what was wrong)."""
+    found.parsed += 1
     if not line.strip():
         return
     found.lines += 1

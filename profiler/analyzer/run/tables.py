@@ -25,6 +25,8 @@ from diagtrain.profiler.analyzer.rank.result import RankResult
 from diagtrain.profiler.analyzer.read.log_lines import local_to_unix
 from diagtrain.profiler.analyzer.read.nccl_log import NcclLog, parse_nccl_log
 from diagtrain.profiler.analyzer.read.stderr_errors import LogEvent, parse_errors
+from diagtrain.profiler.analyzer.read.step_cache import cache_dir as step_cache_dir
+from diagtrain.profiler.analyzer.read.step_cache import read_steps_cached
 from diagtrain.profiler.analyzer.rank.p2p import P2PCalls
 from diagtrain.profiler.analyzer.rank.p2p import from_flight_recorder as p2p_from_flight_recorder
 from diagtrain.profiler.analyzer.rank.p2p import from_step_records as p2p_from_step_records
@@ -72,14 +74,16 @@ class Tables:
     ledger: pd.DataFrame = field(default_factory=pd.DataFrame)  # where each rank's step went (run/ledger.py)
 
 
-def build(run_dir: Path, results: list[RankResult], flight_recorder_dir: Path | None = None) -> Tables:
+def build(run_dir: Path, results: list[RankResult], flight_recorder_dir: Path | None = None,
+          cache_root: Path | None = None) -> Tables:
     """Join the per-rank results with the run directory's step records and facts.
 
-    Every file is read behind the guard: one that cannot be used is listed in ``skipped``.
+    Every file is read behind the guard: one that cannot be used is listed in ``skipped``. With
+    ``cache_root`` (analysis/cache), step records read before are taken from there (step_cache).
     """
     inputs, notes = Inputs(), []
     folders = rank_folders(run_dir, inputs)
-    recorded, phases, counted_p2p = read_step_records(folders, inputs, notes)
+    recorded, phases, counted_p2p = read_step_records(folders, inputs, notes, cache_root)
     # Counters no record carried (older runs, jobs whose counters are off) are no columns at all.
     recorded = recorded.drop(columns=[c for c in recorded.columns if c in COUNTER_COLUMNS and recorded[c].isna().all()])
     traced = pd.concat([r.steps for r in results], ignore_index=True) if results else pd.DataFrame()
@@ -195,30 +199,34 @@ def unix_seconds(time: pd.Series) -> pd.Series:
     return time.astype("int64") / 1e9 if time.dtype.kind == "M" else time.astype(float)
 
 
-def read_step_records(folders: dict[int, Path], inputs: Inputs,
-                      notes: list[dict]) -> tuple[pd.DataFrame, list[str], dict[int, dict[int, dict]]]:
+def read_step_records(folders: dict[int, Path], inputs: Inputs, notes: list[dict],
+                      cache_root: Path | None = None) -> tuple[pd.DataFrame, list[str], dict[int, dict[int, dict]]]:
     """Every rank's steps.jsonl as one table with a column per phase (ms), and per rank and step the
     point-to-point calls its records counted.
 
     Lines that are not step records are listed as skipped; records with impossible values (a
-    duration of 1e18 ms, a negative one) are left out and named in the health ``notes``.
+    duration of 1e18 ms, a negative one) are left out and named in the health ``notes``. With
+    ``cache_root``, each file is read from where the last analysis left it (step_cache), to the same result.
     """
     rows, phases, p2p = [], [], {}
     for rank, folder in folders.items():
         path = folder / "steps.jsonl"
         if not os.path.lexists(path):
             continue
-        found = inputs.read(path, lambda p: rf.read_steps(p, rank))
+        if cache_root is None:
+            found = inputs.read(path, lambda p: rf.read_steps(p, rank))
+        else:
+            found = inputs.read(path, lambda p: read_steps_cached(p, rank, step_cache_dir(cache_root, rank)))
         if found is None:
             continue
-        if found.bad_lines:
+        if found.bad_count:
             shown = "; ".join(found.bad_lines[:rf.SHOWN_PROBLEMS])
-            inputs.skip(path, f"{len(found.bad_lines)} of its {found.lines} lines are not step records ({shown}); "
+            inputs.skip(path, f"{found.bad_count} of its {found.lines} lines are not step records ({shown}); "
                         "the others were used")
-        if found.impossible:
+        if found.impossible_count:
             shown = "; ".join(found.impossible[:rf.SHOWN_PROBLEMS])
             notes.append({"check": "impossible_values", "severity": "warning",
-                          "message": f"rank {rank}: {len(found.impossible)} step records with impossible values left "
+                          "message": f"rank {rank}: {found.impossible_count} step records with impossible values left "
                                      f"out of the analysis ({shown})"})
         if found.repeated:
             notes.append({"check": "repeated_steps", "severity": "info",

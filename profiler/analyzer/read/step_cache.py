@@ -1,0 +1,271 @@
+"""A rank's steps.jsonl read once: its parsed records kept in ``analysis/cache/@steps/<rank>/``, so that
+the next analysis of a run that grew reads only the bytes appended since.
+
+The cache holds what :func:`run_files.read_steps` found in a prefix of the file (the rows as Parquet,
+the problem counts, phases and point-to-point calls as JSON) and a fingerprint of that prefix. A read
+goes on from the prefix's end through the same :func:`run_files.add_step`, so its result is the full
+read's: a step recorded again replaces its row and counts as repeated, line numbers go on. The prefix
+always stops before the file's last line: a full read treats that line alone differently (ignored
+unless it is JSON: the line a killed job was writing), and once more is appended it is an ordinary line.
+
+Fingerprint: the file's device and inode, and a hash of the first and the last ``FINGERPRINT_BYTES``
+of the prefix. The record files are only appended to; what replaces one (a rename over it, a
+rewrite, a truncation) changes the inode, its length or the bytes where the prefix begins or ends.
+Hashing the whole prefix would cost the full read the cache avoids. Anything else (another cache
+version, another file or rank, a damaged cache) reads the whole file and rewrites the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from diagtrain.profiler.analyzer.read.inputs import MAX_LINES_BYTES
+from diagtrain.profiler.analyzer.read.run_files import SHOWN_PROBLEMS, StepFile, add_last_step, add_step
+from diagtrain.profiler.run_dir import remove_quietly, replacing, write_json_atomic
+from diagtrain.profiler.util.bounded_read import MAX_LINE_CHARS, display, open_regular
+
+CACHE_VERSION = 1  # bump when what the cache holds, or how a record is read, changes
+STEPS_CACHE = "@steps"  # under analysis/cache: a trace's cache key never holds "@" (discover._key)
+STATE_FILE = "state.json"
+FINGERPRINT_BYTES = 4096
+MISSING = "_missing"  # per row, the columns its record did not have (a None value is a column it had)
+BLOCK_BYTES = 1 << 16
+MAX_PARTS = 16  # files of rows before they are written again as one
+SMALL_PART_ROWS = 4096  # a last file of fewer rows takes the new rows in (reading a file costs ~3 ms)
+
+
+def cache_dir(cache_root: Path, rank: int) -> Path:
+    """Where rank ``rank``'s step records are cached."""
+    return cache_root / STEPS_CACHE / str(rank)
+
+
+@dataclass
+class Prefix:
+    """The part of the file a cache holds: its length, its lines and its fingerprint."""
+
+    offset: int  # bytes: up to the start of the file's last line
+    number: int  # lines in it (blank ones too), for the next line's number
+    fingerprint: dict[str, Any]
+
+
+def read_steps_cached(path: Path, rank: int, cache: Path) -> StepFile:
+    """What ``read_steps(path, rank)`` gives, reading only what was appended since ``cache`` was written
+    (the whole file if the cache does not hold its start), then bringing the cache up to date."""
+    fd = open_regular(path, MAX_LINES_BYTES)  # the full read's checks, and its errors
+    with open(fd, "rb", closefd=True) as f:
+        st = os.fstat(f.fileno())
+        found, by_step, start, parts = _restored(cache, f, st, path, rank) or (StepFile(), {}, Prefix(0, 0, {}), [])
+        cached = list(by_step.values())
+        end = _last_line_start(f, start.offset, st.st_size)
+        number = _add_lines(found, by_step, _lines(f, start.offset, end), start.number, rank)
+        if end > start.offset or not start.fingerprint:
+            _write(cache, found, _parts(parts, cached, list(by_step.values()), end),
+                   Prefix(end, number, _fingerprint(f, st, end)), path, rank)
+        last = list(_lines(f, end, st.st_size))  # the held-back last line (pieces of it, if over MAX_LINE_CHARS)
+    number = _add_lines(found, by_step, last[:-1], number, rank)
+    if last:
+        add_last_step(found, by_step, number + 1, last[-1], rank)
+    found.rows = list(by_step.values())
+    return found
+
+
+@dataclass
+class Part:
+    """One Parquet file of cached rows: its name, and the rows to write (None: already written)."""
+
+    file: str
+    rows: int
+    new: list[dict[str, Any]] | None = None
+
+
+def _parts(parts: list[Part], cached: list[dict[str, Any]], rows: list[dict[str, Any]], offset: int) -> list[Part]:
+    """The files the rows go to: the cached ones, the last of them rewritten with the rows appended
+    since while it is small (else a file of its own), so that writing costs what was appended and a
+    run analyzed often is still a few files; all in one when a cached row was replaced (a step
+    recorded again) or the files grew many."""
+    name = f"rows-{offset}.parquet"  # a new name: a state never names a file half written
+    if len(rows) == len(cached) and all(a is b for a, b in zip(cached, rows)):
+        return parts
+    if len(parts) >= MAX_PARTS or not all(a is b for a, b in zip(cached, rows)):
+        return [Part(name, len(rows), rows)] if rows else []
+    if parts and parts[-1].rows < SMALL_PART_ROWS:
+        parts = parts[:-1]  # the small last file and the new rows as one
+    kept = sum(p.rows for p in parts)
+    return parts + [Part(name, len(rows) - kept, rows[kept:])]
+
+
+def _add_lines(found: StepFile, by_step: dict[int, dict[str, Any]], lines: Iterable[str], after: int,
+               rank: int) -> int:
+    """Lines numbered from ``after + 1`` through add_step; the number of the last (``after`` if none)."""
+    number = after
+    for number, line in enumerate(lines, after + 1):
+        add_step(found, by_step, number, line, rank)
+    return number
+
+
+def _lines(f: io.BufferedReader, start: int, end: int) -> Iterator[str]:
+    """The lines of bytes ``start`` to ``end``, split and decoded as read_lines does (``start`` follows a
+    newline, so a reader starting there splits the rest exactly as one starting at the file's start)."""
+    f.seek(start)
+    text = io.TextIOWrapper(io.BufferedReader(_Window(f, end - start)), encoding="utf-8", errors="replace",
+                            newline=None)
+    while line := text.readline(MAX_LINE_CHARS):
+        yield line.rstrip("\n")
+
+
+class _Window(io.RawIOBase):
+    """The next ``size`` bytes of ``f``, as a file: what the text reader reads, and no further."""
+
+    def __init__(self, f: io.BufferedReader, size: int) -> None:
+        self.f, self.left = f, size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.f.read(min(len(buffer), self.left))
+        buffer[:len(data)] = data
+        self.left -= len(data)
+        return len(data)
+
+
+def _last_line_start(f: io.BufferedReader, start: int, size: int) -> int:
+    """Where the file's last line begins (lines end with a newline; a last one may not), not before ``start``."""
+    end = size - 1 if size > start and _byte_at(f, size - 1) == b"\n" else size  # a complete last line is held back too
+    while end > start:
+        at = max(start, end - BLOCK_BYTES)
+        f.seek(at)
+        newline = f.read(end - at).rfind(b"\n")
+        if newline >= 0:
+            return at + newline + 1
+        end = at
+    return start
+
+
+def _byte_at(f: io.BufferedReader, at: int) -> bytes:
+    f.seek(at)
+    return f.read(1)
+
+
+def _fingerprint(f: io.BufferedReader, st: os.stat_result, offset: int) -> dict[str, Any]:
+    """The prefix of ``offset`` bytes, cheaply: the file's identity and a hash of its two ends."""
+    f.seek(0)
+    head = f.read(min(offset, FINGERPRINT_BYTES))
+    f.seek(max(0, offset - FINGERPRINT_BYTES))
+    tail = f.read(min(offset, FINGERPRINT_BYTES))
+    return {"device": st.st_dev, "inode": st.st_ino, "offset": offset,
+            "head": hashlib.sha256(head).hexdigest(), "tail": hashlib.sha256(tail).hexdigest()}
+
+
+def _restored(cache: Path, f: io.BufferedReader, st: os.stat_result, path: Path,
+              rank: int) -> tuple[StepFile, dict[int, dict[str, Any]], Prefix, list[Part]] | None:
+    """The cache's records and prefix, if it was made from the start of this very file; else None."""
+    try:
+        state = json.loads((cache / STATE_FILE).read_text())
+        prefix = Prefix(state["offset"], state["number"], state["fingerprint"])
+        if (state.get("version") != CACHE_VERSION or state.get("file") != display(path.absolute())
+                or state.get("rank") != rank or st.st_size < prefix.offset
+                or _fingerprint(f, st, prefix.offset) != prefix.fingerprint):
+            return None
+        parts = [Part(p["file"], p["rows"]) for p in state["parts"]]
+        rows = [row for part in parts for row in _rows(cache / part.file, part.rows)]
+        found = StepFile(phases=list(state["phases"]), bad_lines=list(state["bad_lines"]), lines=state["lines"],
+                         impossible=list(state["impossible"]), repeated=state["repeated"],
+                         bad_lines_dropped=state["bad_lines_dropped"], impossible_dropped=state["impossible_dropped"],
+                         p2p={int(step): _p2p_from_json(calls) for step, calls in state["p2p"]})
+        return found, {row["step"]: row for row in rows}, prefix, parts
+    except Exception:  # noqa: BLE001 - absent, damaged or of another version: the file is read whole
+        return None
+
+
+def _write(cache: Path, found: StepFile, parts: list[Part], prefix: Prefix, path: Path, rank: int) -> None:
+    """The new rows' file, then the state that names every file; never fails the analysis."""
+    try:
+        old = {p["file"] for p in json.loads((cache / STATE_FILE).read_text()).get("parts", [])}
+    except Exception:  # noqa: BLE001 - no cache yet, or a damaged one
+        old = set()
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        for part in parts:
+            if part.new is not None:
+                _write_rows(cache / part.file, part.new)
+        write_json_atomic(cache / STATE_FILE, {
+            "version": CACHE_VERSION, "file": display(path.absolute()), "rank": rank, "offset": prefix.offset,
+            "number": prefix.number, "fingerprint": prefix.fingerprint,
+            "parts": [{"file": p.file, "rows": p.rows} for p in parts],
+            "lines": found.lines, "phases": found.phases, "repeated": found.repeated,
+            "bad_lines": found.bad_lines[:SHOWN_PROBLEMS], "impossible": found.impossible[:SHOWN_PROBLEMS],
+            "bad_lines_dropped": found.bad_count - len(found.bad_lines[:SHOWN_PROBLEMS]),
+            "impossible_dropped": found.impossible_count - len(found.impossible[:SHOWN_PROBLEMS]),
+            "p2p": [[step, _p2p_to_json(calls)] for step, calls in found.p2p.items()]})
+    except Exception:  # noqa: BLE001 - a read-only place, a full disk, a value Parquet cannot hold: no cache
+        return
+    for name in old - {p.file for p in parts}:
+        remove_quietly(cache / name)
+
+
+def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Replace ``path`` with the rows as a table, with per row the columns it lacked: a missing key and a
+    None value make different columns in the steps table (NaN where a phase is absent, None where a
+    counter is unknown). Straight to Arrow: through a pandas frame it cost twice as much."""
+    import pyarrow as pa  # noqa: PLC0415 - the analysis' import, as in util/parquet.py
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    names = _names(rows)
+    width = len(names)
+    missing = ["" if len(row) == width else ",".join(str(i) for i, name in enumerate(names) if name not in row)
+               for row in rows]
+    if all(tuple(row) == names for row in rows):  # the usual run: every record has the same fields, in order
+        columns = list(zip(*(row.values() for row in rows)))
+    else:
+        columns = [[row.get(name) for row in rows] for name in names]
+    table = pa.table({**{name: pa.array(column) for name, column in zip(names, columns)}, MISSING: missing})
+    with replacing(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+def _names(rows: list[dict[str, Any]]) -> tuple[str, ...]:
+    """Every row's keys, in the order first seen (the steps table's column order, as pandas makes it);
+    a row is looked into only when its keys differ from the row before's."""
+    names: dict[str, None] = {}
+    before: Any = None
+    for row in rows:
+        if row.keys() != before:
+            names.update(dict.fromkeys(row))
+            before = row.keys()
+    return tuple(names)
+
+
+def _rows(path: Path, count: int) -> list[dict[str, Any]]:
+    """The rows :func:`_write_rows` was given: the keys each had, None where a value was None. Built column by
+    column from Arrow (pandas' ``to_dict`` boxes each value on its own: 10x slower)."""
+    import pyarrow.parquet as pq  # noqa: PLC0415 - the analysis' import, as in util/parquet.py
+
+    columns = pq.read_table(path).to_pydict()
+    missing = columns.pop(MISSING)
+    if len(missing) != count:
+        raise ValueError(f"{len(missing)} rows where the state says {count}")
+    names = list(columns)
+    rows = [dict(zip(names, row)) for row in zip(*columns.values())]
+    for row, lacked in zip(rows, missing):
+        if lacked:
+            for i in lacked.split(","):
+                del row[names[int(i)]]
+    return rows
+
+
+def _p2p_to_json(calls: dict[str, Any]) -> dict[str, Any]:
+    return {"first": calls["first"], **{kind: {str(peer): n for peer, n in per_peer.items()}
+                                        for kind, per_peer in calls.items() if kind != "first"}}
+
+
+def _p2p_from_json(calls: dict[str, Any]) -> dict[str, Any]:
+    return {"first": calls["first"], **{kind: {int(peer): n for peer, n in per_peer.items()}
+                                        for kind, per_peer in calls.items() if kind != "first"}}
