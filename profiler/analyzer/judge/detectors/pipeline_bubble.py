@@ -92,8 +92,11 @@ def stage_work(tables: Tables) -> StageWork | None:
         return work
     if "comm_wait_ms" in steps and steps["comm_wait_ms"].notna().any():
         counted = steps[steps["comm_wait_ms"].notna()]
-        return _timed(counted, counted["wall_ms"] - counted["comm_wait_ms"], counted["wall_ms"],
-                      "time outside communication (counters)")
+        # Time a rank ran, as the ledger counts it: a wait for a CPU (a busy host's, uneven between ranks)
+        # is no work of its stage's.
+        starved = counted["runq_ms"].fillna(0.0) if "runq_ms" in counted else 0.0
+        return _timed(counted, (counted["wall_ms"] - counted["comm_wait_ms"] - starved).clip(lower=0.0),
+                      counted["wall_ms"], "time outside communication (counters)")
     if tables.parameters:
         held = pd.Series(tables.parameters)
         by_stage = held.groupby(held.index.map(tables.structure.stage_of)).median()
