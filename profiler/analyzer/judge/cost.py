@@ -29,7 +29,6 @@ from diagtrain.profiler.util.stats import MAD_TO_SIGMA
 from diagtrain.profiler.util.text import ranges
 
 EVERY_STEP, INTERMITTENT = "every step", "intermittent"
-MAX_CHARGED_SHOWN = 1000  # charged steps a finding's metrics list (a report of a 100k-step run stays small)
 RECORDS = ("phases", COUNTERS)  # the kinds of evidence (a finding's ``source``) read from every step's records
 
 
@@ -54,6 +53,8 @@ class Cost:
     cpu_floor_slack: float = setting(1.1, "a step's CPU floor (run/ledger.py) up to this times the step means a full "
                                      "host (CPU and wall time are read at slightly different instants); above it the "
                                      "counters disagree and the host's CPUs bound nothing")
+    charged_steps_listed: int = setting(1000, "charged steps a finding's metrics list (the first ones): a report of a "
+                                        "100,000-step run stays small, and later passes judge them as a sample")
     disagree_share: float = setting(0.3, "the critical path's what-if and the ledger disagree when they differ by more "
                                     "than this share of the larger (and by more than the noise)")
 
@@ -363,7 +364,7 @@ def _cost_metrics(mine: list[Cause], totals: dict[str, Any], t: Tables, main: Ca
     return {"lost_s": round(lost / 1e3, 4), "lost_ms_per_step": lost / totals["steady_steps"],
             "share_of_run": sum(x.share for x in mine), "pattern": main.pattern, "period_steps": main.period,
             # The steps the price is about (the first ones of a long run: later passes judge them as a sample).
-            "charged_steps": main.steps[:MAX_CHARGED_SHOWN], "charged_ms_per_step": main.lost_ms / len(main.steps),
+            "charged_steps": main.steps[:Cost.active().charged_steps_listed], "charged_ms_per_step": main.lost_ms / len(main.steps),
             "ledger_noise_ms": totals["noise_ms"], "ledger_profiled_ms": profiled, "impact_source": "ledger"}
 
 

@@ -19,10 +19,18 @@ from diagtrain.profiler.analyzer.judge.cost import EVERY_STEP
 from diagtrain.profiler.analyzer.judge.detectors.base import steady
 from diagtrain.profiler.analyzer.judge.findings import Finding
 from diagtrain.profiler.analyzer.run.tables import Tables
+from diagtrain.profiler.analyzer.settings import section, setting, values
 
-SHOWN_OPS = 3  # operators named in a finding's words
-MIN_SHARE = 0.1  # an operator is named when it holds at least this share of the rank's excess
 WORK_KINDS = ("compute", "memory")  # timeline span kinds that are the rank's own work (not comm, not idle)
+
+
+@section("traced_excess")
+class TracedExcessSettings:
+    """Which operators a finding names as the place of a rank's excess in its traced steps."""
+
+    min_share: float = setting(0.1, "an operator is named when it holds at least this share of the rank's excess "
+                               "over its peers (smaller differences are the peers' own variation)")
+    shown_ops: int = setting(3, "operators a finding's words name (its metrics keep every operator named)")
 
 SpansOf = Callable[[int], "pd.DataFrame | None"]
 
@@ -43,8 +51,9 @@ class TracedExcess:
 
     def words(self) -> str:
         """One sentence for the finding's explanation, the largest part first ("" when it says nothing)."""
-        parts = [(ms, f"in {op} (+{ms:.1f} ms)") for op, ms in self.ops[:SHOWN_OPS]]
-        if self.outside_ops_ms >= MIN_SHARE * self.excess_ms:
+        s = TracedExcessSettings.active()
+        parts = [(ms, f"in {op} (+{ms:.1f} ms)") for op, ms in self.ops[:s.shown_ops]]
+        if self.outside_ops_ms >= s.min_share * self.excess_ms:
             parts.append((self.outside_ops_ms, f"outside any operator (+{self.outside_ops_ms:.1f} ms: a sleep, I/O, "
                                                "a lock, or Python between operators)"))
         if not parts:
@@ -68,6 +77,7 @@ def refine(findings: list[Finding], t: Tables, spans_of: SpansOf) -> list[Findin
         if found is not None and (words := found.words()):
             f.metrics.update(found.to_metrics())
             f.explanation += words
+            f.settings.update(values(TracedExcessSettings.active()))
     return findings
 
 
@@ -93,7 +103,8 @@ def traced_excess(t: Tables, spans_of: SpansOf, rank: int, steps: list[int] | No
     if busy.empty or rank not in busy.index.get_level_values("rank"):
         return None
     per_op = _above_peers(busy, rank)
-    ops = sorted(((str(op), float(ms)) for op, ms in per_op.items() if ms >= MIN_SHARE * excess), key=lambda x: -x[1])
+    least = TracedExcessSettings.active().min_share * excess
+    ops = sorted(((str(op), float(ms)) for op, ms in per_op.items() if ms >= least), key=lambda x: -x[1])
     outside = max(excess - sum(ms for _, ms in ops), 0.0)  # the ops named: small ones are the peers' noise
     return TracedExcess(traced, excess, ops, outside)
 
