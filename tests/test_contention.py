@@ -134,18 +134,6 @@ def test_churn_is_judged_in_the_steps_the_ledger_charged():
     assert priced.severity == "warning" and "memory_churn" not in priced.metrics
 
 
-@pytest.mark.parametrize("share,severity", [(0.3, "warning"), (0.1, "info")])
-def test_an_intermittent_cause_that_cost_a_quarter_of_the_run_is_no_busy_hosts_pause(share, severity):
-    # Two checkpoints of a 10-step run (steps 5 and 9) on a host other processes keep busy: priced by the
-    # ledger on running time at 30% of the run they stand; at 10% they may be the host's pauses.
-    tables = run_of(telemetry=busy_host_telemetry())
-    finding = Finding(kind="straggler", severity="warning", explanation="", suggestion="", ranks=[1], steps=[5, 9],
-                      metrics={"excess_ms": EXCESS_MS, "steps_seen": STEPS, "impact_source": "ledger",
-                               "pattern": "intermittent", "share_of_run": share})
-    [judged] = own_work_only([finding], tables)
-    assert judged.severity == severity and ("busy_host" in judged.metrics) == (severity == "info")
-
-
 def test_a_rank_slow_in_some_steps_only_is_a_straggler_on_a_quiet_host_not_on_a_busy_one():
     def slow_from_step_5(telemetry: pd.DataFrame | None, first: int = 5) -> Tables:
         tables = run_of(extra_cpu=EXCESS_MS, telemetry=telemetry)

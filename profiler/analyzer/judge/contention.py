@@ -26,7 +26,7 @@ import pandas as pd
 
 from diagtrain.profiler.analyzer.settings import section, setting
 from diagtrain.profiler.analyzer.judge.detectors.base import steady
-from diagtrain.profiler.analyzer.judge.cost import INTERMITTENT, Cost
+from diagtrain.profiler.analyzer.judge.cost import INTERMITTENT
 from diagtrain.profiler.analyzer.judge.quantities import SlowCause
 from diagtrain.profiler.analyzer.judge.findings import Finding
 from diagtrain.profiler.analyzer.run.tables import Tables, unix_seconds
@@ -237,7 +237,7 @@ def _intermittent_on_busy_host(tables: Tables, finding: Finding, s: Contention) 
     seen = finding.metrics.get("steps_seen")
     if not seen or len(finding.steps) >= s.steadily_slow_share * seen:
         return None  # slow in (nearly) every step it could be seen in: a straggler, busy host or not
-    if _ledger_pattern(finding) or _cost_a_quarter(finding):
+    if _ledger_pattern(finding):
         return None
     host = tables.rank_hosts.get(finding.ranks[0])
     load = host_loads(tables).get(host) if host is not None else None
@@ -256,13 +256,6 @@ def _priced_steps(finding: Finding, steps: list[int], excess_ms: float) -> tuple
     if finding.metrics.get("impact_source") != "ledger" or not charged:
         return steps, excess_ms
     return charged, finding.metrics["charged_ms_per_step"]
-
-
-def _cost_a_quarter(finding: Finding) -> bool:
-    """Whether the ledger priced the finding at the error share of the run or more, on running time (waits
-    for a CPU taken out): two checkpoints of a short run cost that, no busy host's pauses do (cost.severity)."""
-    return (finding.metrics.get("impact_source") == "ledger"
-            and finding.metrics.get("share_of_run", 0.0) >= Cost.active().error_share)
 
 
 def _ledger_pattern(finding: Finding) -> bool:
