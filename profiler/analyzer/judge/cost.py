@@ -364,7 +364,8 @@ def _cost_metrics(mine: list[Cause], totals: dict[str, Any], t: Tables, main: Ca
     return {"lost_s": round(lost / 1e3, 4), "lost_ms_per_step": lost / totals["steady_steps"],
             "share_of_run": sum(x.share for x in mine), "pattern": main.pattern, "period_steps": main.period,
             # The steps the price is about (the first ones of a long run: later passes judge them as a sample).
-            "charged_steps": main.steps[:Cost.active().charged_steps_listed], "charged_ms_per_step": main.lost_ms / len(main.steps),
+            "charged_steps": main.steps[:Cost.active().charged_steps_listed],
+            "charged_ms_per_step": main.lost_ms / len(main.steps),
             "ledger_noise_ms": totals["noise_ms"], "ledger_profiled_ms": profiled, "impact_source": "ledger"}
 
 

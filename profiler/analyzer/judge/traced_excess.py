@@ -32,6 +32,7 @@ class TracedExcessSettings:
                                "over its peers (smaller differences are the peers' own variation)")
     shown_ops: int = setting(3, "operators a finding's words name (its metrics keep every operator named)")
 
+
 SpansOf = Callable[[int], "pd.DataFrame | None"]
 
 
