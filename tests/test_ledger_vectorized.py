@@ -1,6 +1,7 @@
-"""The ledger's peer baselines and savings, computed for all steps at once (issue 39: they cost most of a
-live judgement), give what a straightforward loop over steps and peer groups gives, to the bit: ties,
-NaN counters, ranks alone in a step and ranks of no peer group included."""
+"""The ledger's peer baselines and savings, and the straggler detector's candidates, computed for all
+steps at once (issue 39: they cost most of a live judgement), give what a straightforward loop over
+steps and peer groups gives, to the bit: ties, NaN counters, ranks alone in a step and ranks of no
+peer group included."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import numpy as np
 import pandas as pd
 from hypothesis import given, settings, strategies as st
 
+from diagtrain.profiler.analyzer.judge.detectors.straggler import Straggler, _Candidates, _over_peers
 from diagtrain.profiler.analyzer.run import ledger as lg
 from diagtrain.profiler.util.groups import median_by, median_of_others, positions_by
 
@@ -133,3 +135,31 @@ def test_a_straggler_is_charged_and_waited_for():
     assert table["lost_ms"].tolist() == [0.0, 0.0, 30.0, 0.0, 1.0, 0.0]
     assert table["waited_for"].tolist() == [2, 2, -1, 1, -1, 1]
     assert table["waited_for_phase"].tolist() == ["forward", "forward", None, "forward", None, "forward"]
+
+
+@st.composite
+def step_values(draw) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One part's values of some ranks in some steps (rows missing, NaN, ties), and each row's usual
+    value and noise (NaN where unknown), in the straggler detector's row order: by rank, then step."""
+    ranks, steps = draw(st.integers(1, 6)), draw(st.integers(1, 5))
+    kept = [(r, s) for r in range(ranks) for s in range(1, steps + 1) if draw(st.booleans()) or draw(st.booleans())]
+    maybe_nan = st.one_of(VALUE, VALUE, VALUE, st.just(np.nan))
+    per_rank = {r: (draw(maybe_nan), draw(maybe_nan)) for r in range(ranks)}
+    values = np.array(draw(st.lists(maybe_nan, min_size=len(kept), max_size=len(kept))), dtype=float)
+    rank = np.array([r for r, _ in kept], dtype=int)
+    return (rank, np.array([s for _, s in kept], dtype=int), values,
+            np.array([per_rank[r][0] for r in rank], dtype=float), np.array([per_rank[r][1] / 10 for r in rank], dtype=float))
+
+
+@settings(max_examples=400, deadline=None)
+@given(step_values(), st.sampled_from([0.0, 1.0, 5.0]))
+def test_the_straggler_candidates_of_all_steps_are_each_steps(case, threshold):
+    # The detector's candidates computed for every step at once give what its per-step function gives.
+    rank, step, values, usual, noise = case
+    s = Straggler()
+    by_step = positions_by(step)
+    candidates = _Candidates(by_step, values, usual, noise, threshold, 40.0, s)
+    for k, (number, rows) in enumerate(by_step):
+        expected = _over_peers(number, rank[rows], values[rows], "forward", usual[rows], noise[rows], "phases",
+                               threshold, 40.0, s)
+        assert candidates.found(k, number, rank, values, "forward", "phases") == expected, (k, rows)

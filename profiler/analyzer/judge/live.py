@@ -47,9 +47,9 @@ class Live:
     min_stalled_s: float = setting(10.0, "... and for at least this long: a profiled window's trace export takes seconds")
     grown_share: float = setting(0.5, "a live finding is updated (and said again) when the time it cost grew by this "
                                  "share since it was last said: more often is noise in a log")
-    max_cpu_share: float = setting(0.1, "the next judgement waits until the CPU the last one took is at most this share "
+    max_cpu_share: float = setting(0.02, "the next judgement waits until the CPU the last one took is at most this share "
                                    "of one core over the time since: a large job is judged less often, never at its "
-                                   "expense")
+                                   "expense (the first judgement, which imports and reads everything once, excepted)")
     resolve_rounds: int = setting(2, "a finding is resolved once absent from this many judgements of new steps in a row: "
                                   "one at the edge of a threshold would come and go every round")
 
@@ -107,6 +107,7 @@ class LiveJudge:
     def judge(self, now: float | None = None) -> LiveVerdict:
         """Read the new step records, judge the recent steps, and return what changed."""
         started, cpu = time.perf_counter(), time.thread_time()
+        first = self._judged is None
         now = time.time() if now is None else now
         window = self.steps.window()
         step = max((int(s) for s in window.tables.steps["step"]), default=None) if window.tables is not None else None
@@ -121,7 +122,8 @@ class LiveJudge:
         self.judged_step = step if step is not None else self.judged_step
         active = [self._record(t, "active", now, step) for t in self.tracked.values()]
         # Paced by the CPU it took, not its wall time: on a crowded host that is mostly waiting for a core.
-        took_cpu = time.thread_time() - cpu
+        # The first judgement's imports and first read are paid once, not at every judgement.
+        took_cpu = 0.0 if first else time.thread_time() - cpu
         return LiveVerdict(events, active, step, window.latest, time.perf_counter() - started,
                            max(self.settings.interval_s, took_cpu / self.settings.max_cpu_share))
 

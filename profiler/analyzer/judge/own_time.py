@@ -36,16 +36,17 @@ def own_time(steps: pd.DataFrame) -> dict[Quantity, pd.Series]:
     return {OWN_TIME: steps["wall_ms"] - steps["comm_wait_ms"]}
 
 
-def waited(step_rows: pd.DataFrame, quantity: Quantity, rank: int, excess_ms: float) -> bool:
-    """Whether ``rank``'s excess in ``quantity`` (a phase) in these rows of one step is mostly time
-    blocked in collectives, beyond what its peers were blocked there."""
-    column = f"{quantity.phase}_comm_wait_ms"
-    if quantity.measure is not Measure.PHASE or column not in step_rows:
-        return False
-    # Two columns as arrays, not the rows re-indexed: this runs for every step of the straggler detector.
-    blocked = step_rows[column].to_numpy(dtype=float)
-    ranks = step_rows["rank"].to_numpy()[~np.isnan(blocked)]
-    blocked = blocked[~np.isnan(blocked)]
+def blocked_column(quantity: Quantity) -> str | None:
+    """The step column of time blocked in collectives within ``quantity`` (a phase; None for the rest)."""
+    return f"{quantity.phase}_comm_wait_ms" if quantity.measure is Measure.PHASE else None
+
+
+def waited(blocked: np.ndarray, ranks: np.ndarray, rank: int, excess_ms: float) -> bool:
+    """Whether ``rank``'s excess in a phase in one step is mostly time blocked in collectives, beyond what
+    its peers were blocked there (``blocked``: the phase's blocked ms of the step's rows, ``ranks`` theirs)."""
+    # Arrays, not the step's rows re-indexed: this runs for every step of the straggler detector.
+    known = ~np.isnan(blocked)
+    ranks, blocked = ranks[known], blocked[known]
     mine = ranks == rank
     if not mine.any() or len(blocked) < 2:
         return False

@@ -30,6 +30,10 @@ class PipelineBubble:
     warn_bubble_share: float = setting(0.3, "an analytical bubble of this share of the step is worth more microbatches")
     imbalance_ratio: float = setting(1.5, "the busiest stage doing this many times the least busy one's work")
     microbatches_per_stage: int = setting(4, "the microbatches suggested, per stage: a 1F1B bubble under 20%")
+    # Clean 2-stage runs on 2 shared cores: one stage 1.35-1.45x the other for three steps, then the other way.
+    persistent_share: float = setting(0.6, "an unequal split shows in every step: timed stages that differ by the ratio in "
+                                      "fewer of their steps differ by a busy host's turns")
+    min_steps: int = setting(3, "... and in at least this many steps: a running job's first steps can show any stage ahead")
 
 
 SETTINGS = (PipelineBubble, Steady)
@@ -44,6 +48,7 @@ class StageWork:
     idle_share: pd.Series  # stage -> share of the step without work (empty for parameter counts)
     source: str
     gflops: pd.Series = field(default_factory=lambda: pd.Series(dtype=float))  # stage -> GFLOP per step
+    per_step: pd.DataFrame = field(default_factory=pd.DataFrame)  # step x stage -> busy ms (timed work only)
 
     @property
     def work(self) -> tuple[pd.Series, str]:
@@ -75,7 +80,32 @@ def detect(tables: Tables) -> list[Finding]:
 
 def _unequal(work: StageWork, settings: PipelineBubble) -> bool:
     amount, _ = work.work
-    return len(amount) >= 2 and amount.min() > 0 and float(amount.max() / amount.min()) >= settings.imbalance_ratio
+    if not (len(amount) >= 2 and amount.min() > 0 and float(amount.max() / amount.min()) >= settings.imbalance_ratio):
+        return False
+    turns = _steps_ahead(work, settings)
+    # Timed work: the busiest stage ahead by the ratio step after step, not in the medians of a few.
+    return turns is None or (turns[0] >= settings.min_steps and turns[0] >= settings.persistent_share * turns[1])
+
+
+def _steps_ahead(work: StageWork, settings: PipelineBubble) -> tuple[int, int] | None:
+    """In how many of the timed steps the busiest stage took ``imbalance_ratio`` times the lightest's
+    time, and of how many (None for counted work, FLOPs or parameters, which has no step-to-step noise)."""
+    amount, compared_by = work.work
+    if compared_by != work.source or work.per_step.empty:
+        return None
+    ahead = work.per_step[amount.idxmax()] >= settings.imbalance_ratio * work.per_step[amount.idxmin()]
+    return int(ahead.sum()), len(ahead)
+
+
+def _by_turns(work: StageWork, settings: PipelineBubble) -> str:
+    """Why medians this far apart are no unequal split: the stage was ahead by the ratio only now and then."""
+    amount, _ = work.work
+    turns = _steps_ahead(work, settings)
+    if turns is None or not amount.min() > 0 or float(amount.max() / amount.min()) < settings.imbalance_ratio:
+        return ""
+    return (f" Stage {int(amount.idxmax())} took {settings.imbalance_ratio:g}x stage {int(amount.idxmin())}'s time in "
+            f"only {turns[0]} of {turns[1]} steps: an unequal split would in every step, so this is the host's load "
+            "by turns.")
 
 
 def stage_work(tables: Tables) -> StageWork | None:
@@ -105,12 +135,13 @@ def stage_work(tables: Tables) -> StageWork | None:
 
 
 def _timed(steps: pd.DataFrame, busy: pd.Series, wall: pd.Series, source: str) -> StageWork:
-    """Medians per rank, then per stage: one slow step or one odd rank does not decide."""
-    per_rank = pd.DataFrame({"stage": steps["stage"], "rank": steps["rank"], "busy": busy,
-                             "idle": 1 - busy / wall}).groupby(["stage", "rank"]).median()
-    by_stage = per_rank.groupby(level="stage").median()
-    by_stage.index = by_stage.index.astype(int)
-    return StageWork(by_stage["busy"], by_stage["idle"].clip(lower=0.0), source)
+    """Medians per rank, then per stage: one slow step or one odd rank does not decide; and each
+    stage's busy time step by step (the median of its ranks)."""
+    rows = pd.DataFrame({"stage": steps["stage"].astype(int), "rank": steps["rank"], "step": steps["step"],
+                         "busy": busy, "idle": 1 - busy / wall})
+    by_stage = rows.groupby(["stage", "rank"])[["busy", "idle"]].median().groupby(level="stage").median()
+    per_step = rows.groupby(["step", "stage"])["busy"].median().unstack("stage").dropna()
+    return StageWork(by_stage["busy"], by_stage["idle"].clip(lower=0.0), source, per_step=per_step)
 
 
 def _few_microbatches(tables: Tables, p: int, m: int, bubble: float, settings: PipelineBubble) -> Finding:
@@ -160,7 +191,8 @@ def _stages(tables: Tables, work: StageWork, bubble: float | None, settings: Pip
                        + f" (stages from {s.stage_source}); {work.source} per step: {per_stage}{measured}."
                        + (f" Stage {pace} takes {time_ratio:.1f}x the time of stage {int(busy.idxmin())} for the same "
                           f"work ({compared_by} within {ratio:.2f}x): its ranks are slowed by something other than the "
-                          "split (other processes on the host, a slower device)." if slowed else ""))
+                          "split (other processes on the host, a slower device)." if slowed else "")
+                       + _by_turns(work, settings))
     layers = (tables.trainer or {}).get("stage_layers")
     return Finding(
         kind="pipeline_bubble", severity="warning" if unequal else "info",
