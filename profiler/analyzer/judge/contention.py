@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.analyzer.settings import section, setting
@@ -55,6 +56,9 @@ class Contention:
     churn_min_faults: int = setting(256, "memory churn: at least this many more page faults per step than the "
                                     "peers ...")
     churn_ratio: float = setting(2.0, "... and at least this many times the peers': its allocator, not the job's shape")
+    # A leak of 16 MiB a step here faulted in 29 MiB a step (its temporaries fault too); churn keeps nothing.
+    kept_share: float = setting(0.3, "resident memory growing by this share of the extra pages faulted in: memory "
+                                "kept, a leak's cost in time, not churn")
     more_samples_ratio: float = setting(1.05, "a rank loading this share more samples per step than its peers does "
                                         "more work")
     # A busy host's pauses made clean ranks slow in 2 of 3 and 5 of 9 steps; a rank sleeping every
@@ -165,9 +169,23 @@ def starvation(tables: Tables, rank: int, steps: list[int], excess_ms: float,
     return f"its host's CPUs were saturated by other processes then{named} and its own CPU time was not higher"
 
 
-def churn(tables: Tables, rank: int, steps: list[int], excess_ms: float) -> str | None:
-    """Why ``rank``'s excess of ``excess_ms`` per step in ``steps`` is memory churn (the same work
-    done more slowly), in words, or None when it is not (more samples, no extra CPU time, few faults)."""
+@dataclass
+class Faulting:
+    """A rank that burnt its excess itself faulting pages in, for the same samples as its peers."""
+
+    mine: float  # its page faults per step (median)
+    theirs: float  # its peers'
+    kept_bytes: float  # how much its resident memory grew per step there (median step to step)
+
+    @property
+    def extra_mib(self) -> float:
+        """The extra pages it faulted in per step, in MiB (a minor fault maps one 4 KiB page: x86-64, arm64)."""
+        return (self.mine - self.theirs) * 4 / 1024
+
+
+def faulting(tables: Tables, rank: int, steps: list[int], excess_ms: float) -> Faulting | None:
+    """Whether ``rank``'s excess of ``excess_ms`` per step in ``steps`` was page faults of its own (the same
+    samples as its peers, its own CPU time, many more faults), and how much of that memory it kept."""
     s = Contention.active()
     rows = tables.steps[tables.steps["step"].isin(steps)]
     more_samples = _ratio_to_peers(rows, rank, "samples")
@@ -182,22 +200,53 @@ def churn(tables: Tables, rank: int, steps: list[int], excess_ms: float) -> str 
     mine, theirs = faults
     if mine - theirs < s.churn_min_faults or mine < s.churn_ratio * theirs:
         return None
-    # A minor page fault maps one 4 KiB page (x86-64, arm64 defaults).
-    return (f"its extra time was CPU time of its own, for the same samples as its peers, with {mine - theirs:,.0f} "
-            f"more page faults per step than they took ({mine:,.0f} vs {theirs:,.0f}, "
-            f"{(mine - theirs) * 4 / 1024:,.0f} MiB); its memory allocator gives memory back to the kernel and "
+    return Faulting(mine, theirs, _growth_per_step(tables.steps, rank, steps))
+
+
+def _growth_per_step(steps: pd.DataFrame, rank: int, chosen: list[int]) -> float:
+    """The median growth of ``rank``'s resident memory from one step to the next, over ``chosen`` (0 unknown)."""
+    if "rss_bytes" not in steps:
+        return 0.0
+    mine = steps[steps["rank"] == rank].dropna(subset=["rss_bytes"]).sort_values("step")
+    step, rss = mine["step"].to_numpy(), mine["rss_bytes"].to_numpy(dtype=float)
+    growth = np.diff(rss) / np.diff(step)
+    growth = growth[np.isin(step[1:], chosen)]
+    return float(np.median(growth)) if len(growth) else 0.0
+
+
+def churn(tables: Tables, rank: int, steps: list[int], excess_ms: float) -> str | None:
+    """Why ``rank``'s excess of ``excess_ms`` per step in ``steps`` is memory churn (the same work
+    done more slowly, the memory given back), in words, or None when it is not."""
+    f = faulting(tables, rank, steps, excess_ms)
+    if f is None or f.kept_bytes >= Contention.active().kept_share * f.extra_mib * 2**20:
+        return None
+    return (f"its extra time was CPU time of its own, for the same samples as its peers, with {f.mine - f.theirs:,.0f} "
+            f"more page faults per step than they took ({f.mine:,.0f} vs {f.theirs:,.0f}, "
+            f"{f.extra_mib:,.0f} MiB); its memory allocator gives memory back to the kernel and "
             "faults it in again every step")
+
+
+def leak_cost(tables: Tables, rank: int, steps: list[int], excess_ms: float) -> str | None:
+    """Why ``rank``'s excess is the time its memory growth costs (pages faulted in and kept), in words."""
+    f = faulting(tables, rank, steps, excess_ms)
+    if f is None or f.kept_bytes < Contention.active().kept_share * f.extra_mib * 2**20:
+        return None
+    return (f"its extra time was CPU time of its own, for the same samples as its peers, faulting in "
+            f"{f.extra_mib:,.0f} MiB a step more than they did while its resident memory grew "
+            f"{f.kept_bytes / 2**20:,.1f} MiB a step")
 
 
 def own_work_only(findings: list[Finding], tables: Tables) -> list[Finding]:
     """Stragglers, late ranks and data stalls whose excess was not the rank's own work (starvation
-    for a CPU, memory churn), lowered to info and said so."""
+    for a CPU, memory churn) or is the cost of a leak found beside them, lowered to info and said so."""
     s = Contention.active()
-    return [_lowered(f, *why) if (why := _not_own_work(f, tables, s)) else f for f in findings]
+    growing = {r for f in findings if f.kind == "memory_growth" and f.severity != "info" for r in f.ranks}
+    return [_lowered(f, *why) if (why := _not_own_work(f, tables, s, growing)) else f for f in findings]
 
 
-def _not_own_work(finding: Finding, tables: Tables, s: Contention) -> tuple[str, str, str] | None:
-    """(the reason in words, what that is, the metric that marks it), or None for the rank's own work."""
+def _not_own_work(finding: Finding, tables: Tables, s: Contention, growing: set[int]) -> tuple[str, str, str] | None:
+    """(the reason in words, what that is, the metric that marks it), or None for the rank's own work
+    (``growing``: the ranks a memory_growth finding names)."""
     if finding.severity == "info" or len(finding.ranks) != 1:
         return None
     if finding.kind == "straggler":
@@ -218,6 +267,9 @@ def _not_own_work(finding: Finding, tables: Tables, s: Contention) -> tuple[str,
     if finding.kind == "straggler" and (reason := churn(tables, rank, *_priced_steps(finding, steps, excess))):
         return (reason, "the same work done more slowly, not more work (a steady allocator, e.g. jemalloc or "
                 "tcmalloc, or MALLOC_MMAP_THRESHOLD_ set high, keeps the memory)", "memory_churn")
+    if (finding.kind == "straggler" and rank in growing
+            and (reason := leak_cost(tables, rank, *_priced_steps(finding, steps, excess)))):
+        return reason, "the time its memory growth costs: fixing that (see memory_growth) saves this too", "leak_cost"
     if finding.kind == "straggler" and (reason := _intermittent_on_busy_host(tables, finding, s)):
         return reason, "pauses a busy host gives any rank, not a rank slower at every step", "busy_host"
     return None
