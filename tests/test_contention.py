@@ -118,6 +118,10 @@ def test_a_leaking_rank_s_page_faults_are_the_leak_s_cost_not_churn():
     assert "memory_churn" not in straggler.metrics
     assert "faulting in 12 MiB a step more than they did while its resident memory grew 8.0 MiB a step" \
         in straggler.explanation
+    # The leak's finding carries that time: fixing it saves it.
+    leak = found["memory_growth"]
+    assert straggler.impact_ms > 30 and leak.impact_ms == pytest.approx(straggler.impact_ms)
+    assert f"It also costs the job {straggler.impact_ms:.1f} ms a step" in leak.explanation
     # Without a memory_growth finding beside it (a run too short to show one), the time stays a straggler's.
     [alone] = own_work_only([f for f in run_detectors(run_of(extra_cpu=EXCESS_MS, faults=(20, 3_060), samples=(32, 32),
                                                              leak_mib=8.0), lambda _: None) if f.kind == "straggler"],

@@ -29,7 +29,7 @@ from diagtrain.profiler.analyzer.settings import section, setting
 from diagtrain.profiler.analyzer.judge.detectors.base import steady
 from diagtrain.profiler.analyzer.judge.cost import INTERMITTENT
 from diagtrain.profiler.analyzer.judge.quantities import SlowCause
-from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.judge.findings import UPPER_BOUND, Finding
 from diagtrain.profiler.analyzer.run.tables import Tables, unix_seconds
 
 @section("contention")
@@ -240,8 +240,23 @@ def own_work_only(findings: list[Finding], tables: Tables) -> list[Finding]:
     """Stragglers, late ranks and data stalls whose excess was not the rank's own work (starvation
     for a CPU, memory churn) or is the cost of a leak found beside them, lowered to info and said so."""
     s = Contention.active()
-    growing = {r for f in findings if f.kind == "memory_growth" and f.severity != "info" for r in f.ranks}
-    return [_lowered(f, *why) if (why := _not_own_work(f, tables, s, growing)) else f for f in findings]
+    growing = {r: f for f in findings if f.kind == "memory_growth" and f.severity != "info" for r in f.ranks}
+    judged = [_lowered(f, *why) if (why := _not_own_work(f, tables, s, set(growing))) else f for f in findings]
+    for f in judged:
+        if f.metrics.get("leak_cost") and f.impact_ms:
+            _charge_leak(growing[f.ranks[0]], f)
+    return judged
+
+
+def _charge_leak(leak: Finding, straggler: Finding) -> None:
+    """The memory_growth finding carries the time its page faults cost (the straggler's price): fixing the
+    leak saves it, and the finding is ordered and priced by it."""
+    leak.impact_ms = (leak.impact_ms or 0.0) + straggler.impact_ms
+    leak.metrics["time_cost_ms_per_step"] = leak.impact_ms
+    if straggler.metrics.get(UPPER_BOUND):
+        leak.metrics[UPPER_BOUND] = True
+    leak.explanation += (f" It also costs the job {straggler.impact_ms:.1f} ms a step: the pages it faults in hold up "
+                         f"rank {straggler.ranks[0]}'s {straggler.metrics.get('phase', 'step')} (its straggler finding).")
 
 
 def _not_own_work(finding: Finding, tables: Tables, s: Contention, growing: set[int]) -> tuple[str, str, str] | None:
