@@ -72,7 +72,7 @@ def test_trainer_json_is_one_source_among_others():
     assert infer({}, {}, [], {}, {}, None, 2).stages == {}  # no pipeline without evidence of one
 
 
-def nccl_pipeline_run(root: Path, blocked_ms: dict[int, float | list[float]] | None = None) -> Path:
+def nccl_pipeline_run(root: Path, blocked_ms: dict[int, float | list[float]] | None = None, steps: int = 5) -> Path:
     """An unprofiled 2-stage NCCL pipeline: steps.jsonl and the flight recorder's point-to-point
     entries ("nccl:send 0->1": group ranks), 4 microbatches per step, as torch writes them; with
     ``blocked_ms``, each rank's records carry the always-on counter of time blocked in communication
@@ -81,7 +81,7 @@ def nccl_pipeline_run(root: Path, blocked_ms: dict[int, float | list[float]] | N
         folder = root / "ranks" / str(rank)
         folder.mkdir(parents=True)
         records, entries = [], []
-        for step in range(1, 6):
+        for step in range(1, steps + 1):
             start = T0 + step
             record = {"rank": rank, "step": step, "start": start, "end": start + 0.9, "duration_ms": 900.0,
                       "phases_ms": {"optimizer": 5.0}}
@@ -130,3 +130,12 @@ def test_stages_ahead_of_each_other_by_turns_are_no_unequal_split(tmp_path):
     assert f["metrics"]["work_per_stage"] == {0: 300.0, 1: 700.0} and f["metrics"]["observed_ratio"] >= 1.5
     assert f["severity"] == "info", f["explanation"]
     assert "in only 2 of 4 steps" in f["explanation"]
+
+
+def test_two_steps_are_too_few_to_call_a_split_unequal(tmp_path):
+    # A running job's first two steps (both kept as steady): stage 0 works 700 ms to stage 1's 200 in both.
+    report = analyze(nccl_pipeline_run(tmp_path, blocked_ms={0: [200.0, 200.0], 1: [700.0, 700.0]}, steps=2),
+                     tmp_path, ["json"], workers=1)
+    [f] = [f for f in report["findings"] if f["kind"] == "pipeline_bubble"]
+    assert f["severity"] == "info" and f["metrics"]["observed_ratio"] == 3.5, f["explanation"]
+    assert "in all 2 steps timed: too few to tell" in f["explanation"]

@@ -103,9 +103,13 @@ def _by_turns(work: StageWork, settings: PipelineBubble) -> str:
     turns = _steps_ahead(work, settings)
     if turns is None or not amount.min() > 0 or float(amount.max() / amount.min()) < settings.imbalance_ratio:
         return ""
-    return (f" Stage {int(amount.idxmax())} took {settings.imbalance_ratio:g}x stage {int(amount.idxmin())}'s time in "
-            f"only {turns[0]} of {turns[1]} steps: an unequal split would in every step, so this is the host's load "
-            "by turns.")
+    top, low = int(amount.idxmax()), int(amount.idxmin())
+    if turns[0] == turns[1]:  # ahead in every step, but too few of them to tell
+        return (f" Stage {top} took {settings.imbalance_ratio:g}x stage {low}'s time in all {turns[1]} steps timed: "
+                f"too few to tell an unequal split from a busy host's turns (pipeline_bubble.min_steps: "
+                f"{settings.min_steps}).")
+    return (f" Stage {top} took {settings.imbalance_ratio:g}x stage {low}'s time in only {turns[0]} of {turns[1]} "
+            "steps: an unequal split would in every step, so this is the host's load by turns.")
 
 
 def stage_work(tables: Tables) -> StageWork | None:
