@@ -10,7 +10,12 @@ no cache is (cold again), and its step records read the way they were read befor
 analyze`` pipeline in this process (report formats json); its stages are timed from its progress
 messages, and the step-reading stage directly (``tables.read_step_records``, wall and CPU).
 
-    python benchmarks/incremental.py [--runs 8x5000 8x20000 64x1000] [--grow 10 100 1000] [--no-save]
+With ``--after-live``, each run is also grown the way a running job grows under ``diagtrain run``:
+``--steps-per-judgement`` steps at a time, each followed by a live judgement (judge/live.py, default
+settings), which puts the records read into the final analysis' cache; then the final analysis (*after
+live*) against a cold one of the same run.
+
+    python benchmarks/incremental.py [--runs 8x5000 8x20000 64x1000] [--grow 10 100 1000] [--after-live] [--no-save]
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from common import machine, save  # noqa: E402
 from live_cost import SyntheticJob  # noqa: E402
 
 from diagtrain.profiler.analyzer.analyze import analyze  # noqa: E402
+from diagtrain.profiler.analyzer.judge.live import LiveJudge  # noqa: E402
 from diagtrain.profiler.analyzer.read.inputs import Inputs  # noqa: E402
 from diagtrain.profiler.analyzer.run import tables  # noqa: E402
 
@@ -103,6 +109,35 @@ def measure(timed: Timed, ranks: int, steps: int, grow: list[int], root: Path) -
     return rows
 
 
+def after_live(timed: Timed, ranks: int, steps: int, per_judgement: int, root: Path) -> dict:
+    """One synthetic run grown ``per_judgement`` steps between live judgements, then analyzed: the
+    judgements' CPU, the part of it spent on the step cache, and the final analysis against a cold one."""
+    run = root / f"live-{ranks}x{steps}"
+    job, judge = SyntheticJob(run, ranks), LiveJudge(run)
+    cache_steps, cache_cpu = judge.steps.cache_steps, [0.0]
+
+    def timed_cache(*args: Any) -> int:
+        cpu = time.thread_time()
+        try:
+            return cache_steps(*args)
+        finally:
+            cache_cpu[0] += time.thread_time() - cpu
+    judge.steps.cache_steps = timed_cache
+    judge_cpu, judgements = 0.0, 0
+    while job.step < steps:
+        job.append(min(per_judgement, steps - job.step))
+        cpu = time.thread_time()
+        judge.judge()
+        judge_cpu, judgements = judge_cpu + time.thread_time() - cpu, judgements + 1
+    row = {"ranks": ranks, "steps": steps, "grown_by": 0, "steps_per_judgement": per_judgement,
+           "judgements": judgements, "judge_cpu_s": round(judge_cpu, 3), "cache_cpu_s": round(cache_cpu[0], 3),
+           "after live": timed.analysis(run, run), "cold": timed.analysis(run, root / "cold"),
+           "old_read_s": timed.old_read(run)}
+    shutil.rmtree(run), shutil.rmtree(root / "cold")
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def markdown(rows: list[dict], facts: dict) -> str:
     lines = ["# Incremental analysis: a run analyzed again after it grew", "",
              f"{facts['date']}, {facts['cpu_count']} cores, load {facts['load_average_1_5_15']}, `{facts['command']}`", "",
@@ -116,7 +151,7 @@ def markdown(rows: list[dict], facts: dict) -> str:
              "| ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         records = r["ranks"] * r["steps"]
-        for kind in ("incremental", "cold"):
+        for kind in ("incremental", "after live", "cold"):
             if kind not in r:
                 continue
             a, s = r[kind], r[kind]["stages_s"]
@@ -153,7 +188,9 @@ average); compare CPU seconds and ratios within a row.
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", nargs="+", default=["8x5000", "8x20000", "64x1000"], help="RANKSxSTEPS")
-    parser.add_argument("--grow", type=int, nargs="+", default=[10, 100, 1000])
+    parser.add_argument("--grow", type=int, nargs="*", default=[10, 100, 1000], help="none: no grown analyses")
+    parser.add_argument("--after-live", action="store_true", help="also each run grown under live judgement")
+    parser.add_argument("--steps-per-judgement", type=int, default=25, help="with --after-live (default: 25)")
     parser.add_argument("--name", default="incremental", help="results/<name>.md and .json")
     parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args()
@@ -165,7 +202,9 @@ def main() -> None:
         timed.analysis(warm, warm)  # imports and first calls, outside the measured analyses
         for spec in args.runs:
             ranks, steps = (int(x) for x in spec.split("x"))
-            rows += measure(timed, ranks, steps, args.grow, Path(tmp))
+            rows += measure(timed, ranks, steps, args.grow, Path(tmp)) if args.grow else []
+            if args.after_live:
+                rows.append(after_live(timed, ranks, steps, args.steps_per_judgement, Path(tmp)))
     facts = machine()
     if not args.no_save:
         save(args.name, {"machine": facts, "results": rows}, markdown(rows, facts))

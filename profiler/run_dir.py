@@ -73,6 +73,7 @@ LIVE_DIR = "live"  # what live judgement wrote while the job ran
 LIVE_FINDINGS_FILE = "findings.jsonl"  # ... one event per line: a finding record, event, detected_at, step
 # The wrapper that analyzes a run writes its host folder's name here first (one analysis per run).
 ANALYSIS_CLAIM = "analysis/claimed-by"
+ANALYSIS_CACHE = "analysis/cache"  # what an analysis keeps for the next one (parsed traces, step records)
 
 
 def holds_run(run_dir: str | os.PathLike) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,7 +21,10 @@ from pathlib import Path
 import pytest
 
 from conftest import JOB_TIMEOUT_S, diagtrain_run, torchrun
+from diagtrain.profiler.analyzer import settings
 from diagtrain.profiler.analyzer.judge.live import NO_PROGRESS, LiveJudge
+from diagtrain.profiler.analyzer.read import step_cache
+from diagtrain.profiler.analyzer.read.run_files import read_steps
 from diagtrain.profiler.analyzer.read.step_tail import StepTail
 from diagtrain.profiler.run_dir import clear_run, write_json_atomic
 
@@ -120,6 +124,31 @@ def test_a_clean_run_has_no_live_warning(clean_job):
     live = json.loads(host.read_text())["live"]
     assert live["failed"] is None and live["last_step"] >= 40  # it did judge the clean steps
     assert "live: " not in stderr
+
+
+def test_the_final_analysis_parses_only_what_live_judgement_had_not_cached(clean_job, tmp_path):
+    """The clean job's real step records appended again in pieces, as its ranks wrote them, and judged
+    after each as the wrapper judges: the judgements fill the final analysis' step cache."""
+    out, job = clean_job
+    job.wait(timeout=JOB_TIMEOUT_S)
+    run = tmp_path / "run"
+    shutil.copytree(out, run, ignore=shutil.ignore_patterns("analysis", "live"))
+    records = {r: (run / "ranks" / str(r) / "steps.jsonl").read_text().splitlines(keepends=True) for r in (0, 1)}
+    for r in records:
+        (run / "ranks" / str(r) / "steps.jsonl").write_text("")
+    with settings.overriding({"live": {"cache_lines": 30, "cache_cpu_s": 10.0}}):
+        judge = LiveJudge(run)
+        for first in range(0, max(map(len, records.values())), 25):
+            for r, lines in records.items():
+                with open(run / "ranks" / str(r) / "steps.jsonl", "a") as f:
+                    f.writelines(lines[first:first + 25])
+            judge.judge()
+    for r, lines in records.items():
+        path, cache = run / "ranks" / str(r) / "steps.jsonl", step_cache.cache_dir(run / "analysis" / "cache", r)
+        state = json.loads((cache / step_cache.STATE_FILE).read_text())
+        assert len(lines) - 30 <= state["number"] < len(lines)  # at most cache_lines left for the final analysis
+        cached, full = step_cache.read_steps_cached(path, r, cache), read_steps(path, r)
+        assert cached.parsed == len(lines) - state["number"] and cached.rows == full.rows
 
 
 def test_a_metrics_port_in_use_is_refused_before_the_job_starts(tmp_path):

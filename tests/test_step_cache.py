@@ -108,6 +108,35 @@ def test_rows_appended_to_a_large_cache_go_to_a_file_of_their_own(tmp_path, monk
     assert sorted(p.name for p in cache.glob("rows-*")) == sorted(p["file"] for p in state["parts"])
 
 
+def test_the_wrapper_adds_new_lines_to_the_cache_without_reading_its_rows_back(tmp_path, monkeypatch):
+    monkeypatch.setattr(step_cache, "SMALL_PART_ROWS", 30)
+    path, cache = tmp_path / "steps.jsonl", tmp_path / "cache"
+    path.write_text(lines([varied(s) for s in range(1, 41)]))
+    assert step_cache.extend_cache(path, 0, cache) == 40  # no cache yet: the whole file
+    first = json.loads((cache / step_cache.STATE_FILE).read_text())["parts"][0]["file"]
+    append(path, lines([varied(s) for s in range(41, 48)]))
+    assert step_cache.extend_cache(path, 0, cache) == 7  # the held-back line and 6 new ones: not the last
+    assert step_cache.extend_cache(path, 0, cache) == 0
+    append(path, lines([varied(s) for s in range(48, 50)]))
+    assert step_cache.extend_cache(path, 0, cache) == 2
+    state = json.loads((cache / step_cache.STATE_FILE).read_text())
+    # The 39 rows' file untouched; the rows since in one small file that took the later ones in.
+    assert [p["rows"] for p in state["parts"]] == [39, 9] and state["parts"][0]["file"] == first
+    assert state["last_step"] == 48
+    assert same_as_full(path, cache) == 1  # the final analysis parses only the last line
+
+
+def test_a_step_recorded_again_while_the_job_runs_is_read_as_a_full_read(tmp_path):
+    path, cache = tmp_path / "steps.jsonl", tmp_path / "cache"
+    path.write_text(lines([varied(s) for s in range(1, 21)]))
+    step_cache.extend_cache(path, 0, cache)
+    append(path, lines([varied(s) for s in (21, 5, 22)]))  # step 5 again: its cached row must be replaced
+    # Read as an analysis reads it: the cached rows back, the new lines parsed, all rows in one file again.
+    assert step_cache.extend_cache(path, 0, cache) == 4
+    assert [p["rows"] for p in json.loads((cache / step_cache.STATE_FILE).read_text())["parts"]] == [21]
+    assert same_as_full(path, cache) == 1
+
+
 def test_the_same_steps_table_notes_and_skipped_inputs_as_a_full_read(tmp_path):
     run, cache_root = tmp_path / "run", tmp_path / "cache"
     for rank in (0, 1):
@@ -252,11 +281,14 @@ LINES = st.one_of(
 @settings(max_examples=60, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(lines=st.lists(LINES, min_size=1, max_size=60), endings=st.sampled_from(["\n", "\r\n", "\r"]),
-       cuts=st.lists(st.one_of(st.floats(0, 1), st.integers(0, 59)), max_size=6), junk=st.booleans())
-def test_any_file_appended_in_any_pieces_reads_as_a_full_read(lines, endings, cuts, junk):
+       cuts=st.lists(st.one_of(st.floats(0, 1), st.integers(0, 59)), max_size=6), junk=st.booleans(),
+       live=st.lists(st.booleans(), min_size=1, max_size=7))
+def test_any_file_appended_in_any_pieces_reads_as_a_full_read(lines, endings, cuts, junk, live):
     """Cut anywhere (a fraction of the bytes) or after a line (an integer: the line's number); lines
     ended as on Linux, Windows or old Macs (a lone \\r: every line is one as the reader splits them,
-    none as the cache's offsets do); bytes not UTF-8 at the end; rows cached in files of 8."""
+    none as the cache's offsets do); bytes not UTF-8 at the end; rows cached in files of 8. After each
+    piece the cache is brought up to date as the wrapper does while the job runs (extend_cache) or read
+    as an analysis reads it (``live``, in turns); the last read is always an analysis'."""
     ends = [len(endings.join(lines[:i + 1]) + endings) for i in range(len(lines))]
     data = (endings.join(lines) + endings).encode() + (b"\xff\xfe" if junk else b"")
     at = sorted({min(len(data), ends[c % len(ends)]) if isinstance(c, int) else int(c * len(data)) for c in cuts})
@@ -266,10 +298,14 @@ def test_any_file_appended_in_any_pieces_reads_as_a_full_read(lines, endings, cu
             path, cache = Path(tmp) / "steps.jsonl", Path(tmp) / "cache"
             path.write_bytes(b"")
             done = 0
-            for end in [*at, len(data)]:
+            for i, end in enumerate([*at, len(data)]):
                 with open(path, "ab") as f:
                     f.write(data[done:end])
                 done = end
-                same_as_full(path, cache)
+                if live[i % len(live)]:
+                    step_cache.extend_cache(path, 0, cache)
+                else:
+                    same_as_full(path, cache)
+            same_as_full(path, cache)
     finally:
         step_cache.SMALL_PART_ROWS = small

@@ -21,6 +21,7 @@ from diagtrain.profiler.analyzer.read.discover import discover
 from diagtrain.profiler.analyzer.report import document, outputs
 from diagtrain.profiler.analyzer.run import health, ledger, tables
 from diagtrain.profiler.analyzer.run.spans import read_spans
+from diagtrain.profiler.run_dir import ANALYSIS_CACHE
 from diagtrain.profiler.util.heap import arrow_on_the_c_heap
 
 
@@ -31,22 +32,22 @@ def analyze(path: Path, out: Path, formats: list[str], workers: int,
     the Dask cluster of ``scheduler`` when given (cluster.SchedulerError if it cannot be used), else here.
     ``overrides`` (from ``settings.parse``) replace settings' defaults for this analysis."""
     arrow_on_the_c_heap()  # the tables' Arrow columns too: their freed pages go back with malloc's
-    analysis_dir = out / "analysis"
+    analysis_dir, cache = out / "analysis", out / ANALYSIS_CACHE
     analysis_dir.mkdir(parents=True, exist_ok=True)
     inputs, skipped = discover(path)
     progress(f"{len(inputs)} rank inputs in {path}")
     if scheduler:
         progress(f"connecting to the Dask scheduler at {scheduler}")
     with cluster.connect(scheduler) if scheduler else nullcontext() as on_cluster:
-        results, more_skipped = load.load(inputs, analysis_dir / "cache", workers, progress, on_cluster)
+        results, more_skipped = load.load(inputs, cache, workers, progress, on_cluster)
     skipped += more_skipped
     progress("building the tables")
-    t = tables.build(path, results, flight_recorder, analysis_dir / "cache")
+    t = tables.build(path, results, flight_recorder, cache)
     skipped += t.skipped
     notes = health.check(t, results)
     t.ledger = ledger.build(t)
     with settings.overriding(overrides or {}):
-        verdict = pipeline.judge(t, spans_reader(t, results, analysis_dir / "cache"), progress, notes)
+        verdict = pipeline.judge(t, spans_reader(t, results, cache), progress, notes)
         doc = document.build(path, t, verdict.findings, notes, [asdict(s) for s in skipped])
         doc["settings"] = used_settings(overrides or {})
     doc["expected"] = verdict.expected

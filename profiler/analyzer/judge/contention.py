@@ -214,11 +214,10 @@ def _growth_per_step(steps: pd.DataFrame, rank: int, chosen: list[int]) -> float
     return float(np.median(growth)) if len(growth) else 0.0
 
 
-def churn(tables: Tables, rank: int, steps: list[int], excess_ms: float) -> str | None:
-    """Why ``rank``'s excess of ``excess_ms`` per step in ``steps`` is memory churn (the same work
-    done more slowly, the memory given back), in words, or None when it is not."""
-    f = faulting(tables, rank, steps, excess_ms)
-    if f is None or f.kept_bytes >= Contention.active().kept_share * f.extra_mib * 2**20:
+def churn(f: Faulting) -> str | None:
+    """Why page faults ``f`` are memory churn (the same work done more slowly, the memory given back), in
+    words; None when the rank kept the memory (a leak's cost, see :func:`leak_cost`)."""
+    if f.kept_bytes >= Contention.active().kept_share * f.extra_mib * 2**20:
         return None
     return (f"its extra time was CPU time of its own, for the same samples as its peers, with {f.mine - f.theirs:,.0f} "
             f"more page faults per step than they took ({f.mine:,.0f} vs {f.theirs:,.0f}, "
@@ -226,10 +225,9 @@ def churn(tables: Tables, rank: int, steps: list[int], excess_ms: float) -> str 
             "faults it in again every step")
 
 
-def leak_cost(tables: Tables, rank: int, steps: list[int], excess_ms: float) -> str | None:
-    """Why ``rank``'s excess is the time its memory growth costs (pages faulted in and kept), in words."""
-    f = faulting(tables, rank, steps, excess_ms)
-    if f is None or f.kept_bytes < Contention.active().kept_share * f.extra_mib * 2**20:
+def leak_cost(f: Faulting) -> str | None:
+    """Why page faults ``f`` are the time a memory growth costs (pages faulted in and kept), in words."""
+    if f.kept_bytes < Contention.active().kept_share * f.extra_mib * 2**20:
         return None
     return (f"its extra time was CPU time of its own, for the same samples as its peers, faulting in "
             f"{f.extra_mib:,.0f} MiB a step more than they did while its resident memory grew "
@@ -279,11 +277,11 @@ def _not_own_work(finding: Finding, tables: Tables, s: Contention, growing: set[
     # The ledger compares running time, CPU starvation taken out: a pattern it priced is the rank's own.
     if not _ledger_pattern(finding) and (reason := starvation(tables, rank, steps, excess, _stretch(finding))):
         return reason, f"that is host contention (see host_contention), not rank {rank}'s own work", "starved"
-    if finding.kind == "straggler" and (reason := churn(tables, rank, *_priced_steps(finding, steps, excess))):
+    faults = faulting(tables, rank, *_priced_steps(finding, steps, excess)) if finding.kind == "straggler" else None
+    if faults is not None and (reason := churn(faults)):
         return (reason, "the same work done more slowly, not more work (a steady allocator, e.g. jemalloc or "
                 "tcmalloc, or MALLOC_MMAP_THRESHOLD_ set high, keeps the memory)", "memory_churn")
-    if (finding.kind == "straggler" and rank in growing
-            and (reason := leak_cost(tables, rank, *_priced_steps(finding, steps, excess)))):
+    if faults is not None and rank in growing and (reason := leak_cost(faults)):
         return reason, "the time its memory growth costs: fixing that (see memory_growth) saves this too", "leak_cost"
     if finding.kind == "straggler" and (reason := _intermittent_on_busy_host(tables, finding, s)):
         return reason, "pauses a busy host gives any rank, not a rank slower at every step", "busy_host"

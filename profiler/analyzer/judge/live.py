@@ -9,7 +9,8 @@ from one judgement to the next by its kind and ranks, and each change is an even
 ``update`` (its severity changed, or the time it cost grew materially) and ``resolved`` (gone from
 the recent steps). Only detectors whose evidence is there while the job runs are asked: the hang
 detector reads what a stopped job leaves (dumps, exit records), and missing_evidence judges what a
-finished run lacks.
+finished run lacks. After a judgement, the step records read since go into the final analysis' cache
+(read/step_cache.py), so that the report at the job's end parses only the last few.
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ class Live:
     max_cpu_share: float = setting(0.02, "the next judgement waits until the CPU the last one took is at most this share "
                                    "of one core over the time since: a large job is judged less often, never at its "
                                    "expense (the first judgement, which imports and reads everything once, excepted)")
+    cache_lines: int = setting(1000, "a rank's new step records go into the final analysis' cache once this many wait: "
+                               "fewer would write many small files, and the final analysis parses no more a rank")
+    cache_cpu_s: float = setting(0.05, "CPU a judgement may then spend on that cache (~1,000 records), paced with it by "
+                                 "max_cpu_share: it keeps up with the job unless records come faster than that allows")
     resolve_rounds: int = setting(2, "a finding is resolved once absent from this many judgements of new steps in a row: "
                                   "one at the edge of a threshold would come and go every round")
 
@@ -121,6 +126,7 @@ class LiveJudge:
         events = self._follow(findings, window, step, now, moved)
         self.judged_step = step if step is not None else self.judged_step
         active = [self._record(t, "active", now, step) for t in self.tracked.values()]
+        self.steps.cache_steps(self.settings.cache_lines, self.settings.cache_cpu_s)  # what the final analysis would parse
         # Paced by the CPU it took, not its wall time: on a crowded host that is mostly waiting for a core.
         # The first judgement's imports and first read are paid once, not at every judgement.
         took_cpu = 0.0 if first else time.thread_time() - cpu

@@ -21,7 +21,7 @@ import hashlib
 import io
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,13 +31,12 @@ from diagtrain.profiler.analyzer.read.run_files import SHOWN_PROBLEMS, StepFile,
 from diagtrain.profiler.run_dir import remove_quietly, replacing, write_json_atomic
 from diagtrain.profiler.util.bounded_read import MAX_LINE_CHARS, display, open_regular
 
-CACHE_VERSION = 1  # bump when what the cache holds, or how a record is read, changes
+CACHE_VERSION = 2  # bump when what the cache holds, or how a record is read, changes
 STEPS_CACHE = "@steps"  # under analysis/cache: a trace's cache key never holds "@" (discover._key)
 STATE_FILE = "state.json"
 FINGERPRINT_BYTES = 4096
 MISSING = "_missing"  # per row, the columns its record did not have (a None value is a column it had)
 BLOCK_BYTES = 1 << 16
-MAX_PARTS = 16  # files of rows before they are written again as one
 SMALL_PART_ROWS = 4096  # a last file of fewer rows takes the new rows in (reading a file costs ~3 ms)
 
 
@@ -61,19 +60,54 @@ def read_steps_cached(path: Path, rank: int, cache: Path) -> StepFile:
     fd = open_regular(path, MAX_LINES_BYTES)  # the full read's checks, and its errors
     with open(fd, "rb", closefd=True) as f:
         st = os.fstat(f.fileno())
-        found, by_step, start, parts = _restored(cache, f, st, path, rank) or (StepFile(), {}, Prefix(0, 0, {}), [])
+        state = _state(cache, f, st, path, rank)
+        restored = _with_rows(cache, state) if state is not None else None
+        found, by_step, start, parts = restored or (StepFile(), {}, Prefix(0, 0, {}), [])
         cached = list(by_step.values())
         end = _last_line_start(f, start.offset, st.st_size)
         number = _add_lines(found, by_step, _lines(f, start.offset, end), start.number, rank)
         if end > start.offset or not start.fingerprint:
             _write(cache, found, _parts(parts, cached, list(by_step.values()), end),
-                   Prefix(end, number, _fingerprint(f, st, end)), path, rank)
+                   Prefix(end, number, _fingerprint(f, st, end)), path, rank, max(by_step, default=None))
         last = list(_lines(f, end, st.st_size))  # the held-back last line (pieces of it, if over MAX_LINE_CHARS)
     number = _add_lines(found, by_step, last[:-1], number, rank)
     if last:
         add_last_step(found, by_step, number + 1, last[-1], rank)
     found.rows = list(by_step.values())
     return found
+
+
+def extend_cache(path: Path, rank: int, cache: Path) -> int:
+    """Add the lines appended since ``cache`` was written to it, reading back none of its rows but a small
+    last file's: the wrapper does this while the job runs, so that the final analysis parses only the lines
+    after. The lines parsed. Without a cache of this file, or where a new line records a cached step again
+    (its row must replace one in a file), the file is read whole as :func:`read_steps_cached` reads it."""
+    fd = open_regular(path, MAX_LINES_BYTES)
+    with open(fd, "rb", closefd=True) as f:
+        st = os.fstat(f.fileno())
+        state = _state(cache, f, st, path, rank)
+        if state is not None and state.last_step is not None:
+            end = _last_line_start(f, state.prefix.offset, st.st_size)
+            by_step: dict[int, dict[str, Any]] = {}
+            number = _add_lines(state.found, by_step, _lines(f, state.prefix.offset, end), state.prefix.number, rank)
+            parts = _appended(cache, state, by_step, end)
+            if parts is not None:
+                if end > state.prefix.offset:
+                    _write(cache, state.found, parts, Prefix(end, number, _fingerprint(f, st, end)), path, rank,
+                           max(by_step, default=state.last_step))
+                return state.found.parsed
+    return read_steps_cached(path, rank, cache).parsed
+
+
+def _appended(cache: Path, state: State, by_step: dict[int, dict[str, Any]], offset: int) -> list[Part] | None:
+    """The cache's files with the new rows after them; None if a row replaces a cached step or the small
+    last file cannot be read back."""
+    if min(by_step, default=state.last_step + 1) <= state.last_step:
+        return None
+    try:
+        return _parts_after(state.parts, list(by_step.values()), offset, lambda part: _rows(cache / part.file, part.rows))
+    except Exception:  # noqa: BLE001 - a damaged or missing file of rows: the file is read whole
+        return None
 
 
 @dataclass
@@ -86,19 +120,26 @@ class Part:
 
 
 def _parts(parts: list[Part], cached: list[dict[str, Any]], rows: list[dict[str, Any]], offset: int) -> list[Part]:
-    """The files the rows go to: the cached ones, the last of them rewritten with the rows appended
-    since while it is small (else a file of its own), so that writing costs what was appended and a
-    run analyzed often is still a few files; all in one when a cached row was replaced (a step
-    recorded again) or the files grew many."""
-    name = f"rows-{offset}.parquet"  # a new name: a state never names a file half written
+    """The files the rows go to: the cached ones and the rows appended since (:func:`_parts_after`); all in
+    one when a cached row was replaced (a step recorded again)."""
     if len(rows) == len(cached) and all(a is b for a, b in zip(cached, rows)):
         return parts
-    if len(parts) >= MAX_PARTS or not all(a is b for a, b in zip(cached, rows)):
-        return [Part(name, len(rows), rows)] if rows else []
+    if not all(a is b for a, b in zip(cached, rows)):
+        return [Part(f"rows-{offset}.parquet", len(rows), rows)] if rows else []
+    return _parts_after(parts, rows[len(cached):], offset, lambda part: cached[len(cached) - part.rows:])
+
+
+def _parts_after(parts: list[Part], new: list[dict[str, Any]], offset: int,
+                 rows_of: Callable[[Part], list[dict[str, Any]]]) -> list[Part]:
+    """The cached files and a new one of the rows ``new``, which only follow the cached ones: the last file
+    rewritten with them while it is small (``rows_of`` gives its rows), so that writing costs what was
+    appended and a run analyzed often is still a few files. Every file but the last holds at least
+    ``SMALL_PART_ROWS`` rows: opening one costs a tenth of reading them."""
+    if not new:
+        return parts
     if parts and parts[-1].rows < SMALL_PART_ROWS:
-        parts = parts[:-1]  # the small last file and the new rows as one
-    kept = sum(p.rows for p in parts)
-    return parts + [Part(name, len(rows) - kept, rows[kept:])]
+        new, parts = rows_of(parts[-1]) + new, parts[:-1]
+    return parts + [Part(f"rows-{offset}.parquet", len(new), new)]  # a new name: a state never names a file half written
 
 
 def _add_lines(found: StepFile, by_step: dict[int, dict[str, Any]], lines: Iterable[str], after: int,
@@ -164,9 +205,18 @@ def _fingerprint(f: io.BufferedReader, st: os.stat_result, offset: int) -> dict[
             "head": hashlib.sha256(head).hexdigest(), "tail": hashlib.sha256(tail).hexdigest()}
 
 
-def _restored(cache: Path, f: io.BufferedReader, st: os.stat_result, path: Path,
-              rank: int) -> tuple[StepFile, dict[int, dict[str, Any]], Prefix, list[Part]] | None:
-    """The cache's records and prefix, if it was made from the start of this very file; else None."""
+@dataclass
+class State:
+    """What a cache's state file says: the records' counts and problems, the prefix, the files of rows."""
+
+    found: StepFile
+    prefix: Prefix
+    parts: list[Part]
+    last_step: int | None  # the highest step cached (None: no row, or a cache made before it was kept)
+
+
+def _state(cache: Path, f: io.BufferedReader, st: os.stat_result, path: Path, rank: int) -> State | None:
+    """The cache's state, if it was made from the start of this very file; else None."""
     try:
         state = json.loads((cache / STATE_FILE).read_text())
         prefix = Prefix(state["offset"], state["number"], state["fingerprint"])
@@ -174,18 +224,26 @@ def _restored(cache: Path, f: io.BufferedReader, st: os.stat_result, path: Path,
                 or state.get("rank") != rank or st.st_size < prefix.offset
                 or _fingerprint(f, st, prefix.offset) != prefix.fingerprint):
             return None
-        parts = [Part(p["file"], p["rows"]) for p in state["parts"]]
-        rows = [row for part in parts for row in _rows(cache / part.file, part.rows)]
         found = StepFile(phases=list(state["phases"]), bad_lines=list(state["bad_lines"]), lines=state["lines"],
                          impossible=list(state["impossible"]), repeated=state["repeated"],
                          bad_lines_dropped=state["bad_lines_dropped"], impossible_dropped=state["impossible_dropped"],
                          p2p={int(step): _p2p_from_json(calls) for step, calls in state["p2p"]})
-        return found, {row["step"]: row for row in rows}, prefix, parts
+        return State(found, prefix, [Part(p["file"], p["rows"]) for p in state["parts"]], state.get("last_step"))
     except Exception:  # noqa: BLE001 - absent, damaged or of another version: the file is read whole
         return None
 
 
-def _write(cache: Path, found: StepFile, parts: list[Part], prefix: Prefix, path: Path, rank: int) -> None:
+def _with_rows(cache: Path, state: State) -> tuple[StepFile, dict[int, dict[str, Any]], Prefix, list[Part]] | None:
+    """The cached records, their rows read back; None if a file of rows cannot be read (the file is read whole)."""
+    try:
+        rows = [row for part in state.parts for row in _rows(cache / part.file, part.rows)]
+    except Exception:  # noqa: BLE001 - a damaged or missing file of rows
+        return None
+    return state.found, {row["step"]: row for row in rows}, state.prefix, state.parts
+
+
+def _write(cache: Path, found: StepFile, parts: list[Part], prefix: Prefix, path: Path, rank: int,
+           last_step: int | None) -> None:
     """The new rows' file, then the state that names every file; never fails the analysis."""
     try:
         old = {p["file"] for p in json.loads((cache / STATE_FILE).read_text()).get("parts", [])}
@@ -199,7 +257,7 @@ def _write(cache: Path, found: StepFile, parts: list[Part], prefix: Prefix, path
         write_json_atomic(cache / STATE_FILE, {
             "version": CACHE_VERSION, "file": display(path.absolute()), "rank": rank, "offset": prefix.offset,
             "number": prefix.number, "fingerprint": prefix.fingerprint,
-            "parts": [{"file": p.file, "rows": p.rows} for p in parts],
+            "parts": [{"file": p.file, "rows": p.rows} for p in parts], "last_step": last_step,
             "lines": found.lines, "phases": found.phases, "repeated": found.repeated,
             "bad_lines": found.bad_lines[:SHOWN_PROBLEMS], "impossible": found.impossible[:SHOWN_PROBLEMS],
             "bad_lines_dropped": found.bad_count - len(found.bad_lines[:SHOWN_PROBLEMS]),

@@ -11,6 +11,7 @@ needs them waits for the final report.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,12 +19,13 @@ from typing import Any
 import pandas as pd
 
 from diagtrain.profiler.analyzer.read import run_files as rf
+from diagtrain.profiler.analyzer.read.step_cache import cache_dir, extend_cache
 from diagtrain.profiler.analyzer.read.step_tail import JsonlTail, StepTail
 from diagtrain.profiler.analyzer.rank.p2p import from_step_records as p2p_from_step_records
 from diagtrain.profiler.analyzer.run import ledger
 from diagtrain.profiler.analyzer.run.structure import infer as infer_structure
 from diagtrain.profiler.analyzer.run.tables import COUNTER_COLUMNS, Tables, join_telemetry
-from diagtrain.profiler.run_dir import HOST_RECORD, HOSTS_DIR, PROFILE_WINDOWS_FILE, RankIndex, read_json
+from diagtrain.profiler.run_dir import ANALYSIS_CACHE, HOST_RECORD, HOSTS_DIR, PROFILE_WINDOWS_FILE, RankIndex, read_json
 from diagtrain.profiler.util.bounded_read import InputError
 from diagtrain.profiler.util.step_ranges import parse_step_ranges
 
@@ -53,6 +55,8 @@ class LiveSteps:
         self.new_samples: list[dict[str, Any]] = []  # the rows the last read added
         self.trainer: dict[str, Any] | None = None
         self._last: Window | None = None
+        self.cached: dict[int, int] = {}  # rank -> lines of its steps.jsonl in the final analysis' cache
+        self._next_cached = 0  # the rank whose turn it is to be cached
 
     def read(self) -> int:
         """Read what every rank and host appended since the last call; the number of new step records."""
@@ -77,6 +81,26 @@ class LiveSteps:
             except (InputError, OSError):
                 self.trainer = {}  # not readable: the structure comes from the step records alone
         return new
+
+    def cache_steps(self, min_lines: int, cpu_s: float) -> int:
+        """Add the ranks' new step records to the final analysis' cache (analysis/cache, step_cache.py),
+        a rank once ``min_lines`` wait, in turns, until ``cpu_s`` of this thread's CPU is spent: the final
+        analysis then parses only the lines after. The lines parsed."""
+        started, parsed = time.thread_time(), 0
+        ranks = sorted(self.steps)
+        for rank in ranks[self._next_cached:] + ranks[:self._next_cached]:
+            tail = self.steps[rank].tail
+            if tail.lines - self.cached.get(rank, 0) < min_lines:
+                continue
+            if time.thread_time() - started >= cpu_s:
+                break
+            try:
+                parsed += extend_cache(tail.path, rank, cache_dir(self.run_dir / ANALYSIS_CACHE, rank))
+            except (InputError, OSError):
+                pass  # not readable now: the final analysis reads it, and says why
+            self.cached[rank] = tail.lines - 1  # a file's last line stays out of its cache
+            self._next_cached = (ranks.index(rank) + 1) % len(ranks)
+        return parsed
 
     def window(self) -> Window:
         """Read what is new and build the tables of the last ``window_steps`` steps every rank finished
