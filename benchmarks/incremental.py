@@ -160,6 +160,17 @@ def markdown(rows: list[dict], facts: dict) -> str:
                          f"{a['steps_wall_s']} | {a['steps_cpu_s']} | {a['steps_cpu_s'] / records * 1e6:.1f} | "
                          f"{a['lines_parsed']:,} | {r['old_read_s']} | {s.get('tables', '')} | {s.get('judge', '')} | "
                          f"{s.get('write', '')} | {rest_us:.0f} |")
+    live = [r for r in rows if "after live" in r]
+    if live:
+        lines += ["", "Live judgement, as the run grew (*after live* rows): its CPU, and the part spent putting step records "
+                  "in the cache.", "",
+                  "| ranks | steps | steps per judgement | judgements | judgement CPU s | of it, the cache | cache CPU µs "
+                  "per record cached | lines left to the final analysis |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for r in live:
+            cached = r["ranks"] * r["steps"] - r["after live"]["lines_parsed"]
+            lines.append(f"| {r['ranks']} | {r['steps']:,} | {r['steps_per_judgement']} | {r['judgements']} | "
+                         f"{r['judge_cpu_s']} | {r['cache_cpu_s']} | {r['cache_cpu_s'] / max(cached, 1) * 1e6:.0f} | "
+                         f"{r['after live']['lines_parsed']:,} |")
     return "\n".join(lines) + "\n" + NOTES
 
 

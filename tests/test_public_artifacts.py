@@ -130,8 +130,6 @@ def test_gpu_error_dumps_name_the_ranks_nvidia_resiliency_ext_names(tmp_path):
 
 
 def test_lock_gil_dumps_are_read_as_written():
-    # The verdict on this set is not checked: ranks 9 and 14 (the faulty ones) have no entries, and a
-    # dump's pg_status is keyed by the rank's own group ids, which only entries tie to group names.
     folder = DUMPS / "nvrx_lock_gil_1st"
     assert not fr.looks_like_dump(folder / "fault_injection.log")
     dumps = {r: fr.read_dump(folder / f"_dump_{r}") for r in range(16)}
@@ -144,6 +142,29 @@ def test_lock_gil_dumps_are_read_as_written():
     assert (expert[0].sizes, expert[0].dtypes) == ([[2048, 5120]], ["BFloat16"])
     assert dumps[8]["pg_status"]["11"]["last_enqueued_collective"] == 45267
     assert {dumps[r]["pg_status"]["11"]["last_enqueued_collective"] for r in (9, 14)} == {45264}
+
+
+def test_ranks_whose_dumps_hold_no_entries_are_named_by_their_group_status(tmp_path):
+    # Ranks 9 and 14 (GIL locked) recorded nothing; their pg_status, keyed by their own group ids, says
+    # they stopped at #45264 of the expert group, which the other six entered #45265 of.
+    report = analyze(DUMPS / "nvrx_lock_gil_1st", tmp_path / "out")
+    [hang] = [f for f in report["findings"] if f["kind"] == "hang"]
+    assert hang["ranks"] == [9, 14]
+    assert (hang["metrics"]["op"], hang["metrics"]["group"], hang["metrics"]["seq"]) == \
+        ("nccl:all_to_all", "EXPERT_MODEL_PARALLEL_GROUP", 45265)
+    assert hang["metrics"]["waiting"] == [8, 10, 11, 12, 13, 15]
+    assert "rank 9 last entered #45264 there by its process-group status" in hang["explanation"]
+
+
+def test_group_ids_are_not_paired_with_names_against_what_the_entries_show():
+    folder = DUMPS / "nvrx_lock_gil_1st"
+    dumps = {r: fr.read_dump(folder / f"_dump_{r}") for r in range(16)}
+    entries = fr.keyed_by_members(dumps, {r: fr.groups_of_dump(d) for r, d in dumps.items()})
+    assert fr.progress(dumps, entries)[("72:8-15", 9)].entered == 45264
+    for e in entries:  # rank 8's expert-group collectives under another of its ids: the order is not creation's
+        if e.rank == 8 and e.pg_id == "11":
+            e.pg_id = "10"
+    assert ("72:8-15", 9) not in fr.progress(dumps, entries)
 
 
 # --- Kineto traces: B200 (NCCL) and MI300X (RCCL) ----------------------------------------------

@@ -307,18 +307,38 @@ def progress(dumps: dict[int, dict[str, Any]], all_entries: list[Entry]) -> dict
             mine.completed = max(mine.completed or 0, e.seq)
         if e.pg_id is not None:
             key_of_id[(e.rank, e.pg_id)] = e.pg
+    paired = _paired_ids(dumps, key_of_id)
     for rank, dump in dumps.items():
         status = dump.get("pg_status")
         for pg_id, record in (status.items() if isinstance(status, dict) else ()):
-            pg = key_of_id.get((rank, str(pg_id)))
+            pg = key_of_id.get((rank, str(pg_id))) or paired.get((rank, str(pg_id)))
             if pg is None or not isinstance(record, dict):
                 continue
-            mine = found[(pg, rank)]
+            mine = found.setdefault((pg, rank), Progress(entered=0, completed=None))
             if _is_int(enqueued := record.get("last_enqueued_collective")):
                 mine.entered = max(mine.entered, enqueued)
             if _is_int(completed := record.get("last_completed_collective")) and completed >= 0:
                 mine.completed = max(mine.completed or 0, completed)
     return found
+
+
+def _paired_ids(dumps: dict[int, dict[str, Any]], tied: dict[tuple[int, str], str]) -> dict[tuple[int, str], str]:
+    """(rank, pg_status id) -> group key, for ids no entry of the rank ties to a group (a rank that recorded
+    no collective: a hung or GIL-locked process). torch numbers a process's groups (the ids) and names them
+    by default (the names) in the order it makes them, so both sorted pair up; trusted only where that
+    pairing gives every tie the ranks' entries show (``tied``), and at least one."""
+    paired: dict[tuple[int, str], str] = {}
+    for rank, dump in dumps.items():
+        status, groups = dump.get("pg_status"), groups_of_dump(dump)
+        ids = [str(i) for i in status] if isinstance(status, dict) else []
+        if not (ids and len(ids) == len(groups) and all(i.isdigit() for i in [*ids, *groups])):
+            continue  # a group named by hand, or one without its ranks: no order to pair by
+        for pg_id, name in zip(sorted(ids, key=int), sorted(groups, key=int)):
+            paired[(rank, pg_id)] = group_key(name, tuple(int(r) for r in groups[name]["ranks"]))
+    confirmed = [key for key in tied if key in paired]
+    if not confirmed or any(paired[key] != tied[key] for key in confirmed):
+        return {}
+    return paired
 
 
 def keyed_by_members(dumps: dict[int, dict[str, Any]], groups_by_rank: dict[int, dict]) -> list[Entry]:

@@ -77,11 +77,12 @@ def read_steps_cached(path: Path, rank: int, cache: Path) -> StepFile:
     return found
 
 
-def extend_cache(path: Path, rank: int, cache: Path) -> int:
-    """Add the lines appended since ``cache`` was written to it, reading back none of its rows but a small
-    last file's: the wrapper does this while the job runs, so that the final analysis parses only the lines
-    after. The lines parsed. Without a cache of this file, or where a new line records a cached step again
-    (its row must replace one in a file), the file is read whole as :func:`read_steps_cached` reads it."""
+def extend_cache(path: Path, rank: int, cache: Path, small_rows: int | None = None) -> int:
+    """Add the lines appended since ``cache`` was written to it, reading back none of its rows but those of
+    a last file under ``small_rows`` (default ``SMALL_PART_ROWS``), which takes the new ones in: the wrapper
+    does this while the job runs, so that the final analysis parses only the lines after. The lines parsed.
+    Without a cache of this file, or where a new line records a cached step again (its row must replace
+    one in a file), the file is read whole as :func:`read_steps_cached` reads it."""
     fd = open_regular(path, MAX_LINES_BYTES)
     with open(fd, "rb", closefd=True) as f:
         st = os.fstat(f.fileno())
@@ -90,7 +91,7 @@ def extend_cache(path: Path, rank: int, cache: Path) -> int:
             end = _last_line_start(f, state.prefix.offset, st.st_size)
             by_step: dict[int, dict[str, Any]] = {}
             number = _add_lines(state.found, by_step, _lines(f, state.prefix.offset, end), state.prefix.number, rank)
-            parts = _appended(cache, state, by_step, end)
+            parts = _appended(cache, state, by_step, end, SMALL_PART_ROWS if small_rows is None else small_rows)
             if parts is not None:
                 if end > state.prefix.offset:
                     _write(cache, state.found, parts, Prefix(end, number, _fingerprint(f, st, end)), path, rank,
@@ -99,13 +100,15 @@ def extend_cache(path: Path, rank: int, cache: Path) -> int:
     return read_steps_cached(path, rank, cache).parsed
 
 
-def _appended(cache: Path, state: State, by_step: dict[int, dict[str, Any]], offset: int) -> list[Part] | None:
+def _appended(cache: Path, state: State, by_step: dict[int, dict[str, Any]], offset: int,
+              small_rows: int) -> list[Part] | None:
     """The cache's files with the new rows after them; None if a row replaces a cached step or the small
     last file cannot be read back."""
     if min(by_step, default=state.last_step + 1) <= state.last_step:
         return None
     try:
-        return _parts_after(state.parts, list(by_step.values()), offset, lambda part: _rows(cache / part.file, part.rows))
+        return _parts_after(state.parts, list(by_step.values()), offset, lambda part: _rows(cache / part.file, part.rows),
+                            small_rows)
     except Exception:  # noqa: BLE001 - a damaged or missing file of rows: the file is read whole
         return None
 
@@ -126,18 +129,19 @@ def _parts(parts: list[Part], cached: list[dict[str, Any]], rows: list[dict[str,
         return parts
     if not all(a is b for a, b in zip(cached, rows)):
         return [Part(f"rows-{offset}.parquet", len(rows), rows)] if rows else []
-    return _parts_after(parts, rows[len(cached):], offset, lambda part: cached[len(cached) - part.rows:])
+    return _parts_after(parts, rows[len(cached):], offset, lambda part: cached[len(cached) - part.rows:],
+                        SMALL_PART_ROWS)
 
 
 def _parts_after(parts: list[Part], new: list[dict[str, Any]], offset: int,
-                 rows_of: Callable[[Part], list[dict[str, Any]]]) -> list[Part]:
+                 rows_of: Callable[[Part], list[dict[str, Any]]], small_rows: int) -> list[Part]:
     """The cached files and a new one of the rows ``new``, which only follow the cached ones: the last file
-    rewritten with them while it is small (``rows_of`` gives its rows), so that writing costs what was
-    appended and a run analyzed often is still a few files. Every file but the last holds at least
-    ``SMALL_PART_ROWS`` rows: opening one costs a tenth of reading them."""
+    rewritten with them while it holds under ``small_rows`` (``rows_of`` gives its rows), so that writing
+    costs what was appended and a run analyzed often is still a few files. Every file but the last holds
+    at least ``small_rows`` rows: opening one costs a few percent of reading 1,000."""
     if not new:
         return parts
-    if parts and parts[-1].rows < SMALL_PART_ROWS:
+    if parts and parts[-1].rows < small_rows:
         new, parts = rows_of(parts[-1]) + new, parts[:-1]
     return parts + [Part(f"rows-{offset}.parquet", len(new), new)]  # a new name: a state never names a file half written
 

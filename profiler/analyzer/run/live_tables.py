@@ -95,7 +95,8 @@ class LiveSteps:
             if time.thread_time() - started >= cpu_s:
                 break
             try:
-                parsed += extend_cache(tail.path, rank, cache_dir(self.run_dir / ANALYSIS_CACHE, rank))
+                # Files of at least min_lines rows, none read back and written again: the wrapper's CPU is the job's.
+                parsed += extend_cache(tail.path, rank, cache_dir(self.run_dir / ANALYSIS_CACHE, rank), min_lines)
             except (InputError, OSError):
                 pass  # not readable now: the final analysis reads it, and says why
             self.cached[rank] = tail.lines - 1  # a file's last line stays out of its cache

@@ -185,6 +185,10 @@ def _where_in(tables: Tables, rank: int, b: fr.Blocked) -> str:
         return f"is in {_where(tables, rank)}"
     last = b.missing_last.get(rank)
     progress = reached(tables).get((b.pg, rank))
+    if last is None and progress is not None and progress.entered:
+        done = f", completed up to #{progress.completed}" if progress.completed is not None else ""
+        return (f"last entered #{progress.entered} there by its process-group status{done} (its dump holds no "
+                "entries of the group)")
     if last is None:
         return "recorded no collective on that group"
     done = (f", completed up to #{progress.completed}" if progress and progress.completed is not None
