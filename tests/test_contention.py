@@ -190,6 +190,27 @@ def test_a_rank_slow_in_some_steps_only_is_a_straggler_on_a_quiet_host_not_on_a_
     # Slow in every step on the busy host: it did the work itself, a straggler all the same (the test above).
 
 
+def test_a_rank_that_blocks_itself_in_a_few_steps_is_a_straggler_on_a_busy_host_too():
+    """A checkpoint in 2 of 10 steps (torch.save and fsync): off a CPU without waiting for one or for a
+    peer. A busy host takes CPU time from a rank; it does not block it. The same excess burnt on a CPU
+    in those steps is what a busy host's pauses look like, and stays information."""
+    def slow_in_5_and_9(extra_cpu: float) -> Tables:
+        tables = run_of(extra_cpu=extra_cpu, telemetry=busy_host_telemetry())
+        quiet = (tables.steps["rank"] == 1) & ~tables.steps["step"].isin([5, 9])
+        tables.steps.loc[quiet, ["optimizer_ms", "wall_ms"]] -= EXCESS_MS
+        tables.steps.loc[quiet, "cpu_ms"] -= extra_cpu
+        return tables
+
+    def straggler() -> Finding:  # as the cost pass leaves it: priced, intermittent (too few steps for a period)
+        return Finding(kind="straggler", severity="warning", explanation="", suggestion="", ranks=[1], steps=[5, 9],
+                       metrics={"excess_ms": EXCESS_MS, "steps_seen": 9})
+
+    [blocked] = own_work_only([straggler()], slow_in_5_and_9(extra_cpu=0.0))
+    assert blocked.severity == "warning" and "busy_host" not in blocked.metrics
+    [on_cpu] = own_work_only([straggler()], slow_in_5_and_9(extra_cpu=EXCESS_MS))
+    assert on_cpu.severity == "info" and on_cpu.metrics["busy_host"] is True
+
+
 def test_a_data_stall_that_was_a_wait_for_a_cpu_is_information():
     tables = run_of()
     stalled = (tables.steps["rank"] == 1) & tables.steps["step"].isin([4, 8])

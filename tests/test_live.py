@@ -22,13 +22,16 @@ import pytest
 
 from conftest import JOB_TIMEOUT_S, diagtrain_run, torchrun
 from diagtrain.profiler.analyzer import settings
+from diagtrain.profiler.analyzer.analyze import analyze
 from diagtrain.profiler.analyzer.judge.live import NO_PROGRESS, LiveJudge
 from diagtrain.profiler.analyzer.read import step_cache
 from diagtrain.profiler.analyzer.read.run_files import read_steps
 from diagtrain.profiler.analyzer.read.step_tail import StepTail
+from diagtrain.profiler.analyzer.run.live_traces import LiveTraces
 from diagtrain.profiler.run_dir import clear_run, write_json_atomic
 
 PLAIN_JOB = Path(__file__).parent / "scripts" / "plain_job.py"
+DDP_LOADER = Path(__file__).resolve().parents[1] / "benchmarks" / "user_scripts" / "ddp_loader.py"
 ACTIONABLE = ("warning", "error", "critical")
 USAGE = 2
 EXIT_SIGINT = 130
@@ -149,6 +152,39 @@ def test_the_final_analysis_parses_only_what_live_judgement_had_not_cached(clean
         assert len(lines) - 30 <= state["number"] < len(lines)  # at most cache_lines left for the final analysis
         cached, full = step_cache.read_steps_cached(path, r, cache), read_steps(path, r)
         assert cached.parsed == len(lines) - state["number"] and cached.rows == full.rows
+
+
+def test_a_profiled_window_is_judged_live_with_the_final_analysis_loader(tmp_path):
+    """A comm hook that makes rank 0 late at every all-reduce: only the traces show that the delay sits
+    right before its calls. Live judgement loads steps 3-6's traces once every rank is past them (no
+    flight recorder yet: ranks dump it at the end) and names the late rank and its pause, as the final
+    report does."""
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("DIAGTRAIN_RUN_DIR", None)
+    job = subprocess.run([sys.executable, "-m", "diagtrain.profiler.cli", "run", "--out", str(out), "--profile-steps",
+                          "3-6", "--no-analyze", "--", *torchrun(2), str(DDP_LOADER), "--hook-delay-rank", "0",
+                          "--hook-delay-ms", "40", "--steps", "60"],
+                         env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+    assert job.returncode == 0, job.stderr[-3000:]
+    late = [e for e in events(out) if e["kind"] == "slow_collective" and e["event"] == "new"]
+    assert [e["ranks"] for e in late] == [[0]], [(e["kind"], e["ranks"], e["severity"]) for e in events(out)]
+    assert late[0]["step"] >= 7 and late[0]["severity"] in ACTIONABLE and late[0]["metrics"]["before_calls"]
+    assert late[0]["metrics"]["extra_gap_before_calls_ms"] == pytest.approx(40, rel=0.3)  # the hook's own pause
+    report = analyze(out, out, ["json"], workers=1)
+    assert [f["ranks"] for f in report["findings"] if f["kind"] == "slow_collective" and f["severity"] in ACTIONABLE] == [[0]]
+
+
+def test_a_window_s_traces_are_loaded_once_every_rank_is_past_it_and_within_the_size_allowed(user_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(user_run.out, run)  # steps 2-3 profiled, 6 steps
+    traces = LiveTraces(run, max_bytes=1e9)
+    assert not traces.update(finished=3) and traces.collectives.empty  # a rank may still be writing it
+    assert traces.update(finished=4)
+    assert set(traces.collectives["rank"]) == {0, 1} and traces.collectives["ranks_seen"].eq(2).all()
+    assert not traces.update(finished=5)  # loaded once
+    small = LiveTraces(run, max_bytes=1000)
+    assert small.update(finished=4) and small.collectives.empty and "live.max_trace_mb" in small.problem
 
 
 def test_a_metrics_port_in_use_is_refused_before_the_job_starts(tmp_path):

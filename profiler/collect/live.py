@@ -33,6 +33,7 @@ class Verdict(Protocol):
     latest: dict[int, dict[str, Any]]
     step: int | None  # the latest step every rank had finished
     next_in_s: float  # when the judge asks to be called again
+    notes: list[str]  # what the judgement had to do without, each said once
 
 
 class Metrics(Protocol):
@@ -112,6 +113,8 @@ class LiveDiagnosis:
             self.events.append(event.record)
             if event.line:
                 self._say(event.line)
+        for note in verdict.notes:
+            self._say(f"live: {note}")
         self._active = verdict.active
         if self.metrics is not None:
             self.metrics.update(verdict.latest, verdict.active)

@@ -65,6 +65,9 @@ class Contention:
     # step was missed in 1 of 9.
     steadily_slow_share: float = setting(0.8, "a rank slow in this share of the steps it was seen in is steadily "
                                          "slow, busy host or not")
+    own_blocking_share: float = setting(0.5, "... and one whose excess in its slow steps was at least this share off a "
+                                        "CPU without waiting for one or for a peer blocked itself (a checkpoint's "
+                                        "fsync, a file read): a busy host takes CPU time, it does not block a rank")
 
 
 @dataclass
@@ -302,7 +305,7 @@ def _intermittent_on_busy_host(tables: Tables, finding: Finding, s: Contention) 
     seen = finding.metrics.get("steps_seen")
     if not seen or len(finding.steps) >= s.steadily_slow_share * seen:
         return None  # slow in (nearly) every step it could be seen in: a straggler, busy host or not
-    if _ledger_pattern(finding):
+    if _ledger_pattern(finding) or _blocked_itself(tables, finding, s):
         return None
     host = tables.rank_hosts.get(finding.ranks[0])
     load = host_loads(tables).get(host) if host is not None else None
@@ -311,6 +314,19 @@ def _intermittent_on_busy_host(tables: Tables, finding: Finding, s: Contention) 
     named = f" ({load.named()})" if load.processes else ""
     return (f"it was slow in only {len(finding.steps)} of the {seen} steps it was seen in, on a host whose CPUs "
             f"other processes kept busy{named}")
+
+
+def _blocked_itself(tables: Tables, finding: Finding, s: Contention) -> bool:
+    """Whether the straggler's excess in its slow steps was mostly time off a CPU while not waiting for one
+    (run queue) or for a peer (collectives), beyond its peers': I/O or a sleep of its own."""
+    excess = finding.metrics.get("excess_ms")
+    needed = ("wall_ms", "cpu_ms", "runq_ms", "comm_wait_ms")
+    if not excess or not all(c in tables.steps for c in needed):
+        return False
+    rows = tables.steps[tables.steps["step"].isin(finding.steps)]
+    off_cpu = rows.assign(off_cpu_ms=rows["wall_ms"] - rows["cpu_ms"] - rows["runq_ms"] - rows["comm_wait_ms"])
+    blocked = _beyond_peers(off_cpu, finding.ranks[0], "off_cpu_ms")
+    return blocked is not None and blocked >= s.own_blocking_share * excess
 
 
 def _priced_steps(finding: Finding, steps: list[int], excess_ms: float) -> tuple[list[int], float]:

@@ -9,8 +9,10 @@ from one judgement to the next by its kind and ranks, and each change is an even
 ``update`` (its severity changed, or the time it cost grew materially) and ``resolved`` (gone from
 the recent steps). Only detectors whose evidence is there while the job runs are asked: the hang
 detector reads what a stopped job leaves (dumps, exit records), and missing_evidence judges what a
-finished run lacks. After a judgement, the step records read since go into the final analysis' cache
-(read/step_cache.py), so that the report at the job's end parses only the last few.
+finished run lacks. The profiled windows' traces are loaded once every rank is past them
+(run/live_traces.py): the collectives slow_collective judges. After a judgement, the step records
+read since go into the final analysis' cache (read/step_cache.py), so that the report at the job's
+end parses only the last few.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ class Live:
     max_cpu_share: float = setting(0.02, "the next judgement waits until the CPU the last one took is at most this share "
                                    "of one core over the time since: a large job is judged less often, never at its "
                                    "expense (the first judgement, which imports and reads everything once, excepted)")
+    max_trace_mb: float = setting(1024.0, "the profiled windows' traces (as written, compressed) are loaded while the job "
+                                  "runs up to this size: a larger job's wait for the final report rather than take "
+                                  "the host's memory from the job")
     cache_lines: int = setting(1000, "a rank's new step records go into the final analysis' cache once this many wait: "
                                "fewer would write many small files, and the final analysis parses no more a rank")
     cache_cpu_s: float = setting(0.05, "CPU a judgement may then spend on that cache (~1,000 records), paced with it by "
@@ -78,6 +83,7 @@ class LiveVerdict:
     latest: dict[int, dict[str, Any]]  # rank -> its latest step record's table row
     judged_in_s: float = 0.0  # wall time the judgement took
     next_in_s: float = 0.0  # when to judge again (see Live.max_cpu_share)
+    notes: list[str] = field(default_factory=list)  # what it had to do without, each said once
 
 
 @dataclass
@@ -103,11 +109,13 @@ class LiveJudge:
 
     def __init__(self, run_dir: Path) -> None:
         self.settings = Live.active()
-        self.steps = LiveSteps(Path(run_dir), self.settings.window_steps)
+        self.steps = LiveSteps(Path(run_dir), self.settings.window_steps, self.settings.max_trace_mb * 2**20)
         self.tracked: dict[tuple[str, tuple[int, ...]], _Tracked] = {}
         self.judged_step: int | None = None
-        self._judged: list[Finding] | None = None  # the detectors' findings of the last steps judged
-        self.problems: list[str] = []  # detectors or passes that failed, said once by the caller
+        self._judged: list[Finding] | None = None  # the detectors' findings of the last tables judged
+        self._window: Window | None = None  # those tables' window (rebuilt for new steps or a loaded profile)
+        self.problems: list[str] = []  # what judgement had to do without (a detector failed, ...), each said once
+        self._said = 0  # problems already handed to the caller
 
     def judge(self, now: float | None = None) -> LiveVerdict:
         """Read the new step records, judge the recent steps, and return what changed."""
@@ -120,8 +128,8 @@ class LiveJudge:
         if window.tables is None:
             findings = []
         else:
-            if moved or self._judged is None:  # the same steps judged again would give the same findings
-                self._judged = self._detect(window)
+            if window is not self._window:  # the same tables judged again would give the same findings
+                self._judged, self._window = self._detect(window), window
             findings = self._judged + self._stalled(window, now)
         events = self._follow(findings, window, step, now, moved)
         self.judged_step = step if step is not None else self.judged_step
@@ -130,18 +138,22 @@ class LiveJudge:
         # Paced by the CPU it took, not its wall time: on a crowded host that is mostly waiting for a core.
         # The first judgement's imports and first read are paid once, not at every judgement.
         took_cpu = 0.0 if first else time.thread_time() - cpu
+        notes, self._said = self.problems[self._said:], len(self.problems)
         return LiveVerdict(events, active, step, window.latest, time.perf_counter() - started,
-                           max(self.settings.interval_s, took_cpu / self.settings.max_cpu_share))
+                           max(self.settings.interval_s, took_cpu / self.settings.max_cpu_share), notes)
 
     def _detect(self, window: Window) -> list[Finding]:
         """The final analysis' detectors and passes on the window's tables."""
         t = window.tables
         detectors = [name for name in pipeline.DETECTORS if name not in NOT_LIVE]
+        traces = self.steps.traces
+        if traces is not None and traces.problem:
+            self._problem(f"judged without the profiled windows' traces: {traces.problem}")
         found = pipeline.run_detectors(t, self._problem, only=detectors)
         return pipeline.run_passes(found, t, self._problem)
 
     def _problem(self, message: str) -> None:
-        if "failed" in message and message not in self.problems:
+        if message not in self.problems:
             self.problems.append(message)
 
     def _stalled(self, window: Window, now: float) -> list[Finding]:

@@ -54,7 +54,7 @@ def normalize_op(name: str) -> str:
     m = _KERNEL_OP.match(name)
     if m:
         name = re.sub(r"(?<!^)([A-Z])", r"_\1", m.group(1)).lower()
-    name = name.split(":", 1)[-1].split("::", 1)[-1].rstrip("_").lower()
+    name = name.split("::", 1)[-1].split(":", 1)[-1].rstrip("_").lower()  # c10d::allreduce_, gloo:all_reduce
     name = name.split(" ")[0]
     return _OP_ALIASES.get(name, name)
 

@@ -22,9 +22,10 @@ from diagtrain.profiler.analyzer.read import run_files as rf
 from diagtrain.profiler.analyzer.read.step_cache import cache_dir, extend_cache
 from diagtrain.profiler.analyzer.read.step_tail import JsonlTail, StepTail
 from diagtrain.profiler.analyzer.rank.p2p import from_step_records as p2p_from_step_records
-from diagtrain.profiler.analyzer.run import ledger
+from diagtrain.profiler.analyzer.run import clocks, ledger
+from diagtrain.profiler.analyzer.run.live_traces import LiveTraces
 from diagtrain.profiler.analyzer.run.structure import infer as infer_structure
-from diagtrain.profiler.analyzer.run.tables import COUNTER_COLUMNS, Tables, join_telemetry
+from diagtrain.profiler.analyzer.run.tables import COUNTER_COLUMNS, Tables, clock_measurements, join_telemetry
 from diagtrain.profiler.run_dir import ANALYSIS_CACHE, HOST_RECORD, HOSTS_DIR, PROFILE_WINDOWS_FILE, RankIndex, read_json
 from diagtrain.profiler.util.bounded_read import InputError
 from diagtrain.profiler.util.step_ranges import parse_step_ranges
@@ -40,13 +41,15 @@ class Window:
     last_steps: dict[int, int]  # rank -> the latest step it finished
     last_ends: dict[int, float]  # rank -> when that step ended (Unix s, the rank's clock)
     latest: dict[int, dict[str, Any]]  # rank -> its latest step's table row
+    finished: int | None = None  # the latest step every running rank has finished
 
 
 class LiveSteps:
     """Every rank's step records and every host's telemetry, read as they are appended."""
 
-    def __init__(self, run_dir: Path, window_steps: int | None) -> None:
-        """``window_steps=None`` keeps every step and gathers no samples (run/so_far.py takes them as read)."""
+    def __init__(self, run_dir: Path, window_steps: int | None, max_trace_bytes: float = 0.0) -> None:
+        """``window_steps=None`` keeps every step and gathers no samples (run/so_far.py takes them as read);
+        the profiled windows' traces are loaded up to ``max_trace_bytes`` (live_traces.py), never without a window."""
         self.run_dir, self.window_steps = Path(run_dir), window_steps
         self.ranks = RankIndex(run_dir)
         self.steps: dict[int, StepTail] = {}
@@ -55,6 +58,7 @@ class LiveSteps:
         self.new_samples: list[dict[str, Any]] = []  # the rows the last read added
         self.trainer: dict[str, Any] | None = None
         self._last: Window | None = None
+        self.traces = LiveTraces(run_dir, max_trace_bytes) if window_steps is not None and max_trace_bytes > 0 else None
         self.cached: dict[int, int] = {}  # rank -> lines of its steps.jsonl in the final analysis' cache
         self._next_cached = 0  # the rank whose turn it is to be cached
 
@@ -106,7 +110,7 @@ class LiveSteps:
     def window(self) -> Window:
         """Read what is new and build the tables of the last ``window_steps`` steps every rank finished
         (the last ones again when no rank finished a step since)."""
-        if self.read() == 0 and self._last is not None:
+        if self.read() == 0 and self._last is not None and not self._new_traces(self._last):
             return self._last
         self._last = self._window()
         return self._last
@@ -124,7 +128,13 @@ class LiveSteps:
         rows = [row for t in tails.values() for s, row in t.rows.items() if common - self.window_steps < s <= common]
         if not rows:
             return Window(None, last_steps, last_ends, latest)
-        return Window(self._tables(rows, tails), last_steps, last_ends, latest)
+        if self.traces is not None:
+            self.traces.update(common)
+        return Window(self._tables(rows, tails), last_steps, last_ends, latest, common)
+
+    def _new_traces(self, last: Window) -> bool:
+        """Whether a profiled window became complete since ``last`` was built (its traces are then loaded)."""
+        return self.traces is not None and last.finished is not None and self.traces.update(last.finished)
 
     def steps_table(self, steps: pd.DataFrame) -> pd.DataFrame:
         """Step rows as the final analysis has them (tables.build): sorted, profiled steps marked, no
@@ -153,9 +163,14 @@ class LiveSteps:
         steps = self.steps_table(pd.DataFrame(rows))
         world = self.world_size()
         p2p = {r: p2p_from_step_records(t.found.p2p) for r, t in tails.items() if t.found.p2p}
-        tables = Tables(steps=steps, ranks=pd.DataFrame(), collectives=pd.DataFrame(), phases=self.phases(),
+        traced = self.traces.collectives.copy() if self.traces is not None else pd.DataFrame()
+        tables = Tables(steps=steps, ranks=pd.DataFrame(), collectives=traced, phases=self.phases(),
                         trainer=self.trainer or None, world_size=world, rank_hosts=self.rank_hosts(),
+                        on_gpu=self.traces is not None and self.traces.on_gpu,
                         structure=infer_structure({}, {}, [], p2p, {}, self.trainer or None, world))
+        if not traced.empty:  # the profiled windows' collectives, on one clock as in the final analysis
+            tables.host_clocks = clocks.host_clocks(traced, tables.rank_hosts, clock_measurements(self.run_dir))
+            clocks.align(tables)
         tables.telemetry = join_telemetry(self._recent_telemetry(float(steps["start"].min())), steps)
         tables.ledger = ledger.build(tables)
         return tables

@@ -126,7 +126,7 @@ def build(run_dir: Path, results: list[RankResult], flight_recorder_dir: Path | 
     _time_log_lines(tables, infos)
     # Every host's times on the clock of the lowest rank's host (see clocks.py).
     rank_hosts = tables.rank_hosts or {r.rank: r.host_name for r in results}
-    tables.host_clocks = clocks.host_clocks(collectives, rank_hosts, _clock_measurements(run_dir))
+    tables.host_clocks = clocks.host_clocks(collectives, rank_hosts, clock_measurements(run_dir))
     tables.rank_hosts = tables.rank_hosts or {r: h for r, h in rank_hosts.items() if h}
     clocks.align(tables)
     tables.steps = with_waits(tables.steps, tables.collectives)
@@ -389,7 +389,7 @@ def _time_log_lines(tables: Tables, infos: dict[int, dict]) -> None:
                 line.time = local_to_unix(line.timestamp, offset, year)
 
 
-def _clock_measurements(run_dir: Path) -> dict[str, list[dict]]:
+def clock_measurements(run_dir: Path) -> dict[str, list[dict]]:
     """Each host's clock handshakes with its peers (hosts/<h>/clock.json)."""
     found = {}
     for path in run_dir.glob(f"{HOSTS_DIR}/*/{CLOCK_RECORD}"):
