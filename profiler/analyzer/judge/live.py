@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from diagtrain.profiler.analyzer.judge import pipeline
+from diagtrain.profiler.analyzer.judge.detectors.base import Steady
 from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, Finding
 from diagtrain.profiler.analyzer.run.live_tables import LiveSteps, Window
 from diagtrain.profiler.analyzer.settings import section, setting, values
@@ -129,7 +130,7 @@ class LiveJudge:
             findings = []
         else:
             if window is not self._window:  # the same tables judged again would give the same findings
-                self._judged, self._window = self._detect(window), window
+                self._judged, self._window = self._detect(window) if _past_warm_up(window) else [], window
             findings = self._judged + self._stalled(window, now)
         events = self._follow(findings, window, step, now, moved)
         self.judged_step = step if step is not None else self.judged_step
@@ -239,6 +240,14 @@ class LiveJudge:
         record = {**tracked.record, "event": event, "detected_at": round(now, 3), "step": step,
                   "since_step": tracked.since_step, "lost_s_so_far": round(tracked.lost_ms / 1e3, 3)}
         return json.loads(json.dumps(record, default=_plain))  # numpy numbers as plain ones: any JSON writer takes it
+
+
+def _past_warm_up(window: Window) -> bool:
+    """Whether the window holds the steps after warm-up that comparing ranks needs. The final analysis
+    judges a short run's warm-up steps too, for want of others (detectors.base.steady); a running job
+    will have others within steps, and its first steps' start-up costs fall on ranks unevenly."""
+    s, steps = Steady.active(), window.tables.steps["step"]
+    return steps[steps > s.warmup_steps].nunique() >= s.min_steady_steps
 
 
 def _plain(value: Any) -> Any:
