@@ -233,6 +233,36 @@ def test_a_rank_without_progress_is_said_before_the_hang_watchdog(tmp_path):
     assert event.record["severity"] == "warning" and "rank 1" in event.line and "since step 7" in event.line
 
 
+def test_ranks_are_compared_only_once_the_steps_after_warm_up_are_there(tmp_path):
+    """Rank 1 is 60 ms slower in steps 1 and 3 of 3 (start-up, a slow first steps): the final analysis of
+    such a short run would have to judge its warm-up step too; live judgement waits for the steps after
+    it, and with steps 2-5 there, rank 1 slow in one of them is no straggler."""
+    start = time.time() - 60
+    for rank in (0, 1):
+        folder = tmp_path / "ranks" / str(rank)
+        folder.mkdir(parents=True)
+        write_json_atomic(folder / "rank.json", {"rank": rank, "world_size": 2, "host": "h", "pid": 1})
+
+    def append(step: int) -> None:
+        for rank in (0, 1):
+            slow = 60.0 if rank == 1 and step in (1, 3) else 0.0
+            t0 = start + 0.2 * step
+            with open(tmp_path / "ranks" / str(rank) / "steps.jsonl", "a") as f:
+                f.write(json.dumps({"rank": rank, "step": step, "start": t0, "end": t0 + 0.1 + slow / 1e3,
+                                    "duration_ms": 100.0 + slow, "phases_ms": {"forward": 40.0 + slow, "backward": 50.0},
+                                    "phase_comm_ms": {"forward": 0.0, "backward": 20.0 + 60.0 - slow if step in (1, 3)
+                                                      else 20.0}, "comm_ms": 20.0}) + "\n")
+
+    judge = LiveJudge(tmp_path)
+    for step in (1, 2, 3):
+        append(step)
+        assert judge.judge(now=start + 1).active == []
+    for step in (4, 5):
+        append(step)
+        assert [f["kind"] for f in judge.judge(now=start + 1.5).active if f["severity"] in ACTIONABLE] == []
+    assert judge.judged_step == 5 and judge._judged is not None
+
+
 def test_replace_removes_the_live_findings_of_the_run_it_replaces(tmp_path):
     (tmp_path / "live").mkdir()
     (tmp_path / "live" / "findings.jsonl").write_text('{"event": "new"}\n')
