@@ -3,8 +3,9 @@
 Each rank writes a window's trace when the window ends (``ranks/<r>/trace-rank<r>-steps<a>-<b>.json.gz``,
 renamed into place whole), under ``--profile-steps auto`` (the default) as under given ranges. Once
 every rank has finished a step after a window, live judgement loads the ranks' traces with the final
-analysis' own loader (rank/load.py, into analysis/cache, which the final analysis then reuses as it is)
-and matches their collectives (rank/collectives.py): what slow_collective, and the straggler
+analysis' own loader (rank/load.py, into analysis/cache; the final analysis reuses a rank's tables
+unless a flight-recorder dump came since, which ranks write at the end and which the loader pairs
+gloo's calls with) and matches their collectives (rank/collectives.py): what slow_collective, and the straggler
 detector's test of a delay right before the calls, judge. Loading is the costly part of a judgement
 (a second or more a rank on GPU traces), so it happens once a new window is complete, and live
 judgement's pacing (``live.max_cpu_share``) counts it.
