@@ -36,8 +36,8 @@ def rows(result: regression.Comparison) -> list[dict[str, Any]]:
     for r in report.shown(result):
         d = asdict(r)
         out.append({"metric": d["metric"], "scope": d["scope"], "unit": d["unit"], "verdict": d["verdict"],
-                    "band": r.noise_band, "reason": d["reason"],
-                    "base": _round(d["base_median"]), "new": _round(d["new_median"]),
+                    "band": r.noise_band, "reason": d["reason"], "statistic": d["statistic"],
+                    "base": _round(d["base_value"]), "new": _round(d["new_value"]),
                     "p90": f"{_round(d['base_p90'])} → {_round(d['new_p90'])}",
                     "change": "" if math.isnan(d["change_pct"]) else f"{d['change_pct']:+.1f}%",
                     "interval": "" if math.isnan(d["ci_low"]) else f"{d['ci_low']:.3f}-{d['ci_high']:.3f}",
@@ -47,7 +47,8 @@ def rows(result: regression.Comparison) -> list[dict[str, Any]]:
 
 
 COLUMNS = [{"name": n, "id": i} for n, i in (
-    ("metric", "metric"), ("scope", "scope"), ("verdict", "verdict"), ("BASE median", "base"), ("NEW median", "new"),
+    ("metric", "metric"), ("scope", "scope"), ("verdict", "verdict"), ("BASE pace", "base"), ("NEW pace", "new"),
+    ("of the steps", "statistic"),
     ("unit", "unit"), ("change", "change"), ("noise band", "band"), ("why", "reason"), ("p90 BASE → NEW", "p90"),
     ("95% interval of NEW/BASE (steps)", "interval"), ("Mann-Whitney p (steps)", "p"), ("steps BASE/NEW", "n"))]
 

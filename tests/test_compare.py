@@ -54,7 +54,7 @@ def test_a_straggler_against_three_runs_is_a_regression_its_rank_and_phase_first
     code, result = compared(runs["baseline"], runs["straggler"])
     assert result["base_runs"] == 3
     forward = by_key(result["results"])[("forward", "rank 1")]
-    beyond = forward["new_median"] > forward["base_median"] * (1 + forward["noise_high_pct"] / 100)
+    beyond = forward["new_value"] > forward["base_value"] * (1 + forward["noise_high_pct"] / 100)
     # Never "no regression": the forward change is beyond the band, or the band is too wide to decide.
     assert code != 0 and forward["verdict"] in ("regression", "inconclusive"), forward
     assert len(forward["base_runs"]) == 3 and forward["change_pct"] > 100
@@ -81,7 +81,7 @@ def test_one_baseline_run_never_calls_a_change_below_its_ceiling_and_says_how_ma
     assert forward["verdict"] in ("regression", "inconclusive") and forward["change_pct"] > 100, forward
     for r in result["results"]:
         if r["verdict"] == "regression":
-            ratio = r["new_median"] / r["base_median"]  # throughput regresses downwards
+            ratio = r["new_value"] / r["base_value"]  # throughput regresses downwards
             assert max(ratio, 1 / ratio) > 1.5, r  # the lowest one-run ceiling (memory)
     step = by_key(result["results"])[("step time", "run")]
     assert step["verdict"] != "regression" or step["change_pct"] > 150
@@ -93,7 +93,7 @@ def test_one_baseline_run_never_calls_a_change_below_its_ceiling_and_says_how_ma
 def test_clean_runs_are_never_a_regression(runs, base, new):
     # Independent pairs, one of them against three runs: the machine is noisy, the verdict must hold.
     code, result = compared(runs[base], runs[new])
-    assert code in (0, 3), [(r["metric"], r["scope"], r["base_runs"], r["new_median"], r["reason"]) for r in result["regressions"]]
+    assert code in (0, 3), [(r["metric"], r["scope"], r["base_runs"], r["new_value"], r["reason"]) for r in result["regressions"]]
     assert result["regressions"] == [] and result["verdict"] == ("no regression", "inconclusive")[code == 3]
     for r in result["inconclusive"]:  # each undecided metric says why: noise it cannot rule out, or the machine
         assert r["reason"].startswith("the steps differ, but") or r["reason"].endswith("rerun on the same machine"), r
@@ -111,7 +111,7 @@ def test_baseline_of_three_runs_round_trip_and_junit(runs, tmp_path):
     code, result = compared(runs["baseline"], runs["clean2"])
     assert code in (0, 3) and result["regressions"] == []
     step = by_key(result["results"])[("step time", "run")]
-    assert step["verdict"] in ("unchanged", "inconclusive") and step["base_runs"][1] == pytest.approx(step["new_median"])
+    assert step["verdict"] in ("unchanged", "inconclusive") and step["base_runs"][1] == pytest.approx(step["new_value"])
     # JUnit says what JSON says: a failure per regression, a skipped case per inconclusive metric.
     code, result = compared(runs["baseline"], runs["straggler"])
     junit = tmp_path / "compare.xml"

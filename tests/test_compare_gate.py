@@ -205,3 +205,18 @@ def test_runs_too_short_to_judge_are_inconclusive_never_a_pass():
     assert not c.judged and not c.regressions and c.verdict == "inconclusive"
     assert EXIT_CODES[c.verdict] == 3 and "no metric has enough steps" in report.headline(c)
     assert regression.compare(BASE, summary("new", 100.0, 20.0, 40), 5.0).judged  # full runs are judged
+
+
+def test_a_busy_stretch_of_a_run_is_noise_and_a_slowdown_of_every_step_is_not():
+    # A busy host slows a stretch of a run (here 60% of its steps by a third); a code change slows every step.
+    busy = summary("busy", 100.0, 20.0, 40)
+    busy["samples"]["step time"] = [t * (4 / 3 if i % 5 < 3 else 1) for i, t in enumerate(busy["samples"]["step time"])]
+    step = by_key(regression.compare(BASE, busy, 5.0))[("step time", "run")]
+    assert np.median(busy["samples"]["step time"]) > 1.25 * step.base_value  # judged on medians: a regression
+    assert step.statistic == "p25" and step.verdict == "unchanged", step
+    slower = by_key(regression.compare(BASE, summary("slower", 125.0, 20.0, 40), 5.0))[("step time", "run")]
+    assert slower.verdict == "regression" and slower.new_value == pytest.approx(125.0, rel=0.02)
+    # Throughput is judged from its quick side too, memory on its median (the host's load does not move it).
+    rate = [1000 / t for t in busy["samples"]["step time"]]
+    assert noise.pace(rate, higher_is_better=True) == pytest.approx(np.percentile(rate, 75))
+    assert by_key(regression.compare(BASE, busy, 5.0))[("peak memory", "rank 0")].statistic == "median"

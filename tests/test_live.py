@@ -169,8 +169,8 @@ def test_a_profiled_window_is_judged_live_with_the_final_analysis_loader(tmp_pat
     assert job.returncode == 0, job.stderr[-3000:]
     late = [e for e in events(out) if e["kind"] == "slow_collective" and e["event"] == "new"]
     assert [e["ranks"] for e in late] == [[0]], [(e["kind"], e["ranks"], e["severity"]) for e in events(out)]
-    assert late[0]["step"] >= 7 and late[0]["severity"] in ACTIONABLE and late[0]["metrics"]["before_calls"]
-    assert late[0]["metrics"]["extra_gap_before_calls_ms"] == pytest.approx(40, rel=0.3)  # the hook's own pause
+    assert late[0]["step"] >= 7 and late[0]["severity"] in ACTIONABLE and late[0]["metrics"]["before_calls"], late[0]
+    assert late[0]["metrics"]["extra_gap_before_calls_ms"] == pytest.approx(40, rel=0.3), late[0]  # the hook's own pause
     report = analyze(out, out, ["json"], workers=1)
     assert [f["ranks"] for f in report["findings"] if f["kind"] == "slow_collective" and f["severity"] in ACTIONABLE] == [[0]]
 
@@ -233,25 +233,37 @@ def test_a_rank_without_progress_is_said_before_the_hang_watchdog(tmp_path):
     assert event.record["severity"] == "warning" and "rank 1" in event.line and "since step 7" in event.line
 
 
+def two_ranks(run: Path) -> float:
+    """The rank records of a 2-rank job started a minute ago (its step records are appended by the test)."""
+    for rank in (0, 1):
+        folder = run / "ranks" / str(rank)
+        folder.mkdir(parents=True)
+        write_json_atomic(folder / "rank.json", {"rank": rank, "world_size": 2, "host": "h", "pid": 1})
+    return time.time() - 60
+
+
+def append_step(run: Path, rank: int, step: int, start: float, late_ms: float, slowest_ms: float) -> None:
+    """One step record of a 100 ms step (+ the slowest rank's ``slowest_ms``) in which ``rank`` spends
+    ``late_ms`` more in its forward and waits for the slowest rank for the rest."""
+    t0 = start + 0.4 * step
+    with open(run / "ranks" / str(rank) / "steps.jsonl", "a") as f:
+        f.write(json.dumps({"rank": rank, "step": step, "start": t0, "end": t0 + (100.0 + slowest_ms) / 1e3,
+                            "duration_ms": 100.0 + slowest_ms,
+                            "phases_ms": {"forward": 40.0 + late_ms, "backward": 50.0 + slowest_ms - late_ms},
+                            "phase_comm_ms": {"forward": 0.0, "backward": 20.0 + slowest_ms - late_ms},
+                            "comm_ms": 20.0 + slowest_ms - late_ms}) + "\n")
+
+
 def test_ranks_are_compared_only_once_the_steps_after_warm_up_are_there(tmp_path):
     """Rank 1 is 60 ms slower in steps 1 and 3 of 3 (start-up, a slow first steps): the final analysis of
     such a short run would have to judge its warm-up step too; live judgement waits for the steps after
     it, and with steps 2-5 there, rank 1 slow in one of them is no straggler."""
-    start = time.time() - 60
-    for rank in (0, 1):
-        folder = tmp_path / "ranks" / str(rank)
-        folder.mkdir(parents=True)
-        write_json_atomic(folder / "rank.json", {"rank": rank, "world_size": 2, "host": "h", "pid": 1})
+    start = two_ranks(tmp_path)
 
     def append(step: int) -> None:
         for rank in (0, 1):
-            slow = 60.0 if rank == 1 and step in (1, 3) else 0.0
-            t0 = start + 0.2 * step
-            with open(tmp_path / "ranks" / str(rank) / "steps.jsonl", "a") as f:
-                f.write(json.dumps({"rank": rank, "step": step, "start": t0, "end": t0 + 0.1 + slow / 1e3,
-                                    "duration_ms": 100.0 + slow, "phases_ms": {"forward": 40.0 + slow, "backward": 50.0},
-                                    "phase_comm_ms": {"forward": 0.0, "backward": 20.0 + 60.0 - slow if step in (1, 3)
-                                                      else 20.0}, "comm_ms": 20.0}) + "\n")
+            append_step(tmp_path, rank, step, start, 60.0 if rank == 1 and step in (1, 3) else 0.0,
+                        60.0 if step in (1, 3) else 0.0)
 
     judge = LiveJudge(tmp_path)
     for step in (1, 2, 3):
@@ -296,4 +308,26 @@ def test_each_event_is_appended_and_said_and_warnings_stand_until_they_end(tmp_p
     assert event["event"] == "new" and event["ranks"] == [1] and event["severity"] in ACTIONABLE
     assert any("straggler on rank 1 since step" in line for line in said)
     assert [line for line in live.standing() if "straggler on rank 1" in line]
+
+
+def test_a_finding_that_starts_below_warning_is_judged_again_at_the_next_interval(tmp_path):
+    """Judgements are paced by their CPU (here made to wait for hours), except the one after a finding
+    starts: rank 1 late by 150 ms from step 12 is a straggler in too few steps at first (info), and the
+    judgement after the next interval names it a warning."""
+    start = two_ranks(tmp_path)
+    with settings.overriding({"live": {"max_cpu_share": 1e-6}}):
+        judge = LiveJudge(tmp_path)
+        waits, said = {}, {}
+        for step in range(1, 16):
+            for rank in (0, 1):
+                append_step(tmp_path, rank, step, start, 150.0 if rank == 1 and step >= 12 else 0.0, 150.0 * (step >= 12))
+            verdict = judge.judge(now=start + 0.4 * step + 0.3)
+            waits[step] = verdict.next_in_s
+            said[step] = [(e.record["event"], e.record["ranks"], e.record["severity"]) for e in verdict.events
+                          if e.record["kind"] == "straggler"]
+    started = min(s for s in said if said[s])
+    assert said[started] == [("new", [1], "info")], said
+    assert waits[started] == judge.settings.interval_s
+    assert ("update", [1], "warning") in said[started + 1], said
+    assert all(w > 3600 for s, w in waits.items() if 1 < s != started), waits  # paced: nothing started
 

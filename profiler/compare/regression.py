@@ -1,10 +1,9 @@
 """Is NEW slower or heavier than BASE, beyond what two clean runs of this job on this machine differ by?
 
-The verdict per metric is judged on run medians against the baseline runs' noise band
-(:mod:`noise`): a regression needs NEW's median outside the band, beyond ``--threshold`` and beyond
-a small absolute floor (a 0.4 ms phase going to 0.5 ms is not "+25%"), and the per-step evidence
-to agree. With one baseline run the
-band is unknown: a change the per-step statistics see but that stays inside ONE_RUN_CEILING is
+The verdict per metric is judged on each run's pace (:func:`noise.pace`: the quick quartile of its
+steps) against the baseline runs' noise band (:mod:`noise`): a regression needs NEW's pace outside
+the band, beyond ``--threshold`` and beyond a small absolute floor (a 0.4 ms phase going to 0.5 ms
+is not "+25%"), and the per-step evidence to agree. With one baseline run the band is unknown: a change the per-step statistics see but that stays inside ONE_RUN_CEILING is
 *inconclusive*; so is one inside a band wider than that ceiling (baseline runs that differ more than
 one run is assumed to), and any time that changed while NEW ran on another machine or beside more
 load (:mod:`machine`). The per-step statistics (a one-sided Mann-Whitney U test and a bootstrap
@@ -46,8 +45,9 @@ class MetricResult:
     metric: str
     scope: str
     unit: str
-    base_median: float  # the baseline's typical median (geometric mean of its runs' medians)
-    new_median: float
+    statistic: str  # what a run's value is: the quantile of its steps (noise.pace), "p25", "p75" or "median"
+    base_value: float  # the baseline's typical value (geometric mean of its runs' values)
+    new_value: float
     change_pct: float
     ci_low: float  # per-step evidence: bounds of the bootstrap interval of the ratio new/base
     ci_high: float
@@ -55,10 +55,10 @@ class MetricResult:
     n_base: int  # steps, over all baseline runs
     n_new: int
     verdict: str  # one of VERDICTS
-    base_p90: float = math.nan  # the slow tail, shown beside the medians (the verdict is on medians)
+    base_p90: float = math.nan  # the slow tail, shown beside the paces (the verdict is on paces)
     new_p90: float = math.nan
-    base_runs: list[float] = field(default_factory=list)  # each baseline run's median
-    noise_low_pct: float = math.nan  # the noise band, as changes from base_median
+    base_runs: list[float] = field(default_factory=list)  # each baseline run's value
+    noise_low_pct: float = math.nan  # the noise band, as changes from base_value
     noise_high_pct: float = math.nan
     reason: str = ""  # why this verdict, in words
 
@@ -148,9 +148,9 @@ def compare(base: list[dict], new: dict, threshold_pct: float, same_machine: boo
     check = machine.check(base, new, same_hosts=same_machine)
     comparison = Comparison(", ".join(b["source"] for b in base), new["source"], threshold_pct, len(base), [],
                             by_cause.compare_findings([b["findings"] for b in base], new["findings"]), check)
-    step_ms = noise.typical([float(np.median(b["samples"]["step time"])) for b in base if b["samples"].get("step time")])
+    step_ms = noise.typical([noise.pace(b["samples"]["step time"]) for b in base if b["samples"].get("step time")])
     metrics = list(_metrics(base, new))
-    timing = [band_medians(runs) for _, name, unit, runs, _ in metrics
+    timing = [paces(runs, name in HIGHER_IS_BETTER) for _, name, unit, runs, _ in metrics
               if (unit or UNITS.get(name, "ms")) in LOAD_BOUND_UNITS and min(map(len, runs)) >= MIN_SAMPLES]
     judge = _Judge(threshold_pct, check, step_ms, noise.shared_spread(timing))
     for scope, name, unit, runs, mine in metrics:
@@ -220,7 +220,7 @@ class _Judge:
         unit = unit or UNITS.get(name, "ms")
         ceiling = noise.ONE_RUN_CEILING_MEMORY if unit == "MiB" else noise.ONE_RUN_CEILING
         floor = self.timing_spread if unit in LOAD_BOUND_UNITS else noise.MIN_LOG_SPREAD
-        band = noise.band(band_medians(runs), ceiling, floor)
+        band = noise.band(paces(runs, name in HIGHER_IS_BETTER, unit in LOAD_BOUND_UNITS), ceiling, floor)
         result, worse, better = self._evidence(name, scope, unit, runs, np.asarray(new, float), band)
         if min([len(r) for r in runs] + [len(new)]) < MIN_SAMPLES:
             result.verdict, result.reason = "too few samples", f"fewer than {MIN_SAMPLES} steps in a run"
@@ -232,15 +232,17 @@ class _Judge:
                   band: noise.NoiseBand) -> tuple[MetricResult, bool, bool]:
         """The metric's numbers, and whether the per-step evidence says worse, or better."""
         pooled = np.concatenate([np.asarray(r, float) for r in runs])
-        bm = band.center if band.runs else (float(np.median(pooled)) if len(pooled) else math.nan)
-        nm = float(np.median(n)) if len(n) else math.nan
+        higher_better, load_bound = name in HIGHER_IS_BETTER, unit in LOAD_BOUND_UNITS
+        q = noise.pace_quantile(higher_better, load_bound)
+        bm = band.center if band.runs else noise.pace(pooled, higher_better, load_bound)
+        nm = noise.pace(n, higher_better, load_bound)
         low, high = bootstrap_ratio_of_medians(n, pooled)
-        higher_better = name in HIGHER_IS_BETTER
         worse_p = mann_whitney_greater(pooled, n) if higher_better else mann_whitney_greater(n, pooled)
         better_p = mann_whitney_greater(n, pooled) if higher_better else mann_whitney_greater(pooled, n)
-        result = MetricResult(name, scope, unit, bm, nm, (nm / bm - 1) * 100 if bm else math.nan, low, high, worse_p,
+        result = MetricResult(name, scope, unit, "median" if q == 50 else f"p{q:g}", bm, nm,
+                              (nm / bm - 1) * 100 if bm else math.nan, low, high, worse_p,
                               len(pooled), len(n), "unchanged", base_p90=_p90(pooled), new_p90=_p90(n),
-                              base_runs=[round(m, 6) for m in band_medians(runs)],
+                              base_runs=[round(m, 6) for m in paces(runs, higher_better, load_bound)],
                               noise_low_pct=(band.low - 1) * 100, noise_high_pct=(band.high - 1) * 100)
         worse = self._beyond(result, True, higher_better) and worse_p < ALPHA and (high < 1 if higher_better else low > 1)
         better = self._beyond(result, False, higher_better) and better_p < ALPHA and (low > 1 if higher_better else high < 1)
@@ -248,20 +250,20 @@ class _Judge:
 
     def _verdict(self, r: MetricResult, band: noise.NoiseBand, worse: bool, better: bool, ceiling: float) -> tuple[str, str]:
         worse_side, better_side = ("below", "above") if r.metric in HIGHER_IS_BETTER else ("above", "below")
-        position = band.position(r.new_median)
+        position = band.position(r.new_value)
         share = noise.MATERIAL_STEP_SHARE if band.measured else noise.ONE_RUN_STEP_SHARE
-        small = r.unit == "ms" and r.metric != "step time" and r.new_median - r.base_median < share * self.step_ms
+        small = r.unit == "ms" and r.metric != "step time" and r.new_value - r.base_value < share * self.step_ms
         if position == worse_side and worse and not small:
             return self._regression(r, band)
         if position == worse_side and worse and band.measured:
-            return "unchanged", (f"beyond the noise band {r.noise_band}, but +{r.new_median - r.base_median:.1f} ms is "
+            return "unchanged", (f"beyond the noise band {r.noise_band}, but +{r.new_value - r.base_value:.1f} ms is "
                                  f"under {share:.0%} of a step: it does not move the job")
         if position == better_side and better:
             return "improvement", f"beyond the noise band {r.noise_band}"
         if worse and not band.measured:
             why = f"{r.change_pct:+.0f}% is within the x{ceiling:g} two clean runs can differ by" \
                 if position != worse_side else \
-                f"+{r.new_median - r.base_median:.1f} ms is under {noise.ONE_RUN_STEP_SHARE:.0%} of a step"
+                f"+{r.new_value - r.base_value:.1f} ms is under {noise.ONE_RUN_STEP_SHARE:.0%} of a step"
             return "inconclusive", f"the steps differ, but {why}"
         if worse and band.high > ceiling:  # the baseline's runs knew no better than one run would
             return "inconclusive", (f"the steps differ, but the {band.runs} baseline runs differ so much (noise band "
@@ -279,15 +281,15 @@ class _Judge:
 
     def _beyond(self, r: MetricResult, worse: bool, higher_better: bool) -> bool:
         """Whether the change passes --threshold and the absolute floor, on the worse (or better) side."""
-        if math.isnan(r.change_pct) or abs(r.new_median - r.base_median) < ABS_FLOOR.get(r.unit, 0.0):
+        if math.isnan(r.change_pct) or abs(r.new_value - r.base_value) < ABS_FLOOR.get(r.unit, 0.0):
             return False
         signed = -r.change_pct if higher_better else r.change_pct
         return signed > self.threshold_pct if worse else signed < -self.threshold_pct
 
 
-def band_medians(runs: list[list[float]]) -> list[float]:
-    """Each run's median (runs without samples left out)."""
-    return [float(np.median(r)) for r in runs if len(r)]
+def paces(runs: list[list[float]], higher_is_better: bool = False, load_bound: bool = True) -> list[float]:
+    """Each run's pace (:func:`noise.pace`; runs without samples left out)."""
+    return [noise.pace(r, higher_is_better, load_bound) for r in runs if len(r)]
 
 
 def _blame(findings: list[by_cause.FindingChange]) -> dict[int, tuple[int, int]]:
@@ -315,7 +317,7 @@ def _weight(r: MetricResult) -> tuple[int, float]:
     """Times by the milliseconds they added to a step (a 5 ms phase tripling explains less than a
     100 ms one growing by half), then other units by their relative change."""
     if r.unit == "ms":
-        return 0, -abs(_finite(r.new_median - r.base_median))
+        return 0, -abs(_finite(r.new_value - r.base_value))
     return 1, -abs(_finite(r.change_pct))
 
 

@@ -48,14 +48,14 @@ def markdown(c: regression.Comparison) -> str:
     verdict = headline(c)
     emphasised = verdict.replace("regression", "**regression**", 1) if c.regressions else verdict
     out = [f"## diagtrain compare: {emphasised}", "",
-           f"BASE `{c.base}` · NEW `{c.new}` · threshold {c.threshold_pct:g}% · the verdict: NEW's median against "
-           f"the baseline runs' noise band; per-step evidence: Mann-Whitney U, bootstrap 95% interval of the ratio", ""]
+           f"BASE `{c.base}` · NEW `{c.new}` · threshold {c.threshold_pct:g}% · the verdict: NEW's pace (p25 of its "
+           f"steps; p75 for throughput, median for memory) against the baseline runs' noise band; per-step evidence: Mann-Whitney U, bootstrap 95% interval of the ratio", ""]
     out += [f"- {line}" for line in lines(c)]
     out += c.notes and [""] + [f"> {n}" for n in c.notes] or []
     out += ["", "| metric | scope | BASE | NEW | change | noise band | verdict | 95% CI of ratio (steps) | p (steps) "
             "| p90 BASE → NEW |", "| --- | --- | ---: | ---: | ---: | --- | --- | --- | ---: | ---: |"]
     for r in shown(c):
-        out.append(f"| {r.metric} | {r.scope} | {_num(r.base_median)} {r.unit} | {_num(r.new_median)} {r.unit} | "
+        out.append(f"| {r.metric} | {r.scope} | {_num(r.base_value)} {r.unit} | {_num(r.new_value)} {r.unit} | "
                    f"{r.change_pct:+.1f}% | {r.noise_band} | {_bold(r.verdict)} | x{r.ci_low:.3f} - x{r.ci_high:.3f} | "
                    f"{r.p_value:.2g} | {_num(r.base_p90)} → {_num(r.new_p90)} |")
     out += ["", "### Findings, by cause", ""]
@@ -95,7 +95,7 @@ def shown(c: regression.Comparison) -> list[regression.MetricResult]:
 
 
 def _change(r: regression.MetricResult) -> str:
-    return f"{_num(r.base_median)} → {_num(r.new_median)} {r.unit} ({r.change_pct:+.1f}%)"
+    return f"{_num(r.base_value)} → {_num(r.new_value)} {r.unit} ({r.change_pct:+.1f}%)"
 
 
 def _bold(verdict: str) -> str:

@@ -53,7 +53,8 @@ class Live:
                                  "share since it was last said: more often is noise in a log")
     max_cpu_share: float = setting(0.02, "the next judgement waits until the CPU the last one took is at most this share "
                                    "of one core over the time since: a large job is judged less often, never at its "
-                                   "expense (the first judgement, which imports and reads everything once, excepted)")
+                                   "expense (the first judgement, which imports and reads everything once, and the one "
+                                   "after a finding starts below warning, excepted)")
     max_trace_mb: float = setting(1024.0, "the profiled windows' traces (as written, compressed) are loaded while the job "
                                   "runs up to this size: a larger job's wait for the final report rather than take "
                                   "the host's memory from the job")
@@ -141,7 +142,16 @@ class LiveJudge:
         took_cpu = 0.0 if first else time.thread_time() - cpu
         notes, self._said = self.problems[self._said:], len(self.problems)
         return LiveVerdict(events, active, step, window.latest, time.perf_counter() - started,
-                           max(self.settings.interval_s, took_cpu / self.settings.max_cpu_share), notes)
+                           self._next_in_s(took_cpu, events), notes)
+
+    def _next_in_s(self, took_cpu: float, events: list[LiveEvent]) -> float:
+        """Paced by the CPU a judgement took, except after a finding started below warning: a cause seen in
+        its first steps (a straggler in a few of the judged ones) is told at the next interval, not one or
+        two paced ones later (7-8 s each on a 2-core host, 19 s from a straggler's first step to its warning)."""
+        suspected = any(e.record["event"] == "new" and SEVERITIES.index(e.record["severity"]) < ACTIONABLE
+                        for e in events)
+        paced = took_cpu / self.settings.max_cpu_share
+        return self.settings.interval_s if suspected else max(self.settings.interval_s, paced)
 
     def _detect(self, window: Window) -> list[Finding]:
         """The final analysis' detectors and passes on the window's tables."""
