@@ -29,8 +29,9 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         "compare", help="compare two runs (or a baseline and a run); exit 1 on a real regression",
         description="Compare NEW against BASE (a run directory or a `diagtrain baseline` file of one or more "
         "runs): step time, throughput, compute / exposed communication / idle per step, per-rank phases and "
-        "peak memory, collective times, findings by cause. A metric regresses when NEW's median lies outside "
-        "the noise band of the baseline runs' medians (the 95% t prediction interval of one more run, on their logs) "
+        "peak memory, collective times, findings by cause. A metric regresses when NEW's pace (p25 of its steps; "
+        "p75 for throughput, median for memory) lies outside the noise band of the baseline runs' paces (the 95% t "
+        "prediction interval of one more run, on their logs) "
         "and beyond --threshold. One baseline run cannot measure that band: a change below x2.5 (x1.5 for "
         "memory) is then inconclusive. Keep 3 baseline runs: diagtrain baseline RUN1 RUN2 RUN3 -o base.json.",
         epilog="exit codes: 0 no regression, 1 regression, 2 bad input, 3 inconclusive (the data cannot tell a "
@@ -47,7 +48,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
                    help="differently named hosts are the same hardware (CI runners): judge times anyway")
     p.set_defaults(handler=run_compare)
     b = subparsers.add_parser("baseline", help="store runs' summaries for later comparisons",
-                              description="Write, for each run, the per-step samples, medians and machine facts "
+                              description="Write, for each run, the per-step samples and machine facts "
                               "`diagtrain compare` needs, so CI can keep a small file instead of whole runs. Give "
                               "3 clean runs of the job: their spread is the noise a change must exceed.")
     b.add_argument("runs", nargs="+", metavar="RUN", help="run directories (3 recommended)")

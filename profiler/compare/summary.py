@@ -97,7 +97,7 @@ def summarize(run: Path) -> dict[str, Any]:
 
 def baseline(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The baseline file's document: every run's summary (its per-step samples, hence each metric's
-    median and steps per run) and machine facts."""
+    pace and steps per run) and machine facts."""
     return {"kind": KIND, "schema_version": SCHEMA_VERSION, "runs": runs}
 
 
