@@ -3,7 +3,8 @@
 The verdict per metric is judged on each run's pace (:func:`noise.pace`: the quick quartile of its
 steps) against the baseline runs' noise band (:mod:`noise`): a regression needs NEW's pace outside
 the band, beyond ``--threshold`` and beyond a small absolute floor (a 0.4 ms phase going to 0.5 ms
-is not "+25%"), and the per-step evidence to agree. With one baseline run the band is unknown: a change the per-step statistics see but that stays inside ONE_RUN_CEILING is
+is not "+25%"), and the per-step evidence to agree. With one baseline run the band is unknown: a
+change the per-step statistics see but that stays inside ONE_RUN_CEILING is
 *inconclusive*; so is one inside a band wider than that ceiling (baseline runs that differ more than
 one run is assumed to), and any time that changed while NEW ran on another machine or beside more
 load (:mod:`machine`). The per-step statistics (a one-sided Mann-Whitney U test and a bootstrap
@@ -220,16 +221,17 @@ class _Judge:
         unit = unit or UNITS.get(name, "ms")
         ceiling = noise.ONE_RUN_CEILING_MEMORY if unit == "MiB" else noise.ONE_RUN_CEILING
         floor = self.timing_spread if unit in LOAD_BOUND_UNITS else noise.MIN_LOG_SPREAD
-        band = noise.band(paces(runs, name in HIGHER_IS_BETTER, unit in LOAD_BOUND_UNITS), ceiling, floor)
-        result, worse, better = self._evidence(name, scope, unit, runs, np.asarray(new, float), band)
+        run_paces = paces(runs, name in HIGHER_IS_BETTER, unit in LOAD_BOUND_UNITS)
+        band = noise.band(run_paces, ceiling, floor)
+        result, worse, better = self._evidence(name, scope, unit, runs, run_paces, np.asarray(new, float), band)
         if min([len(r) for r in runs] + [len(new)]) < MIN_SAMPLES:
             result.verdict, result.reason = "too few samples", f"fewer than {MIN_SAMPLES} steps in a run"
         else:
             result.verdict, result.reason = self._verdict(result, band, worse, better, ceiling)
         return result
 
-    def _evidence(self, name: str, scope: str, unit: str, runs: list[list[float]], n: np.ndarray,
-                  band: noise.NoiseBand) -> tuple[MetricResult, bool, bool]:
+    def _evidence(self, name: str, scope: str, unit: str, runs: list[list[float]], run_paces: list[float],
+                  n: np.ndarray, band: noise.NoiseBand) -> tuple[MetricResult, bool, bool]:
         """The metric's numbers, and whether the per-step evidence says worse, or better."""
         pooled = np.concatenate([np.asarray(r, float) for r in runs])
         higher_better, load_bound = name in HIGHER_IS_BETTER, unit in LOAD_BOUND_UNITS
@@ -242,7 +244,7 @@ class _Judge:
         result = MetricResult(name, scope, unit, "median" if q == 50 else f"p{q:g}", bm, nm,
                               (nm / bm - 1) * 100 if bm else math.nan, low, high, worse_p,
                               len(pooled), len(n), "unchanged", base_p90=_p90(pooled), new_p90=_p90(n),
-                              base_runs=[round(m, 6) for m in paces(runs, higher_better, load_bound)],
+                              base_runs=[round(m, 6) for m in run_paces],
                               noise_low_pct=(band.low - 1) * 100, noise_high_pct=(band.high - 1) * 100)
         worse = self._beyond(result, True, higher_better) and worse_p < ALPHA and (high < 1 if higher_better else low > 1)
         better = self._beyond(result, False, higher_better) and better_p < ALPHA and (low > 1 if higher_better else high < 1)
