@@ -23,6 +23,7 @@ import pytest
 from conftest import JOB_TIMEOUT_S, diagtrain_run, torchrun
 from diagtrain.profiler.analyzer import settings
 from diagtrain.profiler.analyzer.analyze import analyze
+from diagtrain.profiler.analyzer.judge.detectors.base import Steady
 from diagtrain.profiler.analyzer.judge.live import NO_PROGRESS, LiveJudge
 from diagtrain.profiler.analyzer.read import step_cache
 from diagtrain.profiler.analyzer.read.run_files import read_steps
@@ -125,7 +126,12 @@ def test_a_clean_run_has_no_live_warning(clean_job):
     assert [e for e in events(out) if e["severity"] in ACTIONABLE] == []
     [host] = out.glob("hosts/*/host.json")
     live = json.loads(host.read_text())["live"]
-    assert live["failed"] is None and live["last_step"] >= 40  # it did judge the clean steps
+    # It judged the clean steps: at least once past warm-up, where the detectors run. Not a step count:
+    # a judgement is paced by the CPU it took (~6 s here), and the job's last 100 steps can all fall
+    # after the last one (CI saw the last judgement at step 38 of 150).
+    steady = Steady.active()
+    assert live["failed"] is None and live["judgements"] >= 2, live
+    assert live["last_step"] > steady.warmup_steps + steady.min_steady_steps, live
     assert "live: " not in stderr
 
 
