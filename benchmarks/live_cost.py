@@ -3,10 +3,7 @@ under 2% of a core at 64 ranks, synthetic step records).
 
 Synthetic step records of a synchronous job (as tests/test_ledger.py's ``records_run``): every rank
 works data, forward, backward and optimizer with a little per-rank jitter, then waits in its backward
-all-reduce for the slowest rank; rank 1 is a straggler (+60 ms forward every step). The records carry
-every counter a real rank's do (memory, page faults, samples) and each host of 8 ranks writes the
-telemetry its wrapper samples every second: before 2026-11-26 (evening) they had neither, and a
-judgement cost a third of what the same judgement of a real run costs. The window's
+all-reduce for the slowest rank; rank 1 is a straggler (+60 ms forward every step). The window's
 ``window_steps`` steps are written first and judged once (the judge's first round: imports, first
 read). Each measured judgement is then the wrapper's steady state: every rank appends one more step
 and :meth:`LiveJudge.judge` runs once (read what is new, build the window's tables and ledger, run
@@ -46,9 +43,6 @@ from diagtrain.profiler.run_dir import write_json_atomic  # noqa: E402
 T0 = 1_790_000_000.0
 STRAGGLER, STRAGGLER_MS = 1, 60.0
 FIXED_INTERVALS_S = (2.0, 5.0)
-RANKS_PER_HOST = 8
-SAMPLE_S = 1.0  # the wrapper's telemetry interval (diagtrain run --telemetry-interval)
-RSS_BYTES = 2 * 2**30
 
 
 def own_ms(rank: int, step: int) -> dict[str, float]:
@@ -58,24 +52,18 @@ def own_ms(rank: int, step: int) -> dict[str, float]:
 
 
 class SyntheticJob:
-    """Step records appended to ``root/ranks/<r>/steps.jsonl`` as a running synchronous job would, with
-    the counters a real rank records and the telemetry its host's wrapper samples every second
-    (``hosts/<host>/telemetry.jsonl``, ``RANKS_PER_HOST`` ranks a host): judging those costs 3-4x what
-    the step phases alone cost."""
+    """Step records appended to ``root/ranks/<r>/steps.jsonl`` as a running synchronous job would."""
 
     def __init__(self, root: Path, ranks: int) -> None:
         self.root, self.ranks, self.step, self.clock = root, ranks, 0, T0
-        self.next_sample = T0
         for r in range(ranks):
             folder = root / "ranks" / str(r)
             folder.mkdir(parents=True)
-            write_json_atomic(folder / "rank.json", {"rank": r, "host": host(r), "hostname": host(r), "pid": 1000 + r,
+            write_json_atomic(folder / "rank.json", {"rank": r, "host": "node-a", "hostname": "node-a", "pid": 1,
                                                      "world_size": ranks})
-        for h in {host(r) for r in range(ranks)}:
-            (root / "hosts" / h).mkdir(parents=True)
 
     def append(self, steps: int = 1) -> None:
-        """Every rank finishes ``steps`` more steps; each host samples its ranks every second meanwhile."""
+        """Every rank finishes ``steps`` more steps."""
         lines: dict[int, list[str]] = {r: [] for r in range(self.ranks)}
         for _ in range(steps):
             self.step += 1
@@ -87,39 +75,14 @@ class SyntheticJob:
                           "optimizer": mine["optimizer"]}
                 wall = sum(phases.values()) + mine["outside"]
                 lines[r].append(json.dumps({
-                    "schema_version": 1, "rank": r, "step": self.step, "start": self.clock,
-                    "end": self.clock + wall / 1e3, "duration_ms": wall, "phases_ms": phases,
+                    "rank": r, "step": self.step, "start": self.clock, "end": self.clock + wall / 1e3,
+                    "duration_ms": wall, "phases_ms": phases,
                     "phase_comm_ms": {"data": 0.0, "forward": 0.0, "backward": wait, "optimizer": 0.0},
-                    "cpu_ms": wall - wait, "comm_ms": wait, "comm_calls": 1, "runq_ms": 0.1, "page_faults": 12,
-                    "rss_bytes": RSS_BYTES, "peak_mem_bytes": RSS_BYTES, "mem_source": "rss_peak", "samples": 8,
-                    "tokens": 512, "loss": 5.0 - 0.01 * self.step}))
+                    "comm_ms": wait, "comm_calls": 1, "runq_ms": 0.1, "cpu_ms": wall - wait}))
             self.clock += (slowest + 1.0) / 1e3
-            self._sample()
         for r, new in lines.items():
             with open(self.root / "ranks" / str(r) / "steps.jsonl", "a") as f:
                 f.write("\n".join(new) + "\n")
-
-    def _sample(self) -> None:
-        """The telemetry samples due by the job's clock: one of each host, one of each of its ranks."""
-        rows: dict[str, list[str]] = {}
-        while self.next_sample <= self.clock:
-            t = self.next_sample
-            for r in range(self.ranks):
-                rows.setdefault(host(r), []).append(json.dumps({
-                    "kind": "process", "rank": r, "pid": 1000 + r, "cpu_percent": 95.0, "rss_bytes": RSS_BYTES,
-                    "threads": 4, "time": t, "host": host(r)}))
-            for h in rows:
-                rows[h].append(json.dumps({"kind": "host", "cpu_percent": 95.0, "mem_used_bytes": 8 * RSS_BYTES,
-                                           "mem_total_bytes": 64 * RSS_BYTES, "others_cpu_percent": 1.0,
-                                           "time": t, "host": h}))
-            self.next_sample += SAMPLE_S
-        for h, new in rows.items():
-            with open(self.root / "hosts" / h / "telemetry.jsonl", "a") as f:
-                f.write("\n".join(new) + "\n")
-
-
-def host(rank: int) -> str:
-    return f"node-{rank // RANKS_PER_HOST}"
 
 
 def measure(ranks: int, reps: int, profile: bool) -> dict:
@@ -191,8 +154,7 @@ def _pooled(rows: list[dict]) -> dict:
 def markdown(sections: dict[str, list[dict]], facts: dict, settings: Live) -> str:
     lines = ["# Live judgement: the wrapper's CPU per judgement", "",
              f"{facts['date']}, {facts['cpu_count']} cores, load {facts['load_average_1_5_15']}, `{facts['command']}`", "",
-             f"Synthetic step records (a straggler on rank {STRAGGLER}, +{STRAGGLER_MS:g} ms forward a step) with "
-             f"a real rank's counters, and each host's telemetry ({RANKS_PER_HOST} ranks a host, a sample a second); "
+             f"Synthetic step records (a straggler on rank {STRAGGLER}, +{STRAGGLER_MS:g} ms forward a step), "
              f"{settings.window_steps} steps judged; one judgement after every rank appended a step, "
              "CPU by time.process_time. Interval: live.interval_s "
              f"({settings.interval_s:g} s), spaced to CPU / live.max_cpu_share ({settings.max_cpu_share:g}). "

@@ -20,7 +20,6 @@ processes. One whose excess is memory churn is reported as info and says so.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -103,78 +102,45 @@ class HostLoad:
 
 def host_loads(tables: Tables, steps: pd.DataFrame | None = None) -> dict[str, HostLoad]:
     """Per host of the run, its CPU load while its ranks ran ``steps`` (default: the steady ones)."""
+    hosts: dict[str, list[int]] = {}
+    for rank, host in tables.rank_hosts.items():
+        if host is not None:
+            hosts.setdefault(host, []).append(int(rank))
     s = Contention.active()
     whole_run = steps is None
     steps = steady(tables.steps) if steps is None else steps
-    ranks: dict[str, list[int]] = {}
-    for rank, host in tables.rank_hosts.items():
-        if host is not None:
-            ranks.setdefault(host, []).append(int(rank))
-    per_rank, samples = _per_rank(steps), _HostSamples.of(tables.telemetry)
-    return {host: _host_load(samples, host, sorted(mine), per_rank[per_rank.index.isin(mine)], whole_run, s)
-            for host, mine in ranks.items() if per_rank.index.isin(mine).any()}
+    return {host: _host_load(tables, host, sorted(ranks), steps[steps["rank"].isin(ranks)], whole_run, s)
+            for host, ranks in hosts.items() if not steps[steps["rank"].isin(ranks)].empty}
 
 
-def _per_rank(steps: pd.DataFrame) -> pd.DataFrame:
-    """Per rank of ``steps``: when its first step started and its last ended, and the medians of its
-    run-queue wait and step time over the steps that measured the wait (NaN where none did)."""
-    spans = steps.groupby("rank").agg(start=("start", "min"), end=("end", "max"))
-    if {"runq_ms", "wall_ms"} <= set(steps.columns) and steps["runq_ms"].notna().any():
-        return spans.join(steps.dropna(subset=["runq_ms"]).groupby("rank")[["runq_ms", "wall_ms"]].median())
-    return spans
-
-
-@dataclass
-class _HostSamples:
-    """The telemetry's columns host load needs, as arrays: judged per host of a large job, pandas'
-    overhead per filter was most of a live judgement's CPU (8 hosts: 0.17 s of 0.34 s)."""
-
-    rows: pd.DataFrame
-    host: np.ndarray
-    time: np.ndarray  # Unix seconds
-    is_host: np.ndarray  # a host sample (not a rank's, nor another process's)
-    is_other: np.ndarray
-    cpu: np.ndarray  # cpu_percent
-    others: np.ndarray  # others_cpu_percent
-
-    @classmethod
-    def of(cls, t: pd.DataFrame | None) -> _HostSamples | None:
-        if t is None or t.empty or "others_cpu_percent" not in t or "host" not in t:
-            return None
-        def numbers(column: str) -> np.ndarray:
-            return pd.to_numeric(t[column], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
-
-        kind = t["kind"].to_numpy(dtype=object)
-        return cls(t, t["host"].to_numpy(dtype=object), unix_seconds(t["time"]).to_numpy(dtype=float),
-                   kind == "host", kind == "other", numbers("cpu_percent"), numbers("others_cpu_percent"))
-
-
-def _host_load(samples: _HostSamples | None, host: str, ranks: list[int], per_rank: pd.DataFrame, whole_run: bool,
+def _host_load(tables: Tables, host: str, ranks: list[int], steps: pd.DataFrame, whole_run: bool,
                s: Contention) -> HostLoad:
-    span = (float(per_rank["start"].min()), float(per_rank["end"].max()))
+    span = (float(steps["start"].min()), float(steps["end"].max()))
     load = HostLoad(host, ranks, 0, 0, None, None, None, None, time_range=span)
-    if "runq_ms" in per_rank and per_rank["runq_ms"].notna().any():
-        measured = per_rank.dropna(subset=["runq_ms"])
-        load.runq_ms = float(measured["runq_ms"].median())
-        load.runq_share = float((measured["runq_ms"] / measured["wall_ms"]).median())
-    if samples is None:
+    if {"runq_ms", "wall_ms"} <= set(steps.columns) and steps["runq_ms"].notna().any():
+        per_rank = steps.dropna(subset=["runq_ms"]).groupby("rank")
+        load.runq_ms = float(per_rank["runq_ms"].median().median())
+        load.runq_share = float((per_rank["runq_ms"].median() / per_rank["wall_ms"].median()).median())
+    t = tables.telemetry
+    if t is None or t.empty or "others_cpu_percent" not in t or "host" not in t:
         return load
-    mine = samples.host == host
+    t = t[t["host"] == host]
+    times = unix_seconds(t["time"])
     # A sample describes the interval before it. Some steps are judged by the samples inside them; the
     # whole run also by the one just after its last step (a run of a few hundred milliseconds of steps
     # has no sample inside them at 1 Hz).
-    host_times = np.unique(samples.time[mine & samples.is_host])
-    interval = float(np.median(np.diff(host_times))) if len(host_times) > 1 else math.nan
+    interval = float(times[t["kind"] == "host"].drop_duplicates().sort_values().diff().median())
     after = (interval if interval > 0 else s.default_interval_s) if whole_run else 0.0
-    inside = mine & (samples.time >= span[0]) & (samples.time <= span[1] + after)
-    judged = inside & samples.is_host & ~np.isnan(samples.others)
-    contended = judged & (samples.cpu >= s.saturated_percent) & (samples.others >= s.others_min_percent)
-    load.samples, load.contended = int(judged.sum()), int(contended.sum())
-    if load.contended:
-        load.others_percent = float(np.median(samples.others[contended]))
-        load.host_percent = float(np.median(samples.cpu[contended]))
-    if (inside & samples.is_other).any():
-        others = samples.rows[inside & samples.is_other]
+    t = t[times.between(span[0], span[1] + after)]
+    samples = t[(t["kind"] == "host") & t["others_cpu_percent"].notna()]
+    contended = samples[(samples["cpu_percent"] >= s.saturated_percent)
+                        & (samples["others_cpu_percent"] >= s.others_min_percent)]
+    load.samples, load.contended = len(samples), len(contended)
+    if len(contended):
+        load.others_percent = float(contended["others_cpu_percent"].median())
+        load.host_percent = float(contended["cpu_percent"].median())
+    others = t[t["kind"] == "other"]
+    if len(others):
         busiest = others.groupby(["pid", "name"])["cpu_percent"].agg(["median", "size", "sum"]).sort_values("sum", ascending=False)
         load.processes = [{"pid": int(pid), "name": str(name), "cpu_percent": float(row["median"]), "samples": int(row["size"])}
                           for (pid, name), row in busiest.head(s.named_processes).iterrows()]

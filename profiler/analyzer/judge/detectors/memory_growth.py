@@ -92,11 +92,8 @@ def detect(tables: Tables) -> list[Finding]:
     if steps.empty or not any(m in steps for m in MEMORIES):
         return []
     steps = steps[steps["step"] > max(s.warmup_steps, Steady.active().warmup_steps)]
-    series, growths = _Series.of(steps), []
-    for memory in (m for m in MEMORIES if m in steps):
-        values = _ordered(steps[memory], series.order)
-        growths += [g for rank, at in series.by_rank()
-                    if (g := _growth(rank, memory, at, values[at], series, s)) is not None]
+    growths = [g for memory in MEMORIES if memory in steps
+               for rank, rows in steps.groupby("rank") if (g := _growth(int(rank), memory, rows, s)) is not None]
     _capacity(growths, tables)
     by_rank: dict[int, list[Growth]] = {}
     for g in growths:
@@ -104,41 +101,8 @@ def detect(tables: Tables) -> list[Finding]:
     return [_finding(found, tables, s) for _, found in sorted(by_rank.items())]
 
 
-@dataclass
-class _Series:
-    """The steps' columns a rank's growth is fitted on, as arrays in (rank, step) order: fitted per rank
-    of a large job, pandas' overhead per rank was a third of a live judgement's CPU at 64 ranks."""
-
-    order: np.ndarray  # row positions in the steps table, by rank then step
-    rank: np.ndarray
-    step: np.ndarray
-    profiled: np.ndarray
-    wall_ms: np.ndarray
-
-    @classmethod
-    def of(cls, steps: pd.DataFrame) -> _Series:
-        order = np.lexsort((steps["step"].to_numpy(), steps["rank"].to_numpy()))
-        profiled = (steps["profiled"].fillna(False).to_numpy(dtype=bool)[order] if "profiled" in steps
-                    else np.zeros(len(order), bool))
-        wall = _ordered(steps["wall_ms"], order) if "wall_ms" in steps else np.full(len(order), np.nan)
-        return cls(order, steps["rank"].to_numpy()[order], _ordered(steps["step"], order), profiled, wall)
-
-    def by_rank(self) -> list[tuple[int, np.ndarray]]:
-        """Each rank and its positions in these arrays, ranks in order."""
-        if not len(self.rank):
-            return []
-        starts = np.flatnonzero(np.r_[True, self.rank[1:] != self.rank[:-1]])
-        return [(int(self.rank[i]), np.arange(i, j)) for i, j in zip(starts, np.r_[starts[1:], len(self.rank)])]
-
-
-def _ordered(column: pd.Series, order: np.ndarray) -> np.ndarray:
-    """A column of the steps table in ``order``, as floats (NaN where missing)."""
-    return column.to_numpy(dtype=float, na_value=np.nan)[order]
-
-
-def _growth(rank: int, memory: str, at: np.ndarray, values: np.ndarray, series: _Series,
-            s: MemoryGrowth) -> Growth | None:
-    """The rank's steady rise of ``memory`` (``values``, in its steps' order ``at``), if it is one.
+def _growth(rank: int, memory: str, rows: pd.DataFrame, s: MemoryGrowth) -> Growth | None:
+    """The rank's steady rise of ``memory`` over these steps, if it is one.
 
     The profiler keeps its events in host memory while it records and builds its trace when the
     window ends: a rank's RSS rises in profiled steps and the step after each window, whatever the
@@ -146,13 +110,12 @@ def _growth(rank: int, memory: str, at: np.ndarray, values: np.ndarray, series: 
     the series is fitted as if they had risen at the median of the other steps' rises, and the growth
     that must reach ``min_growth_share`` is the other steps' alone.
     """
-    known = ~np.isnan(values)
-    at, y = at[known], values[known]
-    if len(at) < s.min_steps:
+    rows = rows[rows[memory].notna()].sort_values("step")
+    if len(rows) < s.min_steps:
         return None
-    x = series.step[at]
+    x, y = rows["step"].to_numpy(dtype=float), rows[memory].to_numpy(dtype=float)
     per_step = np.diff(y) / np.diff(x)
-    profiled = series.profiled[at]
+    profiled = rows["profiled"].fillna(False).to_numpy(dtype=bool) if "profiled" in rows else np.zeros(len(x), bool)
     # A rise that ends in a profiled step, or in the one right after it (the trace is built then).
     touched = (profiled[1:] | profiled[:-1]) if memory == "rss_bytes" else np.zeros(len(per_step), bool)
     own = per_step[~touched]
@@ -169,11 +132,10 @@ def _growth(rank: int, memory: str, at: np.ndarray, values: np.ndarray, series: 
     rising = int((own >= s.rise_of_rate * rate).sum())
     if rising < s.rising_share * len(own):
         return None
-    wall = series.wall_ms[at]
-    wall = wall[~np.isnan(wall)]
-    return Growth(rank, memory, [int(v) for v in x], start, end, own_growth, rate, rising, len(own),
-                  float(np.median(wall)) if len(wall) else math.nan,
-                  profiled_steps=[int(v) for v, t in zip(x[1:], touched) if t])
+    wall = rows["wall_ms"] if "wall_ms" in rows else pd.Series(dtype=float)
+    return Growth(rank, memory, [int(v) for v in rows["step"]], start, end, own_growth, rate, rising, len(own),
+                  float(wall.median()) if wall.notna().any() else math.nan,
+                  profiled_steps=[int(v) for v, t in zip(rows["step"].iloc[1:], touched) if t])
 
 
 def theil_sen(x: np.ndarray, y: np.ndarray) -> float:
