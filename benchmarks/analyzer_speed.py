@@ -41,7 +41,7 @@ from common import machine, save
 from measure import run_measured_detail
 from synthetic import relabeled_copies, write_trace
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces" / "hta"
+SHARED = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "public" / "traces" / "hta"
 REAL = SHARED / "nccl_2rank_rank0.json.gz"  # a real 2-rank NCCL training trace, ~40k events
 WORKERS = os.cpu_count() or 1  # diagtrain's default --workers, and the floor's pool
 TOOLS = ("floor", "diagtrain", "hta", "start")

@@ -24,7 +24,7 @@ from synthetic import relabeled_copies, trace_set
 from diagtrain.profiler.analyzer import analyze
 from diagtrain.profiler.analyzer.judge import critical_path
 from diagtrain.profiler.analyzer.rank import pipeline, work_segments
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces" / "hta"
+SHARED = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "public" / "traces" / "hta"
 REAL = SHARED / "nccl_2rank_rank0.json.gz"
 SETS = {
     "8": ("8 ranks of a real NCCL trace", lambda d: relabeled_copies(REAL, d, 8)),

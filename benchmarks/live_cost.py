@@ -124,7 +124,7 @@ def measure(ranks: int, reps: int, profile: bool) -> dict:
 def in_turns(before: Path, ranks: list[int], reps: int, rounds: int) -> dict[str, list[dict]]:
     """Each rank count measured by the older code and by this code in turns, in fresh processes; per
     code, one row per rank count over all its rounds' judgements."""
-    code = {"before": str(before), "after": str(Path(__file__).resolve().parents[2])}
+    code = {"before": str(before), "after": ""}  # "": no PYTHONPATH, the installed (this) diagtrain
     found: dict[str, dict[int, list[dict]]] = {name: {n: [] for n in ranks} for name in code}
     for _ in range(rounds):
         for n in ranks:

@@ -21,6 +21,35 @@ from diagtrain.profiler.analyzer.read.stderr_errors import PROCESS_DEATHS, parse
 # A trainer job that has not finished by then is stuck; the suite must not wait forever.
 JOB_TIMEOUT_S = 240
 
+JOBS_MARKER = "jobs"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{JOBS_MARKER}: starts processes (real multi-process jobs, the CLI, a browser, "
+                            "a Dask cluster); `pytest -m 'not jobs'` runs the rest, in-process, in about a minute")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """A test not marked ``jobs`` that starts a process fails, naming itself: the quick set stays quick.
+
+    Covers the test, its fixtures of every scope (set up inside its first test) and their teardown."""
+    if item.get_closest_marker(JOBS_MARKER) is not None:
+        yield
+        return
+    import multiprocessing.process
+
+    def refuse(*args, **kwargs):
+        pytest.fail(f"{item.nodeid} starts a process: mark it @pytest.mark.{JOBS_MARKER} (tests/conftest.py)",
+                    pytrace=False)
+
+    spawn, start = subprocess.Popen._execute_child, multiprocessing.process.BaseProcess.start
+    subprocess.Popen._execute_child, multiprocessing.process.BaseProcess.start = refuse, refuse
+    try:
+        yield
+    finally:
+        subprocess.Popen._execute_child, multiprocessing.process.BaseProcess.start = spawn, start
+
 # A shell without job control starts a background command with SIGINT ignored, and every child inherits
 # that: `diagtrain run` then leaves Ctrl-C ignored, as it should under nohup, and each test that sends one
 # waits out JOB_TIMEOUT_S. The tests send it on purpose, so it is restored for what they start.
@@ -213,3 +242,33 @@ def pipeline_job(tmp_path_factory) -> Run:
     out = tmp_path_factory.mktemp("plan") / "pp"
     return diagtrain_run(out, "--profile-steps", "2-3", "--", sys.executable, "-m", "diagtrain.profiler.cli", "train",
                          *PIPELINE)
+
+
+# gloo's own timeout, with no watchdog: rank 1 skips step 3's loss all-reduce and rank 0 waits in it until
+# --pg-timeout; the job fails on its own.
+PG_TIMEOUT_S = 5
+
+
+@pytest.fixture(scope="session")
+def gloo_timeout_run(tmp_path_factory) -> Run:
+    """A 2-rank reference-trainer job that gloo's timeout ends (not ``diagtrain run``): the fault injector's
+    and the stderr reader's tests both read it."""
+    return train(tmp_path_factory.mktemp("gloo_timeout") / "run", "--strategy", "ddp", "--steps", "5",
+                 "--pg-timeout", str(PG_TIMEOUT_S), "--inject", "hang:rank=1,step=3", check=False)
+
+
+USER_SCRIPTS = Path(__file__).resolve().parents[1] / "benchmarks" / "user_scripts"
+
+
+@pytest.fixture(scope="session")
+def slow_rank_ddp(tmp_path_factory) -> tuple[Path, dict]:
+    """The accuracy suite's plain DDP script over a DataLoader, 2 ranks, 6 steps, steps 3-5 profiled, rank 1
+    sleeping 80 ms before every forward; analyzed. The run directory and its report: the user-script, ledger
+    and transfer-time tests all read this one job."""
+    from diagtrain.profiler.analyzer.analyze import analyze
+
+    out = tmp_path_factory.mktemp("slow_rank") / "run"
+    diagtrain_run(out, "--profile-steps", "3-5", "--no-analyze", "--", *torchrun(2), str(USER_SCRIPTS / "ddp_loader.py"),
+                  "--slow-rank", "1", "--slow-ms", "80", "--steps", "6")
+    return out, analyze(out, out, ["json"], workers=1)
+

@@ -16,8 +16,10 @@ import pytest
 from conftest import diagtrain_run, on_training
 from diagtrain.profiler.analyzer.report import summary
 from diagtrain.profiler.util.text import ranges
+from public_fixtures import HTA_TRACES as TRACES
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "hta"
+pytestmark = pytest.mark.jobs  # every test here starts processes (tests/conftest.py)
+
 USAGE = 2
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 import torch
 from conftest import diagtrain_run, load_trace, torchrun
 
@@ -18,6 +20,8 @@ from diagtrain.profiler.collect.auto_profile import (
 )
 from diagtrain.profiler.rank.instrument import StepRecorder
 from diagtrain.profiler.run_dir import PROFILE_WINDOWS_FILE, RankIndex, write_json_atomic
+
+pytestmark = pytest.mark.jobs  # every test here starts processes (tests/conftest.py)
 
 PLAIN_JOB = Path(__file__).parent / "scripts" / "plain_job.py"
 

@@ -162,6 +162,7 @@ def assert_skipped(doc: dict, names: list[str], paths: list[Path], mutation: str
 ALONE = ["ranks/0/TRACE", "ranks/0/steps.jsonl", "ranks/0/flight_recorder.json"]
 
 
+@pytest.mark.jobs
 @pytest.mark.parametrize("name", ALONE)
 @pytest.mark.parametrize("mutation", CONTENT)
 def test_one_file_with_bad_content(base, tmp_path, name, mutation):
@@ -175,6 +176,7 @@ def test_one_file_with_bad_content(base, tmp_path, name, mutation):
         assert rank0["compute_us"]  # its trace
 
 
+@pytest.mark.jobs
 @pytest.mark.parametrize("mutation", MUTATIONS)
 def test_every_file_made_bad_at_once(base, tmp_path, mutation):
     """Every file of rank 0 and of the run made bad together: each one named, rank 1 analyzed in full."""
@@ -305,6 +307,7 @@ MUST_SKIP = {"manifest.json holding a list", "manifest.json with wrong fields", 
              "flight recorder with wrong types", "steps.jsonl with garbage in the middle"}
 
 
+@pytest.mark.jobs
 @pytest.mark.parametrize("case", SPECIAL)
 def test_the_cases_that_stopped_the_analysis(base, tmp_path, case):
     keep = tmp_path / "keep"
@@ -378,6 +381,7 @@ def test_nccls_own_pickled_dump_still_reads():
     assert dump["entries"][0]["process_group"] == ("0", "default_pg") and dump["malformed_entries"] == 0
 
 
+@pytest.mark.jobs
 def test_impossible_step_times_are_flagged_and_blame_nobody(base, tmp_path):
     path = base / "ranks/1/steps.jsonl"
     records = _steps_lines(base, 1)
@@ -394,6 +398,7 @@ def test_impossible_step_times_are_flagged_and_blame_nobody(base, tmp_path):
     assert doc["ranks"][1]["steps"] == 3 and doc["ranks"][1]["step_time_median_us"] < 10e6
 
 
+@pytest.mark.jobs
 def test_impossible_event_times_are_left_out(base, tmp_path):
     path = _resolve(base, "ranks/0/TRACE")
     doc = _trace_doc(base)
@@ -414,6 +419,7 @@ def test_impossible_event_times_are_left_out(base, tmp_path):
     assert "every event has an impossible time" in skipped_reason(report_doc, path)
 
 
+@pytest.mark.jobs
 def test_a_window_cut_before_its_first_step_ended(base, tmp_path):
     """A Ctrl-C during a profiled window: one rank's trace holds no finished step. Its empty step
     table made every rank's step times objects, and the analysis stopped at the first join."""
@@ -426,6 +432,7 @@ def test_a_window_cut_before_its_first_step_ended(base, tmp_path):
     assert report_doc["ranks"][0]["profiled_steps"] == 0 and report_doc["ranks"][1]["profiled_steps"] == 2
 
 
+@pytest.mark.jobs
 @pytest.mark.parametrize("what", ["ranks/0 a file", "ranks a file"])
 def test_a_rank_folder_that_is_not_a_folder(base, tmp_path, what):
     target = base / what.split()[0]
@@ -440,6 +447,7 @@ def test_a_rank_folder_that_is_not_a_folder(base, tmp_path, what):
         shutil.move(tmp_path / "kept", target)
 
 
+@pytest.mark.jobs
 def test_unreadable_ranks_come_back_from_worker_processes(base, tmp_path):
     """The pool path (several ranks, several workers) skips a bad rank exactly as the in-process one."""
     traces = [_resolve(base, "ranks/0/TRACE"), next((base / "ranks/1").glob("trace-*.json.gz"))]

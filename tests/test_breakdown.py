@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import logging
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -14,8 +13,8 @@ import pytest
 from diagtrain.profiler.util import intervals as iv
 from diagtrain.profiler.analyzer.rank.breakdown import cpu_breakdown, gpu_breakdown
 from diagtrain.profiler.analyzer.read.trace_file import read_trace
+from public_fixtures import HTA_TRACES as TRACES
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "hta"
 GPU_TRACES = ["nccl_2rank_rank0", "sampled_128rank_rank0", "sampled_128rank_rank1", "rocm_mi250_minitoy"]
 AGREEMENT = 0.01  # the bar: within 1% of HTA's value
 OVERLAP_POINTS = 1.0  # and overlap within one percentage point

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.jobs  # every test here starts processes (tests/conftest.py)
+
 USAGE = 2
 
 

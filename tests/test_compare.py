@@ -1,4 +1,4 @@
-"""`diagtrain compare` and `diagtrain baseline` on real runs of the reference trainer."""
+"""`diagtrain compare` and `diagtrain baseline` on real runs of the reference trainer (recorded: tests/recorded.py)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import diagtrain_run
+from recorded import copy_run
 
+from diagtrain.profiler.analyzer.analyze import analyze
 from diagtrain.profiler.util.stats import bootstrap_ratio_of_medians, mann_whitney_greater
 
-TRAINER = ["--strategy", "ddp", "--nproc", "2", "--steps", "30", "--dim", "256", "--seq-len", "64"]
-# Rank 1's forward gets this much slower: x2.5-x6 of its forward here (50-100 ms beside other jobs),
-# so that either it lies beyond three clean runs' noise band or that band is too wide to decide.
-STRAGGLER_MS = 150
+pytestmark = pytest.mark.jobs  # every test here starts processes (tests/conftest.py)
+
 BASELINE_RUNS = ("clean1", "clean2", "clean3")
 
 
@@ -28,12 +27,13 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
+    """Four clean runs and a straggler (rank 1's forward STRAGGLER_MS slower), recorded (tests/recorded.py)
+    and analyzed afresh; the baseline of the first three."""
     root = tmp_path_factory.mktemp("compare")
     made = {}
-    for name, extra in (("clean1", []), ("clean2", []), ("clean3", []), ("clean4", []),
-                        ("straggler", ["--inject", f"straggler:rank=1,ms={STRAGGLER_MS}"])):
-        made[name] = root / name
-        diagtrain_run(made[name], "--", sys.executable, "-m", "diagtrain.profiler.cli", "train", *TRAINER, *extra)
+    for name in ("clean1", "clean2", "clean3", "clean4", "straggler"):
+        made[name] = copy_run(f"compare-{name}", root / name)
+        analyze(made[name], made[name], ["json"], workers=1)
     made["baseline"] = root / "baseline.json"
     proc = cli("baseline", *(str(made[r]) for r in BASELINE_RUNS), "-o", str(made["baseline"]))
     assert proc.returncode == 0, proc.stderr

@@ -252,6 +252,7 @@ def test_a_job_shorter_than_the_sampling_interval_is_judged_by_the_sample_after_
     assert contention.ranks == [0, 1] and "hog (pid 4242) 90%" in contention.explanation
 
 
+@pytest.mark.jobs
 def test_other_processes_on_the_host_are_named_with_their_cpu(monkeypatch):
     # On a crowded machine a spinning process may get only a few percent of a core, behind many
     # others: name them all.

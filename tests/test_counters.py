@@ -12,6 +12,8 @@ from conftest import Run, diagtrain_run, on_training, torchrun
 
 from diagtrain.profiler.rank.counters import LEARN_STEPS, Counters, PhaseClock
 
+pytestmark = pytest.mark.jobs  # every test here starts processes (tests/conftest.py)
+
 PLAIN_JOB = Path(__file__).parent / "scripts" / "plain_job.py"
 SLEEP_MS = 150  # rank 1's pause before forward: far above the ~10 ms a step takes here
 STALL_MS = 120  # rank 0's slow batch, every 3rd step

@@ -209,6 +209,7 @@ def straggler_run(tmp_path_factory) -> tuple[Path, dict]:
     return out, json.loads((out.parent / "analysis" / "report.json").read_text())
 
 
+@pytest.mark.jobs
 def test_the_path_of_a_straggling_step_runs_through_its_forward(straggler_run):
     out, report = straggler_run
     section = report["critical_path"]
@@ -222,6 +223,7 @@ def test_the_path_of_a_straggling_step_runs_through_its_forward(straggler_run):
     assert f"worst step (step {worst['step']}" in markdown and "rank 1 forward" in markdown
 
 
+@pytest.mark.jobs
 def test_removing_the_straggler_saves_what_was_injected(straggler_run, tmp_path):
     out, report = straggler_run
     inputs, _ = discover(out)

@@ -30,11 +30,11 @@ from diagtrain.profiler.analyzer.read.nccl_log import parse_nccl_log
 from diagtrain.profiler.analyzer.read.trace_file import TraceError, TraceFile, read_trace
 from diagtrain.profiler.analyzer.run.tables import _dump_and_problems
 from diagtrain.profiler.util.bounded_read import InputError
+from public_fixtures import NVRX_GPU_ERROR_1ST, PUBLIC
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-TRACES = {p.name.split(".")[0]: p for p in sorted((SHARED / "traces").glob("*/*.json.gz"))}
+TRACES = {p.name.split(".")[0]: p for p in sorted((PUBLIC / "traces").glob("*/*.json.gz"))}
 SMALL = ["rocm_mi250_minitoy", "cpu_only_gloo_rank34", "sampled_128rank_rank0", "h100_bert_small_inference__1016001"]
-DUMPS = sorted((SHARED / "flight-recorder" / "nvrx-gpu-error").glob("_dump_*"))
+DUMPS = sorted(NVRX_GPU_ERROR_1ST.glob("_dump_*"))
 NCCL_LOG = Path(__file__).parent / "fixtures" / "logs" / "nccl_info_8rank.log"
 EXAMPLES = settings(max_examples=12, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -57,6 +57,7 @@ def the_straggler(run: RunData) -> int:
     return index
 
 
+@pytest.mark.jobs
 def test_run_data_lanes_and_times(straggler):
     assert [lane.rank for lane in straggler.lanes] == [0, 1, 2, 3]
     assert all(lane.label.endswith(f"r{lane.rank}") for lane in straggler.lanes)
@@ -86,6 +87,7 @@ def test_a_users_device_mesh_labels_lanes():
     assert [lane.label for lane in data.lanes({"structure": structure}, steps, {})] == ["r2 dp1 tp0", "r3 dp1 tp1"]
 
 
+@pytest.mark.jobs
 def test_timeline_zoomed_out_is_step_blocks_on_every_rank(straggler):
     fig = timeline.figure(straggler, timeline.full_window(straggler))
     meta = fig["layout"]["meta"]
@@ -99,6 +101,7 @@ def _empty_phases(run: RunData) -> int:
     return int(sum((run.steps[f"{p}_ms"].fillna(0) <= 0).sum() for p in run.phases))
 
 
+@pytest.mark.jobs
 def test_timeline_zoomed_in_shows_the_spans_of_profiled_steps(straggler):
     s = straggler.steps
     window = timeline.Window(float(s[s["step"] == 4]["start"].min()), float(s[s["step"] == 5]["end"].max()))
@@ -151,6 +154,7 @@ def synthetic_run(ranks: int, spans_per_rank: int) -> RunData:
     return run
 
 
+@pytest.mark.jobs
 def test_clicking_a_finding_opens_the_timeline_at_its_range(straggler):
     board = app.Dashboard([straggler])
     index = the_straggler(straggler)
@@ -166,6 +170,7 @@ def test_clicking_a_finding_opens_the_timeline_at_its_range(straggler):
         board.open_finding({"type": "finding", "index": index}, [0] * len(straggler.findings), 0)
 
 
+@pytest.mark.jobs
 def test_zoom_reset_and_lane_choice_callbacks(straggler):
     board = app.Dashboard([straggler])
     zoomed, _ = board.update_timeline("timeline", None, {"xaxis.range[0]": 0.1, "xaxis.range[1]": 0.2}, None, 0)
@@ -178,6 +183,7 @@ def test_zoom_reset_and_lane_choice_callbacks(straggler):
         board.update_timeline("timeline", None, {"autosize": True}, None, 0)
 
 
+@pytest.mark.jobs
 def test_steps_heatmap_marks_the_straggler(straggler):
     assert heatmap.default_metric(straggler) == "forward_ms"  # the finding's phase
     fig = heatmap.figure(straggler, "forward_ms", heatmap.RELATIVE)
@@ -192,6 +198,7 @@ def test_steps_heatmap_marks_the_straggler(straggler):
     assert {o["value"] for o in heatmap.metrics(straggler)} >= {"wall_ms", "forward_ms", "compute_ms", "wait_ms"}
 
 
+@pytest.mark.jobs
 def test_communication_tables(straggler):
     rows, columns, note = communication.table(straggler, communication.SUMMARY)
     ops = {(r["op"], r["group"]) for r in rows}
@@ -204,6 +211,7 @@ def test_communication_tables(straggler):
     assert communication.topology(straggler) == []  # gloo: no NCCL logs
 
 
+@pytest.mark.jobs
 def test_memory_shows_the_model_state_as_part_of_each_peak(straggler):
     fig = memory.peaks(straggler)
     state, rest, median = fig["data"]
@@ -218,6 +226,7 @@ def test_memory_shows_the_model_state_as_part_of_each_peak(straggler):
     assert all(t.startswith(f"state {s:.1f} MiB (") for t, s in zip(rest["text"], state["y"]))
 
 
+@pytest.mark.jobs
 def test_memory_over_time_has_one_legend_entry_per_kind(straggler):
     lines = memory.over_time(straggler)["data"]
     assert len(lines) == 8  # 4 ranks' step peaks and 4 ranks' RSS
@@ -232,6 +241,7 @@ def test_memory_over_time_has_one_legend_entry_per_kind(straggler):
     assert len({c for cs in by_rank.values() for c in cs}) == 4
 
 
+@pytest.mark.jobs
 def test_every_collective_group_is_named_or_its_absence_explained(pipeline_job):
     run = data.load(pipeline_job.out)
     rows, _, _ = communication.table(run, communication.SUMMARY)
@@ -248,6 +258,7 @@ def test_every_collective_group_is_named_or_its_absence_explained(pipeline_job):
     assert set(labels[p2p]) == {communication.UNKNOWN_P2P} and set(labels[~p2p]) == {communication.UNKNOWN_CPU}
 
 
+@pytest.mark.jobs
 def test_telemetry_view(straggler):
     assert telemetry.default_metric(straggler) == "cpu_percent"
     fig = telemetry.figure(straggler, "rss_bytes")
@@ -266,6 +277,7 @@ def test_telemetry_names_the_other_processes_on_a_host():
     assert [t["name"] for t in telemetry.figure(run, "others_cpu_percent")["data"]] == ["host vm"]
 
 
+@pytest.mark.jobs
 def test_compare_view_shows_the_verdicts_of_diagtrain_compare(clean, straggler):
     board = app.Dashboard([clean, straggler])
     verdict, changes, fig, rows = board.update_compare(10)
@@ -281,6 +293,7 @@ def test_compare_view_shows_the_verdicts_of_diagtrain_compare(clean, straggler):
     assert [t["name"].split(":")[0] for t in fig["data"]] == ["BASE", "NEW"]
 
 
+@pytest.mark.jobs
 def test_the_compare_tab_lists_what_the_cli_lists(clean, straggler):
     """Causes, notes and the findings by cause: the same lines as `diagtrain compare --format md`."""
     proc = subprocess.run([sys.executable, "-m", "diagtrain.profiler.cli", "compare", str(clean.path), str(straggler.path),
@@ -293,6 +306,7 @@ def test_the_compare_tab_lists_what_the_cli_lists(clean, straggler):
     assert [line for line in shown if line != compare.BY_CAUSE] == listed
 
 
+@pytest.mark.jobs
 def test_every_tab_renders(straggler, clean):
     board = app.Dashboard([clean, straggler])
     for tab, _ in app.TABS:
@@ -300,6 +314,7 @@ def test_every_tab_renders(straggler, clean):
     assert board.run(7) is clean  # an index nobody gave is the first run, never a path
 
 
+@pytest.mark.jobs
 def test_the_server_serves_only_its_runs(straggler):
     dash_app = app.build([straggler])
     client = dash_app.server.test_client()
@@ -321,6 +336,7 @@ def test_the_server_serves_only_its_runs(straggler):
     assert figure["data"][0]["y"] == [0, 1, 2, 3]
 
 
+@pytest.mark.jobs
 def test_command_line_errors(tmp_path, straggler):
     def dashboard(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "diagtrain.profiler.cli", "dashboard", *args], capture_output=True,
@@ -342,6 +358,7 @@ def test_command_line_errors(tmp_path, straggler):
     assert "127.0.0.1" in dashboard("--help").stdout
 
 
+@pytest.mark.jobs
 def test_requests_larger_than_the_limit_are_refused_unread(straggler):
     client = app.build([straggler]).server.test_client()
     body = b"{" + b" " * (app.MAX_REQUEST_BYTES + 1) + b"}"
@@ -350,6 +367,7 @@ def test_requests_larger_than_the_limit_are_refused_unread(straggler):
     assert client.get("/_dash-layout").status_code == 200  # the server still answers
 
 
+@pytest.mark.jobs
 @pytest.mark.parametrize("bound,header,allowed", [
     ("127.0.0.1", "127.0.0.1:8050", True), ("127.0.0.1", "localhost:8050", True), ("127.0.0.1", "LOCALHOST", True),
     ("127.0.0.1", "[::1]:8050", True), ("127.0.0.1", "attacker.example:8050", False),
@@ -366,6 +384,7 @@ def test_a_page_served_under_another_name_is_refused(straggler, bound, header, a
             assert response.status_code == 403 and b"schema_version" not in response.data
 
 
+@pytest.mark.jobs
 @pytest.mark.parametrize("threshold", ["5", -1, float("nan"), float("inf"), 1e9, True, [5], {"a": 1}])
 def test_a_threshold_that_is_not_a_percentage_is_refused(clean, straggler, threshold):
     board = app.Dashboard([clean, straggler])
@@ -373,6 +392,7 @@ def test_a_threshold_that_is_not_a_percentage_is_refused(clean, straggler, thres
     assert verdict.startswith("The threshold must be a number from 0 to 1000") and changes == [] and rows == []
 
 
+@pytest.mark.jobs
 def test_the_threshold_through_the_server(clean, straggler):
     client = app.build([clean, straggler]).server.test_client()
     payload = {"output": "..compare-verdict.children...compare-findings.children...compare-steps.figure..."
@@ -386,6 +406,7 @@ def test_the_threshold_through_the_server(clean, straggler):
     assert "must be a number" in json.loads(response.data)["response"]["compare-verdict"]["children"]
 
 
+@pytest.mark.jobs
 def test_a_damaged_analysis_is_a_clear_error(straggler, tmp_path):
     run = tmp_path / "run"
     (run / "analysis").mkdir(parents=True)
@@ -398,7 +419,7 @@ def test_a_damaged_analysis_is_a_clear_error(straggler, tmp_path):
     (run / "report.json").write_bytes((straggler.path / "report.json").read_bytes())
     timeline_doc = json.loads((run / "analysis/timeline.json").read_text())
     for info in timeline_doc["ranks"].values():
-        info["spans"] = "../../../../../../etc/passwd"
+        info["spans"] = "../../../../../../etc/passwd"  # not read: a traversal the dashboard must refuse
     (run / "analysis/timeline.json").write_text(json.dumps(timeline_doc))
     loaded = data.load(run)
     assert all(loaded.spans(lane.rank) is None for lane in loaded.lanes)  # never read outside analysis/
@@ -460,6 +481,7 @@ def test_one_meaning_per_colour_and_the_profiler_export_drawn():
     assert fig["layout"]["legend"]["title"]["text"].find("phases per step") >= 0
 
 
+@pytest.mark.jobs
 def test_responses_are_compressed(straggler):
     client = app.build([straggler]).server.test_client()
     response = client.get("/_dash-layout", headers={"Accept-Encoding": "gzip"})
@@ -482,6 +504,7 @@ def test_clicking_a_group_row_opens_it_into_its_ranks():
         board.expand_group({"points": [{"x": 1.0, "y": 0}]}, None, None, [], 0)  # the straggler's own lane
 
 
+@pytest.mark.jobs
 def test_the_overview_says_where_the_time_went(straggler):
     head, rows = overview.time_lost(straggler.report)
     [f] = [f for f in straggler.findings if f["kind"] == "straggler"]

@@ -44,6 +44,8 @@ from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
+pytestmark = pytest.mark.jobs  # every test here starts processes (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def server(dashboard_runs, tmp_path_factory):

@@ -20,8 +20,10 @@ from distributed import LocalCluster
 
 from diagtrain.profiler.analyzer.analyze import analyze
 from diagtrain.profiler.cli import main
+from public_fixtures import HTA_TRACES as TRACES
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "hta"
+pytestmark = pytest.mark.jobs  # every test here starts processes (tests/conftest.py)
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 USAGE = 2
 DASK_START_S = 60  # a scheduler or worker on a busy 2-core machine is up in seconds; this is for a stuck one

@@ -63,7 +63,7 @@ def test_no_link_or_path_leads_outside_the_repository():
                 problems.append(f"{page.relative_to(ROOT)}: {target} (climbs out of the repository)")
             elif target in [a or b for a, b in LINK.findall(text)] and not resolved.exists():
                 problems.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
-        if "/work/" in text or "shared/DESIGN" in text:
+        if "/work/" in text or "shared/DESIGN" in text:  # not read: what a page must not name
             problems.append(f"{page.relative_to(ROOT)}: names a path of the machine it was written on")
     assert not problems, "\n".join(problems)
 
@@ -96,6 +96,7 @@ def site(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.jobs
 def test_every_setting_appears_in_the_generated_tables(site):
     proc = subprocess.run([sys.executable, "-m", "diagtrain.profiler.cli", "analyze", "--settings", "json"],
                           capture_output=True, text=True, timeout=120)
@@ -107,6 +108,7 @@ def test_every_setting_appears_in_the_generated_tables(site):
     assert "| `straggler.min_excess_ms` |" not in sources  # generated at build time, never typed
 
 
+@pytest.mark.jobs
 def test_each_verb_guide_shows_the_verbs_own_help(site):
     for verb in VERBS:
         text = html.unescape((site / "guide" / verb / "index.html").read_text())

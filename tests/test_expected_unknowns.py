@@ -13,6 +13,8 @@ import pytest
 from diagtrain.profiler.analyzer.analyze import analyze
 from model_checks import expected_section
 
+pytestmark = pytest.mark.jobs  # every test here starts processes (tests/conftest.py)
+
 MODEL_FINDINGS = {"state_mismatch", "unexpected_communication", "bubble_above_model", "memory_above_model",
                   "slow_collective_group"}
 USER_DDP_PARAMS = 32 * 64 + 64 + 64 + 1  # tests/scripts/user_ddp.py's two linear layers

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,8 +14,9 @@ from diagtrain.dashboard import app as dashboard_app
 from diagtrain.dashboard import data as dashboard_data
 from diagtrain.dashboard import hang as dashboard_hang
 from diagtrain.profiler.analyzer.read import flight_records as fr
+from public_fixtures import NVRX_GPU_ERROR_1ST
 
-DUMPS = Path(__file__).resolve().parents[2] / "shared" / "flight-recorder" / "nvrx-gpu-error"
+DUMPS = NVRX_GPU_ERROR_1ST
 USAGE = 2
 
 
@@ -30,6 +30,7 @@ def test_shared_dumps_exist():
     assert len(list(DUMPS.glob("_dump_*"))) == 16
 
 
+@pytest.mark.jobs
 @pytest.mark.parametrize("how", ["alone", "inside an empty run"])
 def test_a_folder_of_nccl_dumps_names_the_rank_that_never_entered(tmp_path, how):
     # nvidia-resiliency-ext's job: a GPU error injected on ranks 12 and 14; its analyzer (and fr_trace) name
@@ -65,6 +66,7 @@ def test_a_folder_of_nccl_dumps_names_the_rank_that_never_entered(tmp_path, how)
     assert all(board.render_tab(tab, 0) is not None for tab, _ in dashboard_app.TABS)  # no steps, no traces: no crash
 
 
+@pytest.mark.jobs
 def test_a_folder_with_neither_run_traces_nor_dumps_is_a_usage_error(tmp_path):
     (tmp_path / "notes.txt").write_text("nothing here\n")
     proc = analyze(str(tmp_path))
@@ -120,6 +122,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.jobs
 def test_collectives_with_per_rank_sizes_recorded_by_gloo_are_no_mismatch(tmp_path):
     script = tmp_path / "uneven.py"
     script.write_text(UNEVEN)
@@ -144,6 +147,7 @@ def json_dump(rank: int, seqs: list[int], version: str) -> dict:
             "entries": entries}
 
 
+@pytest.mark.jobs
 def test_json_dumps_of_an_unknown_version_are_read_and_say_so(tmp_path):
     dumps = tmp_path / "dumps"
     dumps.mkdir()

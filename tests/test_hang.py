@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import time
@@ -15,7 +16,9 @@ import pytest
 
 from conftest import JOB_TIMEOUT_S, processes_with
 
-HANG_TIMEOUT_S = 5
+pytestmark = pytest.mark.jobs  # every test here starts processes (tests/conftest.py)
+
+HANG_TIMEOUT_S = 3  # far above a tiny model's step (ms) on a busy host, and each hang test waits it out
 MAX_EXTRA_S = 30  # the issue's bar: stopped within the hang timeout plus this
 
 
@@ -37,11 +40,24 @@ def the_finding(report: dict, kind: str) -> dict:
     return finding
 
 
+@pytest.fixture(scope="module")
+def skipped_collective(tmp_path_factory):
+    """The job of a rank that skips step 3's loss all-reduce, by (strategy, rank), each run once for the module."""
+    made = {}
+
+    def job(strategy: str, rank: int) -> tuple[Path, subprocess.CompletedProcess, float, dict]:
+        if (strategy, rank) not in made:
+            out = tmp_path_factory.mktemp(f"hang-{strategy}") / "run"
+            made[strategy, rank] = (out, *run_hanging(out, "--strategy", strategy, "--inject", f"hang:rank={rank},step=3"))
+        return made[strategy, rank]
+    return job
+
+
 @pytest.mark.parametrize("strategy,rank", [("ddp", 1), ("fsdp", 0)])
-def test_a_rank_that_skips_a_collective(tmp_path, strategy, rank):
-    proc, elapsed, report = run_hanging(tmp_path / "run", "--strategy", strategy, "--inject", f"hang:rank={rank},step=3")
-    assert proc.returncode != 0 and elapsed < HANG_TIMEOUT_S + MAX_EXTRA_S + 15  # + start-up of 3 processes
-    assert json.loads((tmp_path / "run/manifest.json").read_text())["status"] == "hung"
+def test_a_rank_that_skips_a_collective(skipped_collective, strategy, rank):
+    run, proc, elapsed, report = skipped_collective(strategy, rank)
+    assert proc.returncode == 124 and elapsed < HANG_TIMEOUT_S + MAX_EXTRA_S + 15  # hung and stopped; + start-up
+    assert json.loads((run / "manifest.json").read_text())["status"] == "hung"
     f = the_finding(report, "hang")
     other = 1 - rank
     assert f["ranks"] == [rank] and f["severity"] == "critical"
@@ -49,8 +65,8 @@ def test_a_rank_that_skips_a_collective(tmp_path, strategy, rank):
     assert "reference_trainers/train.py:" in f["explanation"]  # the line of code it is at
     assert report["findings"][0]["kind"] == "hang"
     for r in (0, 1):
-        assert (tmp_path / f"run/ranks/{r}/stacks.txt").read_text().startswith("Thread MainThread")
-    assert_dashboard_hang_view(tmp_path / "run", rank, other)
+        assert (run / f"ranks/{r}/stacks.txt").read_text().startswith("Thread MainThread")
+    assert_dashboard_hang_view(run, rank, other)
 
 
 def assert_dashboard_hang_view(run_dir: Path, rank: int, other: int) -> None:
@@ -100,9 +116,9 @@ def test_a_clean_run_never_triggers_the_watchdog(tmp_path):
     assert not [f for f in report["findings"] if f["kind"] in ("hang", "crash")]
 
 
-def test_dumps_made_outside_diagtrain(tmp_path):
-    run = tmp_path / "run"
-    run_hanging(run, "--strategy", "ddp", "--inject", "hang:rank=1,step=3")
+def test_dumps_made_outside_diagtrain(skipped_collective, tmp_path):
+    run = tmp_path / "run"  # a copy: its flight-recorder dumps are moved out of it
+    shutil.copytree(skipped_collective("ddp", 1)[0], run)
     external = tmp_path / "fr"
     external.mkdir()
     for rank in (0, 1):

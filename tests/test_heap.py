@@ -6,6 +6,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.jobs  # every test here starts processes (tests/conftest.py)
+
 PROBE = """
 from diagtrain.profiler.util.heap import arrow_on_the_c_heap
 {before}

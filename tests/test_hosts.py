@@ -25,6 +25,8 @@ from diagtrain.profiler.analyzer.analyze import analyze
 from diagtrain.profiler.collect import manifest
 from diagtrain.profiler.run_dir import read_hosts
 
+pytestmark = pytest.mark.jobs  # every test here starts processes (tests/conftest.py)
+
 SHIFT_S = 3.5  # host B's clock ahead: far beyond the alignment error, within c10d's keep-alive tolerance
 
 

@@ -19,11 +19,15 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
+
 from conftest import JOB_TIMEOUT_S, USER_SCRIPT, processes_with, torchrun
 
 from diagtrain.profiler.analyzer.analyze import analyze
 from diagtrain.profiler.cli.run import interrupted
 from diagtrain.profiler.run_dir import ANALYSIS_CLAIM
+
+pytestmark = pytest.mark.jobs  # every test here starts processes (tests/conftest.py)
 
 FILE_SIZE_LIMIT = 64 << 10  # above every record of a 6-step job, below its profiled trace (~200 KiB of JSON)
 INTERRUPTED = 128 + signal.SIGINT

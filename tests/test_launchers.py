@@ -17,6 +17,8 @@ import pytest
 from conftest import Run, diagtrain_run
 from diagtrain.profiler.util.launchers import rank_from_env
 
+pytestmark = pytest.mark.jobs  # every test here starts processes (tests/conftest.py)
+
 SPAWN_SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "user_scripts" / "ddp_spawn.py"
 SOLO_SCRIPT = Path(__file__).parent / "scripts" / "user_ddp.py"
 

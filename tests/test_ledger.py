@@ -9,12 +9,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import diagtrain_run, torchrun
 from diagtrain.profiler.analyzer.analyze import analyze
 from diagtrain.profiler.analyzer.judge.findings import UPPER_BOUND, saving_text
 from diagtrain.profiler.run_dir import write_json_atomic
 
-LOADER_SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "user_scripts" / "ddp_loader.py"
 T0 = 1_790_000_000.0
 STEPS = 12
 
@@ -158,11 +156,10 @@ def test_a_clean_job_has_no_cause(tmp_path):
     assert "No rank made the others wait" in (tmp_path / "report.md").read_text()
 
 
-def test_the_ledger_of_a_real_job_names_the_slow_rank(tmp_path):
-    run = diagtrain_run(tmp_path / "run", "--profile-steps", "none", "--", *torchrun(2), str(LOADER_SCRIPT),
-                        "--steps", "10", "--slow-rank", "1", "--slow-ms", "80")
-    report = json.loads((run.out / "report.json").read_text())
-    ledger = pd.read_parquet(run.out / "analysis" / "ledger.parquet")
+@pytest.mark.jobs
+def test_the_ledger_of_a_real_job_names_the_slow_rank(slow_rank_ddp):
+    out, report = slow_rank_ddp  # rank 1 sleeps 80 ms before every forward
+    ledger = pd.read_parquet(out / "analysis" / "ledger.parquet")
     steady = ledger[ledger["step"] > 1]
     # Rank 0 waited for rank 1 in most steps, never the other way round.
     waits = steady.loc[steady["rank"] == 0, "waited_for"]

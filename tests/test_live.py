@@ -85,6 +85,7 @@ def clean_job(tmp_path_factory) -> tuple[Path, subprocess.Popen]:
         job.kill()
 
 
+@pytest.mark.jobs
 def test_a_straggler_is_found_and_served_while_the_job_runs(tmp_path, clean_job):
     out, port = tmp_path / "run", free_port()
     # Long enough for the verdict to come well before its end; stopped once it has.
@@ -119,6 +120,7 @@ def test_a_straggler_is_found_and_served_while_the_job_runs(tmp_path, clean_job)
     assert "live: " in stderr and "straggler on rank 1 since step" in stderr
 
 
+@pytest.mark.jobs
 def test_a_clean_run_has_no_live_warning(clean_job):
     out, job = clean_job
     _, stderr = job.communicate(timeout=JOB_TIMEOUT_S)
@@ -135,6 +137,7 @@ def test_a_clean_run_has_no_live_warning(clean_job):
     assert "live: " not in stderr
 
 
+@pytest.mark.jobs
 def test_the_final_analysis_parses_only_what_live_judgement_had_not_cached(clean_job, tmp_path):
     """The clean job's real step records appended again in pieces, as its ranks wrote them, and judged
     after each as the wrapper judges: the judgements fill the final analysis' step cache."""
@@ -160,6 +163,7 @@ def test_the_final_analysis_parses_only_what_live_judgement_had_not_cached(clean
         assert cached.parsed == len(lines) - state["number"] and cached.rows == full.rows
 
 
+@pytest.mark.jobs
 def test_a_profiled_window_is_judged_live_with_the_final_analysis_loader(tmp_path):
     """A comm hook that makes rank 0 late at every all-reduce: only the traces show that the delay sits
     right before its calls. Live judgement loads steps 3-6's traces once every rank is past them (no
@@ -181,6 +185,7 @@ def test_a_profiled_window_is_judged_live_with_the_final_analysis_loader(tmp_pat
     assert [f["ranks"] for f in report["findings"] if f["kind"] == "slow_collective" and f["severity"] in ACTIONABLE] == [[0]]
 
 
+@pytest.mark.jobs
 def test_a_window_s_traces_are_loaded_once_every_rank_is_past_it_and_within_the_size_allowed(user_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(user_run.out, run)  # steps 2-3 profiled, 6 steps
@@ -193,6 +198,7 @@ def test_a_window_s_traces_are_loaded_once_every_rank_is_past_it_and_within_the_
     assert small.update(finished=4) and small.collectives.empty and "live.max_trace_mb" in small.problem
 
 
+@pytest.mark.jobs
 def test_a_metrics_port_in_use_is_refused_before_the_job_starts(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -321,7 +327,8 @@ def test_a_finding_that_starts_below_warning_is_judged_again_at_the_next_interva
     starts: rank 1 late by 150 ms from step 12 is a straggler in too few steps at first (info), and the
     judgement after the next interval names it a warning."""
     start = two_ranks(tmp_path)
-    with settings.overriding({"live": {"max_cpu_share": 1e-6}}):
+    # A share so small that even a judgement of a few microseconds' CPU (a fast host) waits for hours.
+    with settings.overriding({"live": {"max_cpu_share": 1e-10}}):
         judge = LiveJudge(tmp_path)
         waits, said = {}, {}
         for step in range(1, 16):

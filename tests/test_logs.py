@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import train
+from conftest import PG_TIMEOUT_S
 from diagtrain.profiler.analyzer.read.log_lines import strip_launcher_prefix
 from diagtrain.profiler.analyzer.read.nccl_log import parse_nccl_log, read_nccl_log, transport_family
 from diagtrain.profiler.analyzer.read.stderr_errors import LowestEnqueued, lowest_enqueued, parse_errors
@@ -225,13 +225,13 @@ def test_gloo_and_c10d_errors():
     assert many.fields["ranks"] == [1, 2]
 
 
-def test_real_gloo_hang_stderr(tmp_path):
+@pytest.mark.jobs
+def test_real_gloo_hang_stderr(gloo_timeout_run):
     """A real 2-rank job where rank 1 skips a collective: gloo times out after --pg-timeout."""
-    run = train(tmp_path / "run", "--strategy", "ddp", "--steps", "5", "--pg-timeout", "5",
-                "--inject", "hang:rank=1,step=3", check=False)
+    run = gloo_timeout_run
     assert run.returncode != 0
     events = parse_errors(run.stderr.splitlines())
     timeouts = [e for e in events if e.kind == "gloo_timeout"]
     assert timeouts, run.stderr[-3000:]
-    assert {e.fields["timeout_ms"] for e in timeouts} == {5000}
+    assert {e.fields["timeout_ms"] for e in timeouts} == {PG_TIMEOUT_S * 1000}
     assert {e.fields["rank"] for e in events} <= {0, 1}

@@ -147,6 +147,7 @@ def test_no_gpu_fields_and_no_cuda_start_on_a_cpu_job():
     assert reading.since(reading)["rss_bytes"] == reading.rss_bytes
 
 
+@pytest.mark.jobs
 def test_a_leaking_rank_of_a_real_job(tmp_path):
     """A 2-rank DDP job in which rank 1 keeps each step's loss and 16 MiB of outputs: memory_growth names
     rank 1, rank 0 stays clean, and steps.parquet carries rss_bytes for every step."""

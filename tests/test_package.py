@@ -7,6 +7,10 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.jobs  # every test here starts processes (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parent.parent
 SUBPACKAGES = ("profiler", "dashboard", "reference_trainers")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -15,8 +14,8 @@ from diagtrain.profiler.analyzer.rank import pipeline, timeline
 from diagtrain.profiler.analyzer.rank.steps import step_breakdown
 from diagtrain.profiler.analyzer.read.trace_file import read_trace
 from diagtrain.profiler.analyzer.rank.work_segments import rank_segments
+from public_fixtures import HTA_TRACES as TRACES
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "hta"
 PIECES = 50  # a trace cut in this many: pieces end inside nested ops and long kernels
 
 
@@ -60,6 +59,7 @@ def test_pieces_follow_start_order_and_never_split_events_that_start_together(sh
     assert len(got) > 20
 
 
+@pytest.mark.jobs
 @pytest.mark.parametrize("name, on_gpu", [("nccl_2rank_rank0", True), ("sampled_128rank_rank1", True),
                                           ("user_run", False)])
 def test_every_stage_gives_the_same_in_small_pieces_as_whole(request, monkeypatch, name, on_gpu):

@@ -12,6 +12,8 @@ from diagtrain.profiler.analyzer.analyze import analyze
 from diagtrain.profiler.cli import main
 from model_checks import assert_matches_the_model
 
+pytestmark = pytest.mark.jobs  # every test here starts processes (tests/conftest.py)
+
 BUBBLE_TOLERANCE = 0.12  # sends, receives and the schedule's own work on a shared 2-core host
 
 

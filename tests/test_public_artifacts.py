@@ -110,6 +110,7 @@ def analyze(folder: Path, out: Path) -> dict:
     return json.loads((out / "report.json").read_text())
 
 
+@pytest.mark.jobs
 def test_gpu_error_dumps_name_the_ranks_nvidia_resiliency_ext_names(tmp_path):
     # Its reference: PG 72, EXPERT_MODEL_PARALLEL_GROUP, nccl:all_to_all, 2048x5120 BFloat16, missing 9, 14.
     report = analyze(DUMPS / "nvrx_gpu_error_2nd", tmp_path / "out")
@@ -144,6 +145,7 @@ def test_lock_gil_dumps_are_read_as_written():
     assert {dumps[r]["pg_status"]["11"]["last_enqueued_collective"] for r in (9, 14)} == {45264}
 
 
+@pytest.mark.jobs
 def test_ranks_whose_dumps_hold_no_entries_are_named_by_their_group_status(tmp_path):
     # Ranks 9 and 14 (GIL locked) recorded nothing; their pg_status, keyed by their own group ids, says
     # they stopped at #45264 of the expert group, which the other six entered #45265 of.

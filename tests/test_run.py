@@ -20,6 +20,8 @@ from conftest import (USER_SCRIPT, died_in_teardown, diagtrain_run, heartbeat_st
                       torchrun, wait_until)
 from diagtrain.profiler.run_dir import read_hosts
 
+pytestmark = pytest.mark.jobs  # every test here starts processes (tests/conftest.py)
+
 USAGE = 2
 
 

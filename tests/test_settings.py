@@ -109,6 +109,7 @@ def test_an_override_is_in_force_only_inside_its_analysis():
     assert Straggler.active().min_excess_ms == Straggler().min_excess_ms
 
 
+@pytest.mark.jobs
 def test_set_changes_the_verdict_and_the_report_records_it(tmp_path):
     run = slow_forward_run(tmp_path / "run")
     done = diagtrain("analyze", str(run), "--format", "json", "--quiet", "--workers", "1")
@@ -129,6 +130,7 @@ def test_set_changes_the_verdict_and_the_report_records_it(tmp_path):
     assert report["settings"]["values"]["straggler.min_excess_ms"] == 250.0
 
 
+@pytest.mark.jobs
 @pytest.mark.parametrize("arg, words", [("straggler.min_excess_ms=fast", "straggler.min_excess_ms='fast': not a valid float"),
                                         ("straggler.no_such=1", "straggler has no setting 'no_such'")])
 def test_a_bad_set_exits_2_naming_it(tmp_path, arg, words):
@@ -138,6 +140,7 @@ def test_a_bad_set_exits_2_naming_it(tmp_path, arg, words):
     assert not (run / "analysis").exists()  # refused before anything was written
 
 
+@pytest.mark.jobs
 def test_settings_lists_every_setting_as_markdown_and_json():
     all_sections()
     md, js = diagtrain("analyze", "--settings"), diagtrain("analyze", "--settings", "json")

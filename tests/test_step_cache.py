@@ -9,6 +9,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
+
 import pandas as pd
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -245,6 +247,7 @@ def test_a_cache_that_cannot_be_written_does_not_stop_the_analysis(tmp_path):
     assert blocked.read_text() == "a file where the cache folder would go"
 
 
+@pytest.mark.jobs
 def test_a_real_run_analyzed_again_after_it_grew(user_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(user_run.out, run)

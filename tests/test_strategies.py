@@ -8,12 +8,15 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from conftest import JOB_TIMEOUT_S, Run, diagtrain_run, load_trace, train
 from model_checks import assert_matches_the_model
+
+pytestmark = pytest.mark.jobs  # every test here starts processes (tests/conftest.py)
 
 STEPS = 6
 # Every strategy here computes the same math as one process (same init, same global batch, mean
@@ -117,17 +120,17 @@ def test_zero2_keeps_parameters_gathered_after_forward(fsdp_run, tmp_path):
     assert_matches_the_model(zero2.out)
 
 
-# -- Tensor parallel ----------------------------------------------------------------------------
+# -- Tensor parallel (its 4-rank run under `diagtrain run` is below) --------------------------
 
-def test_tp_shards_linear_weights_megatron_style(tmp_path, reference_run):
-    run = train(tmp_path, "--strategy", "tp", "--steps", "4")
-    assert_follows(run, reference_run)
+def assert_megatron_style_shards(run: Run) -> None:
+    """Column-parallel attention projections, row-parallel feed-forward output, embeddings whole."""
+    tp = run.json("trainer.json")["mesh"]["tp"]
     params = {p["name"]: p for p in run.parameters(1)["parameters"]}
     column = params["layers.0.attention.wq.weight"]
     row = params["layers.0.feed_forward.w2.weight"]
     assert column["dtensor"] and column["placements"] == ["S(0)"] and column["mesh_dims"] == ["tp"]
-    assert column["local_shape"] == [32, 64] and column["shape"] == [64, 64]
-    assert row["placements"] == ["S(1)"] and row["local_shape"] == [64, 128]
+    assert column["shape"] == [64, 64] and column["local_shape"] == [64 // tp, 64]
+    assert row["placements"] == ["S(1)"] and row["shape"] == [64, 256] and row["local_shape"] == [64, 256 // tp]
     assert not params["tok_embeddings.weight"]["dtensor"]
 
 
@@ -168,8 +171,10 @@ def test_pp_stages_hold_disjoint_layers(tmp_path, reference_run, schedule, extra
 
 # -- 3D -----------------------------------------------------------------------------------------
 
-def test_3d_mesh_on_8_ranks(tmp_path, reference_run):
-    run = train(tmp_path, "--strategy", "3d", "--steps", "3", nproc=8)
+def test_3d_mesh_on_8_ranks_under_diagtrain_run(tmp_path, reference_run):
+    """The README's main job, small: pp x dp x tp = 2 x 2 x 2 under `diagtrain run`, analyzed at the end."""
+    run = run_strategy(tmp_path / "run", "3d", nproc=8, steps=3)
+    assert_ran_under_diagtrain_run(run, "3d", world=8, steps=3, reference_run=reference_run)
     assert run.json("trainer.json")["mesh"] == {"pp": 2, "dp": 2, "tp": 2}
     # Mesh order pp, dp, tp: ranks 0-3 are stage 0, ranks 4-7 stage 1.
     layers = _layers_by_rank(run, 8)
@@ -178,7 +183,6 @@ def test_3d_mesh_on_8_ranks(tmp_path, reference_run):
     # FSDP over TP shards the TP shard again on dim 0: a strided shard on dp, a plain one on tp.
     assert wq["mesh_dims"] == ["dp", "tp"] and wq["placements"] == ["_S(0, 2)", "S(0)"]
     assert wq["local_shape"] == [16, 64]  # 64 rows / tp 2 / dp 2
-    assert_follows(run, reference_run, rank=7)
 
 
 def _numel(shape: list[int]) -> int:
@@ -215,25 +219,38 @@ def test_bf16_autocast_runs_linears_in_bfloat16(fsdp_run, tmp_path):
     assert_matches_the_model(run.out)
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "tp", "pp", "3d"])
-def test_every_strategy_on_4_ranks_under_diagtrain_run(tmp_path, reference_run, strategy):
-    out = tmp_path / "run"
-    run = diagtrain_run(out, "--profile-steps", "2", "--telemetry-interval", "0.2", "--", sys.executable, "-m",
-                        "diagtrain.profiler.cli", "train", "--strategy", strategy, "--nproc", "4",
-                        "--steps", "2", "--layers", "4")
+def run_strategy(out: Path, strategy: str, nproc: int, steps: int) -> Run:
+    """The reference trainer under `diagtrain run`, step 2 profiled, analyzed at the end."""
+    return diagtrain_run(out, "--profile-steps", "2", "--telemetry-interval", "0.2", "--", sys.executable, "-m",
+                         "diagtrain.profiler.cli", "train", "--strategy", strategy, "--nproc", str(nproc),
+                         "--steps", str(steps), "--layers", "4")
+
+
+def assert_ran_under_diagtrain_run(run: Run, strategy: str, world: int, steps: int, reference_run: Run) -> None:
+    """Every rank's records, trace, flight recorder, logs and telemetry; the loss of one process; the model's numbers."""
     manifest = run.manifest
-    assert manifest["status"] == "ok" and manifest["strategy"] == strategy and manifest["world_size"] == 4
-    assert manifest["exit_codes"] == {str(r): 0 for r in range(4)}
-    for rank in range(4):
-        assert [r["step"] for r in run.steps(rank)] == [1, 2]
+    assert manifest["status"] == "ok" and manifest["strategy"] == strategy and manifest["world_size"] == world
+    assert manifest["exit_codes"] == {str(r): 0 for r in range(world)}
+    for rank in range(world):
+        assert [r["step"] for r in run.steps(rank)] == list(range(1, steps + 1))
         [trace] = run.traces(rank)
         events = load_trace(trace)
         assert events["distributedInfo"]["rank"] == rank
         assert any(e.get("name", "").startswith("gloo:") for e in events["traceEvents"])
         assert json.loads(run.text(rank, "flight_recorder.json"))["entries"]
-        assert (out / f"ranks/{rank}/stderr.log").exists()
-    assert "[diagtrain] step 2/2" in run.text(0, "stdout.log")
-    processes = pd.read_parquet(out / "telemetry.parquet").query("kind == 'process'")
-    assert set(processes["rank"]) == {0, 1, 2, 3}
-    assert_follows(run, reference_run, rank=3)
-    assert_matches_the_model(out)  # analyzed by `diagtrain run` at the end
+        assert (run.out / f"ranks/{rank}/stderr.log").exists()
+    assert f"[diagtrain] step {steps}/{steps}" in run.text(0, "stdout.log")
+    processes = pd.read_parquet(run.out / "telemetry.parquet").query("kind == 'process'")
+    assert set(processes["rank"]) == set(range(world))
+    assert_follows(run, reference_run, rank=world - 1)
+    assert_matches_the_model(run.out)  # analyzed by `diagtrain run` at the end
+
+
+# 3D runs on 8 ranks above: a 4-rank 3D mesh would be a second job of the same code.
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "tp", "pp"])
+def test_every_strategy_on_4_ranks_under_diagtrain_run(tmp_path, reference_run, strategy):
+    run = run_strategy(tmp_path / "run", strategy, nproc=4, steps=2)
+    assert_ran_under_diagtrain_run(run, strategy, world=4, steps=2, reference_run=reference_run)
+    if strategy == "tp":
+        assert run.json("trainer.json")["mesh"] == {"pp": 1, "dp": 1, "tp": 4}
+        assert_megatron_style_shards(run)

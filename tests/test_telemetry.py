@@ -84,6 +84,7 @@ ALL_CORES_BUSY = ("import hashlib, os, threading\ndata = b'x' * (1 << 22)\n"
                   "for _ in range(os.cpu_count()): threading.Thread(target=burn).start()\n")
 
 
+@pytest.mark.jobs
 def test_no_cpu_sample_exceeds_the_hosts_cores(tmp_path):
     """CPU times count in 10 ms clock ticks: over a short window a process using every core read 450%
     on 2 cores, and the first sample of a new process (a window of microseconds) ~5,800%."""

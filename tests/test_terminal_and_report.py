@@ -43,6 +43,7 @@ def console(run) -> str:
     return run.stdout + run.stderr
 
 
+@pytest.mark.jobs
 def test_the_readme_command_keeps_the_profilers_messages_off_the_console(pipeline_job):
     """`diagtrain run --profile-steps A-B -- diagtrain train ...`, analyzed at the end, as the README runs it."""
     out = console(pipeline_job)
@@ -61,6 +62,7 @@ def test_the_readme_command_keeps_the_profilers_messages_off_the_console(pipelin
     assert pipeline_job.stderr.rstrip().endswith(f"{pipeline_job.out}/report.html")
 
 
+@pytest.mark.jobs
 def test_the_console_ends_with_one_screen_that_leads_with_the_top_finding(pipeline_job):
     """The end of `diagtrain run`: the summary, not the report (which stays in report.md)."""
     lines = pipeline_job.stdout.splitlines()
@@ -103,6 +105,7 @@ def test_a_long_list_of_findings_still_fits_one_screen(tmp_path):
     assert f"diagtrain analyze {tmp_path / 'traces'} --out {tmp_path} --format md" in lines[-2]
 
 
+@pytest.mark.jobs
 def test_the_progress_line_is_the_step_time_steps_jsonl_records(pipeline_job):
     durations = {r["step"]: r["duration_ms"] for r in pipeline_job.steps(0)}
     lines = re.findall(r"\[diagtrain\] step (\d+)/3 .* (\d+) ms/step \(step (\d+), as in steps\.jsonl\)",
@@ -132,6 +135,7 @@ def test_without_step_records_the_number_says_it_is_wall_time(capsys):
 
 # -- the report: what a number is, and no saving that nothing can realize ---------------------------
 
+@pytest.mark.jobs
 def test_a_saving_nothing_can_realize_is_not_claimed(pipeline_job):
     """Exposed communication on CPU (gloo) is informative: it claims no ms/step that would outrank a warning."""
     findings = pipeline_job.json("report.json")["findings"]
@@ -150,6 +154,7 @@ def test_a_bound_is_said_as_a_bound():
     assert saving_text({"impact_ms": None, "metrics": {}}) == ""
 
 
+@pytest.mark.jobs
 def test_collective_totals_are_per_step_on_each_rank(pipeline_job):
     [exposed] = [f for f in pipeline_job.json("report.json")["findings"] if f["kind"] == "exposed_communication"]
     named = re.findall(r"(\w+) on ([\w-]+) \((\d+) ms per step on each of its (\d+) ranks\)", exposed["explanation"])
@@ -161,6 +166,7 @@ def test_collective_totals_are_per_step_on_each_rank(pipeline_job):
         assert int(ms) == round(rows["dur"].sum() / int(ranks) / 2 / 1e3)  # steps 2-3 profiled
 
 
+@pytest.mark.jobs
 def test_the_ranks_table_says_what_its_columns_sum_over(pipeline_job):
     ranks = pipeline_job.json("report.json")["ranks"]
     for r in ranks:

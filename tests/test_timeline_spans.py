@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,8 +10,8 @@ from diagtrain.profiler.analyzer.rank.breakdown import cpu_breakdown, gpu_breakd
 from diagtrain.profiler.analyzer.read.flight_records import Entry, cross_rank, mismatches
 from diagtrain.profiler.analyzer.rank.timeline import spans
 from diagtrain.profiler.analyzer.read.trace_file import STEP_ANNOTATION, name_matches, read_trace
+from public_fixtures import HTA_TRACES as TRACES
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "hta"
 
 
 def lengths(table) -> dict[str, float]:

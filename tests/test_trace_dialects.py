@@ -21,11 +21,9 @@ from diagtrain.profiler.analyzer.rank.breakdown import gpu_breakdown
 from diagtrain.profiler.analyzer.rank.steps import step_breakdown
 from diagtrain.profiler.analyzer.report.document import markdown
 from diagtrain.profiler.analyzer.read.trace_file import read_trace
+from public_fixtures import H100_INFERENCE  # a newer Kineto: one ProfilerStep#6 on the host and the device
 
 FIXTURES = Path(__file__).parent / "fixtures" / "dialects"
-# A real trace from a newer Kineto (README there): one ProfilerStep#6 on the host and on the device.
-H100_INFERENCE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "tracelens" / \
-    "h100_bert_small_inference__1016001.json.gz"
 H100_INFERENCE_HTA = (3653, 252, 2, 3907)  # HTA 0.5.0's idle, compute, non-compute, window (µs), as the README says
 AGREEMENT = 0.01  # the issue's bar: within 1% of HTA's value
 

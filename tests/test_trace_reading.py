@@ -14,10 +14,10 @@ import pytest
 
 from diagtrain.profiler.analyzer.read import trace_file
 from diagtrain.profiler.analyzer.read.trace_file import TraceError, read_trace
+from public_fixtures import HTA_TRACES
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces" / "hta"
 DIALECTS = Path(__file__).parent / "fixtures" / "dialects"
-TRACES = sorted(SHARED.glob("*.json.gz")) + sorted(DIALECTS.glob("*.json"))
+TRACES = sorted(HTA_TRACES.glob("*.json.gz")) + sorted(DIALECTS.glob("*.json"))
 TINY_BLOCK = 4096  # many pieces even in a small trace, and a cut in nearly every event's neighbourhood
 
 

@@ -21,6 +21,8 @@ from diagtrain.profiler.analyzer.read.discover import discover
 from diagtrain.profiler.analyzer.run import tables
 from diagtrain.profiler.analyzer.analyze import analyze
 
+pytestmark = pytest.mark.jobs  # every test here starts processes (tests/conftest.py)
+
 SCRIPTS = Path(__file__).resolve().parents[1] / "benchmarks" / "user_scripts"
 STEPS = "6"
 PROFILE = "3-5"
@@ -68,13 +70,6 @@ def gpipe(tmp_path_factory) -> tuple[Path, dict]:
     """torch.distributed.pipelining, GPipe, 4 microbatches; stage 1 holds 6 blocks, stage 0 holds 2."""
     out = tmp_path_factory.mktemp("gpipe") / "run"
     return out, user_run(out, 2, "pipeline.py", "--schedule", "gpipe", "--split", "2,6")
-
-
-@pytest.fixture(scope="module")
-def slow_rank_ddp(tmp_path_factory) -> tuple[Path, dict]:
-    """DDP over a DataLoader; rank 1 sleeps 80 ms before every forward."""
-    out = tmp_path_factory.mktemp("slow_rank") / "run"
-    return out, user_run(out, 2, "ddp_loader.py", "--slow-rank", "1", "--slow-ms", "80")
 
 
 def test_stages_and_microbatches_of_a_torch_pipelining_schedule(gpipe):

@@ -221,7 +221,11 @@ class Collection:
                 deadline = deadline or time.monotonic() + self.grace_s
                 if time.monotonic() > deadline:
                     self.say(f"the job did not stop within {self.grace_s:.0f}s; killing it")
-                    process_tree.stop_all(LEFTOVER_GRACE_S, keep=child.pid)
+                    # Its SIGTERM came a grace ago: a rank blocked in C++ never runs the handler, and
+                    # another SIGTERM and grace would only keep the user waiting. The launcher (the
+                    # command itself) is left to see its ranks die and exit as it does; the logs' tees drain.
+                    process_tree.send([p for p in self._job_processes() if p.pid != child.pid], signal.SIGKILL)
+                    deadline = time.monotonic() + LEFTOVER_GRACE_S  # again only if something outlived that
 
     def _check_hang(self) -> None:
         stall = self.watchdog.check()
@@ -293,7 +297,7 @@ class Collection:
             code = 128 - code
         if status == "interrupted":  # what shells and `run --help` say: 128 + the signal (130 after Ctrl-C)
             code = 128 + (self.interrupted or signal.SIGINT)
-        if status == "hung" and code == 0:
+        if status == "hung" and (code == 0 or self.kill_on_hang):  # stopped by us: its own code says nothing
             code = EXIT_HUNG
         # Each record on its own: one that cannot be written (a full disk) must not stop the others.
         self._best_effort("console.log", self._close_console_log)

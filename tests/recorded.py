@@ -1,0 +1,45 @@
+"""Real run directories recorded once (tests/fixtures/recorded_runs/), for tests of judgement that need no job.
+
+Each was written by ``diagtrain run`` of the command in ``RECORDINGS`` and copied without what the
+analysis writes (analysis/, report.*): a test gets a fresh copy and analyzes it itself, so the
+judgement of today's code is what it checks. ``python tests/fixtures/recorded_runs/record.py`` records them
+again (after a change of the record format) and rewrites each run's golden verdicts (``golden.json``:
+every finding's kind, severity and ranks), which tests/test_recorded_runs.py holds the analysis to.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+RUNS = Path(__file__).resolve().parent / "fixtures" / "recorded_runs"
+GOLDEN = "golden.json"
+# What the analysis writes into a run directory: never recorded, so every test analyzes afresh.
+ANALYSIS_OUTPUTS = ("analysis", "report.md", "report.json", "report.html")
+
+# The compare tests' runs (tests/test_compare.py): a 2-rank DDP trainer run of 30 steps, four clean and one
+# whose rank 1's forward takes STRAGGLER_MS more (x2.5-x6 of its forward, beyond three clean runs' band).
+# One profiled step (not the automatic three) keeps each run's traces small.
+COMPARE_TRAINER = ["--strategy", "ddp", "--nproc", "2", "--steps", "30", "--dim", "256", "--seq-len", "64"]
+STRAGGLER_MS = 150
+RECORDINGS: dict[str, list[str]] = {
+    **{f"compare-clean{i}": ["--profile-steps", "10", "--", sys.executable, "-m", "diagtrain.profiler.cli", "train",
+                             *COMPARE_TRAINER] for i in (1, 2, 3, 4)},
+    "compare-straggler": ["--profile-steps", "10", "--", sys.executable, "-m", "diagtrain.profiler.cli", "train",
+                          *COMPARE_TRAINER, "--inject", f"straggler:rank=1,ms={STRAGGLER_MS}"],
+}
+
+
+def copy_run(name: str, to: Path) -> Path:
+    """A fresh, writable copy of the recorded run ``name`` at ``to`` (not analyzed)."""
+    source = RUNS / name
+    if not source.is_dir():
+        raise FileNotFoundError(f"{source}: no such recorded run (python tests/fixtures/recorded_runs/record.py records it)")
+    shutil.copytree(source, to, ignore=shutil.ignore_patterns(GOLDEN))
+    return to
+
+
+def verdicts(report: dict) -> list[dict]:
+    """What a golden file holds of a report: each finding's kind, severity and ranks, in the report's order."""
+    return [{"kind": f["kind"], "severity": f["severity"], "ranks": f["ranks"]} for f in report["findings"]]
