@@ -186,9 +186,9 @@ def test_communication_and_memory_in_a_browser(server, pipeline_server, browser)
     assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
 
 
-# A 2-rank job of the plain script whose rank 1 sleeps 300 ms a step against a 50 ms step: ~30 s of
+# A 2-rank job of the plain script whose rank 1 sleeps 300 ms a step against a 50 ms step: ~18 s of
 # steps, a straggler live judgement finds well before the end (test_live.py's job, shorter).
-LIVE_JOB = {"MODE": "ddp", "STEPS": "80", "STEP_MS": "50", "SLEEP_RANK": "1", "SLEEP_MS": "300", "OMP_NUM_THREADS": "1"}
+LIVE_JOB = {"MODE": "ddp", "STEPS": "50", "STEP_MS": "50", "SLEEP_RANK": "1", "SLEEP_MS": "300", "OMP_NUM_THREADS": "1"}
 
 
 def test_a_running_job_is_followed_live_then_settles_into_its_report(tmp_path, browser):
