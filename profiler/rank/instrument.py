@@ -30,6 +30,8 @@ import torch
 
 from diagtrain.profiler.rank import trouble
 from diagtrain.profiler.rank.counters import COUNTERS, Reading
+from diagtrain.profiler.rank.device_clock import MAX_PENDING_STEPS, DeviceClock, cuda_clock
+from diagtrain.profiler.rank.device_colls import CollectiveTimes, nccl_dump
 from diagtrain.profiler.rank.peak_memory import PeakMemory
 from diagtrain.profiler.rank.profile_requests import ProfileRequests
 from diagtrain.profiler.run_dir import (
@@ -114,6 +116,8 @@ class StepRecorder:
         self._first_start = started_at  # time.perf_counter() when step 1 began, if before entering
         self._counted: Reading | None = None  # the counters when the current step began
         self.last_step_ms: float | None = None  # the last recorded step's duration_ms, for a loop's own progress
+        self._clock: DeviceClock | None = None  # the device's view of each step, on CUDA
+        self._colls: CollectiveTimes | None = None  # NCCL collectives' device times, on CUDA
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -133,6 +137,7 @@ class StepRecorder:
                 self.enabled = False
                 return self
             self._memory = PeakMemory(self.device)
+            self._open_device_view()
             COUNTERS.install()
             COUNTERS.follow_current_thread()  # the training loop's thread, main or not
             if not self.implicit:
@@ -153,6 +158,7 @@ class StepRecorder:
         self._end_profiled_step()
         if self._profiler is not None:
             self._stop_profiler(drop_step=unfinished)
+        self._flush_device_view()
         for close in (self._steps.close, self._heartbeat.close):
             try:
                 close()
@@ -179,6 +185,7 @@ class StepRecorder:
             annotation = torch.profiler.record_function(f"diagtrain.phase.{name}")
             annotation.__enter__()
         self._phase_starts[name] = (time.perf_counter(), annotation, COUNTERS.comm_s)
+        self._work_begins(name)
 
     def end_phase(self, name: str) -> None:
         """Stop timing ``name`` and add the time to the current step."""
@@ -195,8 +202,8 @@ class StepRecorder:
         if not self.enabled:
             self.step_num += 1
             return
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # a step ends when its kernels end
+        # No synchronize: the host keeps its lead, and the device's own times come from its events.
+        device = self._device_fields()
         end_wall, end = time.time(), time.perf_counter()
         duration = end - self._step_start
         phases, phase_comm = self._phases, self._phase_comm
@@ -222,7 +229,8 @@ class StepRecorder:
             **({"p2p": p2p} if p2p else {}),
             "peak_mem_bytes": self._memory.read(),
             "mem_source": self._memory.source,
-            **COUNTERS.gpu_memory(self.device, peak_since_step=self._memory.source == "cuda_max_allocated"),
+            **COUNTERS.gpu_memory(self.device),
+            **device,
             **({"samples": samples} if samples else {}),
             **metrics,
         }
@@ -255,10 +263,77 @@ class StepRecorder:
             self._step_annotation.__enter__()
         self._memory.reset()
         self._step_start = self._first_start or time.perf_counter()
+        if self._colls is not None:
+            self._colls.step_began(self.step_num, time.time_ns() - int((time.perf_counter() - self._step_start) * 1e9))
         # The implicit recorder starts at step 1's first optimizer step: its counters, like its
         # clock, start when torch was imported.
         self._counted = (COUNTERS.start if self._first_start is not None and self.implicit else None) or COUNTERS.read()
         self._first_start = None
+
+    def _open_device_view(self) -> None:
+        """On CUDA: the device clock, and the NCCL collectives' times where torch has an NCCL recorder."""
+        if self.device.type != "cuda":
+            return
+        try:
+            self._clock = cuda_clock(torch, self.device)
+            dump = nccl_dump(torch)
+            self._colls = CollectiveTimes(dump) if dump is not None else None
+            if self.implicit:  # the counters see the phases: the first work phase starts the device clock
+                COUNTERS.phases.on_enter = self._work_begins
+        except Exception as e:  # noqa: BLE001 - the device view is optional; the host's records stay
+            self._device_view_failed(e)
+
+    def _work_begins(self, phase: str) -> None:
+        if self._clock is not None:
+            try:
+                self._clock.work_begins(phase)
+            except Exception as e:  # noqa: BLE001 - as in _open_device_view
+                self._device_view_failed(e)
+
+    def _device_fields(self) -> dict[str, Any]:
+        """The step record's device_* fields: the device's times of steps and collectives completed since the last."""
+        fields: dict[str, Any] = {}
+        try:
+            if self._clock is not None:
+                self._clock.step_ended(self.step_num)
+                fields = {"device_source": "cuda_events", "device_steps": self._clock.take()}
+                self._say_dropped()
+            colls = self._colls.take() if self._colls is not None else []
+            if colls:
+                fields["device_colls"] = colls
+        except Exception as e:  # noqa: BLE001 - as in _open_device_view
+            self._device_view_failed(e)
+        return fields
+
+    def _flush_device_view(self) -> None:
+        """At the end: what is still pending, in one line that is not a step. Its one synchronize is the
+        run's only one, when the job is done with its device anyway."""
+        if self._clock is None and self._colls is None:
+            return
+        try:
+            steps = self._clock.flush() if self._clock is not None else []
+            colls = self._colls.take(force=True) if self._colls is not None else []
+            if steps or colls:
+                self._steps.append({"schema_version": SCHEMA_VERSION, "rank": self.rank, "kind": "device",
+                                    "device_steps": steps, "device_colls": colls})
+        except Exception as e:  # noqa: BLE001 - as in _open_device_view; a full disk included
+            self._device_view_failed(e)
+        self._stand_down_device_view()
+
+    def _say_dropped(self) -> None:
+        if self._clock.dropped:
+            trouble.warn(self.dir, "device_clock", f"device step times dropped: the device was more than "
+                         f"{MAX_PENDING_STEPS} steps behind its host; training goes on")
+
+    def _device_view_failed(self, error: BaseException) -> None:
+        trouble.warn(self.dir, "device_view", f"device times are not recorded ({trouble.reason(error)}); "
+                     "training goes on")
+        self._stand_down_device_view()
+
+    def _stand_down_device_view(self) -> None:
+        self._clock = self._colls = None
+        if COUNTERS.phases.on_enter == self._work_begins:
+            COUNTERS.phases.on_enter = None
 
     def _add_requested_windows(self) -> None:
         """Windows the wrapper asked for since the last step; one that has begun already is
