@@ -279,3 +279,25 @@ def test_the_rank_dump_holds_the_nccl_recorders_entries_and_the_generic_ones(tmp
     dumped = json.loads((tmp_path / "fr.json").read_text())
     assert [(e["process_group"][0], e["duration_ms"]) for e in dumped["entries"]] == [("0", 2.0), ("1", None)]
     assert set(dumped["pg_config"]) == {"0", "1"}
+
+
+def test_a_plain_scripts_recorder_starts_the_device_clock_at_the_counters_first_work_phase(tmp_path, fake_cuda):
+    from diagtrain.profiler.rank.counters import COUNTERS
+
+    dev, calls, fr = fake_cuda
+    with StepRecorder(tmp_path, rank=0, device=torch.device("cuda", 0), implicit=True) as rec:
+        for step in (1, 2):
+            COUNTERS.phases.enter("data")  # the DataLoader, as the counters time it
+            COUNTERS.phases.exit("data")
+            dev.at_ms = (step - 1) * 100 + 40
+            COUNTERS.phases.enter("forward")
+            COUNTERS.phases.exit("forward")
+            dev.at_ms = step * 100
+            rec.begin_phase("optimizer")  # the optimizer hooks
+            rec.end_phase("optimizer")
+            rec.step()
+    assert COUNTERS.phases.on_enter is None  # the clock is gone with its recorder
+    tail = json.loads((tmp_path / "ranks/0/steps.jsonl").read_text().splitlines()[-1])
+    assert tail["device_steps"] == [{"step": 1, "step_ms": 60.0, "idle_before_ms": 40.0},
+                                    {"step": 2, "step_ms": 60.0, "idle_before_ms": 40.0}]
+    assert calls["synchronize"] == 0
