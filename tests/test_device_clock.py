@@ -33,20 +33,23 @@ class FakeEvent:
 
 
 class FakeDevice:
-    """The stream's timeline: where the next event lands (``at_ms``) and how far the device has run (``done_ms``)."""
+    """The stream's timeline: where the next event lands (``at_ms``) and how far the device has run
+    (``done_ms``); while the host sleeps (polls at the end) the device runs on, unless ``stuck``."""
 
     def __init__(self) -> None:
-        self.at_ms, self.done_ms, self.syncs, self.queries = 0.0, 0.0, 0, 0
+        self.at_ms, self.done_ms, self.queries, self.host_s, self.stuck = 0.0, 0.0, 0, 0.0, False
+        self.capturing = False
 
-    def record(self) -> FakeEvent:
-        return FakeEvent(self, self.at_ms)
+    def record(self) -> FakeEvent | None:
+        return None if self.capturing else FakeEvent(self, self.at_ms)
 
-    def synchronize(self) -> None:
-        self.syncs += 1
-        self.done_ms = float("inf")
+    def sleep(self, seconds: float) -> None:
+        self.host_s += seconds
+        if not self.stuck:
+            self.done_ms += seconds * 1e3
 
     def clock(self, **kw) -> DeviceClock:
-        return DeviceClock(self.record, self.synchronize, **kw)
+        return DeviceClock(self.record, sleep=self.sleep, now=lambda: self.host_s, **kw)
 
 
 def _run_steps(dev: FakeDevice, clock: DeviceClock, steps: list[tuple[float, float]], first: int = 1) -> None:
@@ -101,7 +104,7 @@ def test_steps_not_complete_stay_pending_and_nothing_blocks():
     assert clock.take() == []
     dev.done_ms = 300
     assert [s["step"] for s in clock.take()] == [2, 3]
-    assert dev.syncs == 0
+    assert dev.host_s == 0  # take() polled and returned, it never waited
 
 
 def test_pending_steps_are_bounded_and_the_dropped_counted():
@@ -113,13 +116,35 @@ def test_pending_steps_are_bounded_and_the_dropped_counted():
     assert [s["step"] for s in clock.take()] == [3, 4, 5, 6]
 
 
-def test_flush_synchronizes_once_only_when_something_is_pending():
+def test_flush_polls_the_pending_steps_until_they_complete():
     dev = FakeDevice()
     clock = dev.clock()
-    assert clock.flush() == [] and dev.syncs == 0
+    assert clock.flush(5.0) == [] and dev.host_s == 0
     _run_steps(dev, clock, [(0, 100), (100, 200)])
-    assert [s["step"] for s in clock.flush()] == [1, 2]
-    assert dev.syncs == 1
+    assert [s["step"] for s in clock.flush(5.0)] == [1, 2]
+    assert 0.19 <= dev.host_s <= 0.21 and clock.unfinished == 0  # waited as long as the device took, no longer
+
+
+def test_flush_of_a_device_that_never_gets_there_gives_up_in_time():
+    dev = FakeDevice()
+    clock = dev.clock()
+    _run_steps(dev, clock, [(0, 100), (100, 200)])
+    dev.done_ms, dev.stuck = 100, True  # a collective whose peer is gone
+    assert [s["step"] for s in clock.flush(2.0)] == [1]
+    assert 2.0 <= dev.host_s <= 2.01 and clock.unfinished == 1
+    assert clock.flush(2.0) == []  # given up: nothing left pending
+
+
+def test_steps_during_a_cuda_graph_capture_are_left_untimed():
+    dev = FakeDevice()
+    clock = dev.clock()
+    _run_steps(dev, clock, [(0, 100)])
+    dev.capturing = True  # the program captures step 2 in a CUDA graph: no event may be recorded
+    _run_steps(dev, clock, [(100, 200)], first=2)
+    dev.capturing = False
+    _run_steps(dev, clock, [(200, 300), (300, 400)], first=3)
+    dev.done_ms = 1000
+    assert [(s["step"], s["step_ms"]) for s in clock.take()] == [(1, 100.0), (4, 100.0)]
 
 
 # -- collectives: flight-recorder entries as torch 2.13 writes them ----------------------------------
@@ -229,7 +254,7 @@ def test_a_cuda_rank_records_device_steps_without_synchronize_and_flushes_at_clo
     assert all(r["device_source"] == "cuda_events" for r in steps)
     assert [[d["step"] for d in r["device_steps"]] for r in steps] == [[], [1], [2]]
     assert steps[1]["device_steps"][0] == {"step": 1, "step_ms": 70.0, "idle_before_ms": 30.0}
-    assert calls["synchronize"] == 0 and dev.syncs == 1  # the one at close, and none per step
+    assert calls["synchronize"] == 0  # none per step, none at close
     assert "step" not in tail and tail["kind"] == "device" and tail["rank"] == 0
     assert tail["device_steps"] == [{"step": 3, "step_ms": 70.0, "idle_before_ms": 30.0}]
     assert [(c["step"], c["seq"]) for c in tail["device_colls"]] == [(1, 1), (2, 2), (3, 3)]  # read at close only
@@ -301,3 +326,17 @@ def test_a_plain_scripts_recorder_starts_the_device_clock_at_the_counters_first_
     assert tail["device_steps"] == [{"step": 1, "step_ms": 60.0, "idle_before_ms": 40.0},
                                     {"step": 2, "step_ms": 60.0, "idle_before_ms": 40.0}]
     assert calls["synchronize"] == 0
+
+
+def test_after_an_error_the_end_does_not_wait_for_the_device(tmp_path, fake_cuda):
+    dev, calls, fr = fake_cuda
+    with pytest.raises(RuntimeError, match="the job's own error"):
+        with StepRecorder(tmp_path, rank=0, device=torch.device("cuda", 0)) as rec:
+            for step in (1, 2):
+                dev.at_ms = step * 100
+                rec.step()
+            dev.done_ms = 100  # step 2 never completes: a collective whose peer died
+            raise RuntimeError("the job's own error")
+    tail = json.loads((tmp_path / "ranks/0/steps.jsonl").read_text().splitlines()[-1])
+    assert tail["kind"] == "device" and [s["step"] for s in tail["device_steps"]] == [1]
+    assert dev.host_s == 0 and calls["synchronize"] == 0

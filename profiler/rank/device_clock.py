@@ -13,6 +13,7 @@ the steps completed since the last one as ``device_steps`` (see docs/run-directo
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
@@ -22,6 +23,9 @@ from typing import Any, Callable, Protocol
 MAX_PENDING_STEPS = 64
 # Phases in which the host prepares work rather than issuing it to the device.
 HOST_PHASES = frozenset({"data"})
+# At the end of the run the pending steps are polled this often, for a bounded time: never a
+# synchronize, which would hang the process's exit behind a collective whose peer is gone.
+FLUSH_POLL_S = 0.001
 
 
 class Event(Protocol):
@@ -41,16 +45,18 @@ class _Step:
 
 
 class DeviceClock:
-    """Device step times and idle from events made by ``record_event()``; never blocks but in :meth:`flush`."""
+    """Device step times and idle from events made by ``record_event()`` (None: the stream takes none
+    now, as while a CUDA graph is captured); never blocks, and waits a bounded time in :meth:`flush`."""
 
-    def __init__(self, record_event: Callable[[], Event], synchronize: Callable[[], None],
-                 max_pending: int = MAX_PENDING_STEPS) -> None:
-        self._record, self._synchronize = record_event, synchronize
+    def __init__(self, record_event: Callable[[], Event | None], max_pending: int = MAX_PENDING_STEPS,
+                 sleep: Callable[[float], None] = time.sleep, now: Callable[[], float] = time.monotonic) -> None:
+        self._record, self._sleep, self._now = record_event, sleep, now
         self._pending: deque[_Step] = deque()
         self._max_pending = max_pending
-        self._last_end: Event = record_event()  # the run's start, before step 1
+        self._last_end: Event | None = record_event()  # the run's start, before step 1
         self._work: Event | None = None  # where the open step's first work began
         self.dropped = 0  # steps whose events were given up because the device was too far behind
+        self.unfinished = 0  # steps the device had not completed when the run's end stopped waiting
 
     def work_begins(self, phase: str) -> None:
         """The host enters ``phase``: the open step's first work phase starts its device clock."""
@@ -60,7 +66,8 @@ class DeviceClock:
     def step_ended(self, step: int) -> None:
         """The host ended ``step``: record its end on the stream and keep it pending."""
         end = self._record()
-        self._pending.append(_Step(step, self._last_end, self._work or self._last_end, end))
+        if end is not None and self._last_end is not None:  # else a step with no event at one end: untimed
+            self._pending.append(_Step(step, self._last_end, self._work or self._last_end, end))
         self._last_end, self._work = end, None
         if len(self._pending) > self._max_pending:
             self._pending.popleft()
@@ -75,19 +82,27 @@ class DeviceClock:
                          "idle_before_ms": round(max(s.before.elapsed_time(s.start), 0.0), 3)})
         return done
 
-    def flush(self) -> list[dict[str, Any]]:
-        """Every pending step, after one synchronize: only at the end of the run, when the host waits anyway."""
-        if self._pending:
-            self._synchronize()
-        return self.take()
+    def flush(self, wait_s: float) -> list[dict[str, Any]]:
+        """At the end of the run: the pending steps that complete within ``wait_s``, polled, never
+        synchronized; those still pending then are given up (``unfinished``)."""
+        done, deadline = self.take(), self._now() + wait_s
+        while self._pending and self._now() < deadline:
+            self._sleep(FLUSH_POLL_S)
+            done += self.take()
+        self.unfinished = len(self._pending)
+        self._pending.clear()
+        return done
 
 
 def cuda_clock(torch: Any, device: Any) -> DeviceClock:
     """A clock on ``device``'s current stream (the stream the training loop issues its work on)."""
 
     def record() -> Any:
+        stream = torch.cuda.current_stream(device)
+        if torch.cuda.is_current_stream_capturing():
+            return None  # an event recorded now would break the program's CUDA graph capture
         event = torch.cuda.Event(enable_timing=True)
-        event.record(torch.cuda.current_stream(device))
+        event.record(stream)
         return event
 
-    return DeviceClock(record, lambda: torch.cuda.synchronize(device))
+    return DeviceClock(record)

@@ -47,6 +47,10 @@ from diagtrain.profiler.run_dir import (
 )
 from diagtrain.profiler.util.step_ranges import StepRange, parse_step_ranges
 
+# At a clean end the device's last steps are waited for this long, polled: the device is rarely more
+# than a few steps behind. After an error they are not waited for (the device may never get there).
+DEVICE_FLUSH_WAIT_S = 5.0
+
 # Set while a recorder the program created itself is open; the optimizer-hook recorder that
 # `diagtrain run` installs then stands down, so steps are never counted twice.
 _explicit_recorders = 0
@@ -158,7 +162,7 @@ class StepRecorder:
         self._end_profiled_step()
         if self._profiler is not None:
             self._stop_profiler(drop_step=unfinished)
-        self._flush_device_view()
+        self._flush_device_view(DEVICE_FLUSH_WAIT_S if exc_type is None else 0.0)
         for close in (self._steps.close, self._heartbeat.close):
             try:
                 close()
@@ -305,14 +309,16 @@ class StepRecorder:
             self._device_view_failed(e)
         return fields
 
-    def _flush_device_view(self) -> None:
-        """At the end: what is still pending, in one line that is not a step. Its one synchronize is the
-        run's only one, when the job is done with its device anyway."""
+    def _flush_device_view(self, wait_s: float) -> None:
+        """At the end: what is still pending (the steps complete within ``wait_s``), in one line that is not a step."""
         if self._clock is None and self._colls is None:
             return
         try:
-            steps = self._clock.flush() if self._clock is not None else []
+            steps = self._clock.flush(wait_s) if self._clock is not None else []
             colls = self._colls.take(force=True) if self._colls is not None else []
+            if self._clock is not None and self._clock.unfinished and wait_s:
+                trouble.warn(self.dir, "device_flush", f"the device times of the last {self._clock.unfinished} "
+                             f"steps are not recorded: the device had not reached them {wait_s:.0f} s after the end")
             if steps or colls:
                 self._steps.append({"schema_version": SCHEMA_VERSION, "rank": self.rank, "kind": "device",
                                     "device_steps": steps, "device_colls": colls})

@@ -2,8 +2,9 @@
 
 On GPU the allocator's peak is never reset: ``torch.cuda.reset_peak_memory_stats`` would change what
 the job's own ``torch.cuda.max_memory_allocated()`` returns, and the allocator keeps no per-step peak
-that can be read without one. The record holds the peak since the process started
-(``cuda_lifetime_peak``, ``gpu_peak_since: "start"``): a step that raised it shows as a rise.
+that can be read without one. The record holds the peak since the process started, or since the job
+itself last reset it (``cuda_lifetime_peak``, ``gpu_peak_since: "start"``): a step that raised it
+shows as a rise.
 
 On Linux the kernel's peak-RSS counter (VmHWM) can be reset by writing ``5`` to
 ``/proc/self/clear_refs``, which gives a true per-step peak on CPU. Where that is not allowed the
