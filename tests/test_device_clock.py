@@ -228,10 +228,8 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "memory_stats", lambda *a: stats)
     monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", lambda *a: nested)
     monkeypatch.setattr(instrument, "cuda_clock", lambda torch_, device: dev.clock())
-    now = [100.0]
     fr = {"entries": []}
     monkeypatch.setattr(instrument, "nccl_dump", lambda torch_: lambda: json.dumps(fr))
-    monkeypatch.setattr(device_colls.time, "perf_counter", lambda: now[0])
     return dev, calls, fr
 
 
@@ -340,3 +338,24 @@ def test_after_an_error_the_end_does_not_wait_for_the_device(tmp_path, fake_cuda
     tail = json.loads((tmp_path / "ranks/0/steps.jsonl").read_text().splitlines()[-1])
     assert tail["kind"] == "device" and [s["step"] for s in tail["device_steps"]] == [1]
     assert dev.host_s == 0 and calls["synchronize"] == 0
+
+
+def test_the_flight_recorder_is_read_between_steps_and_its_failure_leaves_the_steps(tmp_path, fake_cuda, capsys,
+                                                                                   monkeypatch):
+    dev, calls, fr = fake_cuda
+    now = [100.0]
+    monkeypatch.setattr(device_colls.time, "perf_counter", lambda: now[0])  # the flight recorder's read clock
+    with StepRecorder(tmp_path, rank=0, device=torch.device("cuda", 0)) as rec:
+        fr["entries"].append(_entry(1, time.time_ns(), 2.0))
+        now[0] += 10  # a read is due at the end of step 1: it goes into step 2's record
+        dev.at_ms = 100  # the device never gets to the steps' ends while they run
+        rec.step()
+        rec.step()
+        fr["entries"] = [{"state": "completed", "duration_ms": 1.0, "process_group": ["0", ""]}]  # no seq: unreadable
+        now[0] += 1000
+        rec.step()
+    lines = [json.loads(line) for line in (tmp_path / "ranks/0/steps.jsonl").read_text().splitlines()]
+    assert ["device_colls" in r for r in lines[:3]] == [False, True, False]
+    assert lines[1]["device_colls"][0]["seq"] == 1
+    assert [s["step"] for s in lines[3]["device_steps"]] == [1, 2, 3] and lines[3]["device_colls"] == []
+    assert capsys.readouterr().err.count("collectives' device times are not recorded") == 1

@@ -53,10 +53,10 @@ def collective_entries(entries: Iterable[dict[str, Any]], seen: "OrderedDict[tup
 class CollectiveTimes:
     """Reads the NCCL flight recorder now and then, turning its new timed entries into ``device_colls``."""
 
-    def __init__(self, dump: Callable[[], bytes | str], clock: Callable[[], float] = time.perf_counter) -> None:
-        self._dump, self._clock = dump, clock
+    def __init__(self, dump: Callable[[], bytes | str], clock: Callable[[], float] | None = None) -> None:
+        self._dump, self._clock = dump, clock or time.perf_counter
         self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
-        self._next_read = clock() + MIN_READ_INTERVAL_S
+        self._next_read = self._clock() + MIN_READ_INTERVAL_S
         self._steps: list[int] = []
         self._starts: list[int] = []  # each step's host start in Unix ns, ascending
 

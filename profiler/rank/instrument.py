@@ -122,6 +122,7 @@ class StepRecorder:
         self.last_step_ms: float | None = None  # the last recorded step's duration_ms, for a loop's own progress
         self._clock: DeviceClock | None = None  # the device's view of each step, on CUDA
         self._colls: CollectiveTimes | None = None  # NCCL collectives' device times, on CUDA
+        self._colls_read: list[dict[str, Any]] = []  # read after the last record, for the next one
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -207,7 +208,7 @@ class StepRecorder:
             self.step_num += 1
             return
         # No synchronize: the host keeps its lead, and the device's own times come from its events.
-        device = self._device_fields()
+        device = self._device_steps()
         end_wall, end = time.time(), time.perf_counter()
         duration = end - self._step_start
         phases, phase_comm = self._phases, self._phase_comm
@@ -235,16 +236,19 @@ class StepRecorder:
             "mem_source": self._memory.source,
             **COUNTERS.gpu_memory(self.device),
             **device,
+            **({"device_colls": self._colls_read} if self._colls_read else {}),
             **({"samples": samples} if samples else {}),
             **metrics,
         }
         self.last_step_ms = record["duration_ms"]
+        self._colls_read = []
         try:
             self._steps.append(record)
             self._heartbeat.write({"step": self.step_num, "time": record["end"], "pid": os.getpid()})
         except OSError as e:
             trouble.warn(self.dir, "steps", f"step records are being lost: cannot write {self.dir / 'steps.jsonl'} "
                          f"({trouble.reason(e)}); training goes on")
+        self._read_collectives()  # between two steps: a read of the flight recorder is in neither's time
         self._end_profiled_step()
         if self._window is not None and self.step_num >= self._window.last:
             self._stop_profiler()
@@ -294,28 +298,40 @@ class StepRecorder:
             except Exception as e:  # noqa: BLE001 - as in _open_device_view
                 self._device_view_failed(e)
 
-    def _device_fields(self) -> dict[str, Any]:
-        """The step record's device_* fields: the device's times of steps and collectives completed since the last."""
-        fields: dict[str, Any] = {}
+    def _device_steps(self) -> dict[str, Any]:
+        """The step's end on the device's clock, and the record's device_steps: the steps completed since the last."""
+        if self._clock is None:
+            return {}
         try:
-            if self._clock is not None:
-                self._clock.step_ended(self.step_num)
-                fields = {"device_source": "cuda_events", "device_steps": self._clock.take()}
-                self._say_dropped()
-            colls = self._colls.take() if self._colls is not None else []
-            if colls:
-                fields["device_colls"] = colls
+            self._clock.step_ended(self.step_num)
+            fields = {"device_source": "cuda_events", "device_steps": self._clock.take()}
         except Exception as e:  # noqa: BLE001 - as in _open_device_view
             self._device_view_failed(e)
+            return {}
+        if self._clock.dropped:
+            trouble.warn(self.dir, "device_clock", f"device step times dropped: the device was more than "
+                         f"{MAX_PENDING_STEPS} steps behind its host; training goes on")
         return fields
+
+    def _read_collectives(self, force: bool = False) -> None:
+        """The collectives' device times the flight recorder has completed, when a read is due (or ``force``)."""
+        if self._colls is None:
+            return
+        try:
+            self._colls_read += self._colls.take(force)
+        except Exception as e:  # noqa: BLE001 - the collectives' times are optional; the steps' stay
+            self._colls = None
+            trouble.warn(self.dir, "device_colls", f"collectives' device times are not recorded "
+                         f"({trouble.reason(e)}); training goes on")
 
     def _flush_device_view(self, wait_s: float) -> None:
         """At the end: what is still pending (the steps complete within ``wait_s``), in one line that is not a step."""
         if self._clock is None and self._colls is None:
             return
+        self._read_collectives(force=True)
+        colls, self._colls_read = self._colls_read, []
         try:
             steps = self._clock.flush(wait_s) if self._clock is not None else []
-            colls = self._colls.take(force=True) if self._colls is not None else []
             if self._clock is not None and self._clock.unfinished and wait_s:
                 trouble.warn(self.dir, "device_flush", f"the device times of the last {self._clock.unfinished} "
                              f"steps are not recorded: the device had not reached them {wait_s:.0f} s after the end")
@@ -325,11 +341,6 @@ class StepRecorder:
         except Exception as e:  # noqa: BLE001 - as in _open_device_view; a full disk included
             self._device_view_failed(e)
         self._stand_down_device_view()
-
-    def _say_dropped(self) -> None:
-        if self._clock.dropped:
-            trouble.warn(self.dir, "device_clock", f"device step times dropped: the device was more than "
-                         f"{MAX_PENDING_STEPS} steps behind its host; training goes on")
 
     def _device_view_failed(self, error: BaseException) -> None:
         trouble.warn(self.dir, "device_view", f"device times are not recorded ({trouble.reason(error)}); "
