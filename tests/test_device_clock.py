@@ -12,6 +12,7 @@ from diagtrain.profiler.analyzer.read.flight_records import read_dump
 from diagtrain.profiler.rank import device_colls, instrument
 from diagtrain.profiler.rank.device_clock import DeviceClock
 from diagtrain.profiler.rank.device_colls import READ_BUDGET, CollectiveTimes, collective_entries
+from diagtrain.profiler.rank.instrument import StepRecorder
 from diagtrain.profiler.rank.peak_memory import PeakMemory
 
 FR_FIXTURE = Path(__file__).parent / "fixtures/public/flight_recorder/nvrx_gpu_error_2nd/_dump_8"
@@ -262,9 +263,8 @@ def test_a_cuda_rank_records_device_steps_without_synchronize_and_flushes_at_clo
     assert {r["gpu_peak_since"] for r in steps} == {"start"}
 
 
-def test_a_failing_device_clock_is_said_once_and_training_goes_on(tmp_path, fake_cuda, capsys):
-    dev, calls, fr = fake_cuda
-
+@pytest.mark.usefixtures("fake_cuda")
+def test_a_failing_device_clock_is_said_once_and_training_goes_on(tmp_path, capsys):
     def broken(*a):
         raise RuntimeError("CUDA error: an illegal memory access")
 
@@ -287,8 +287,6 @@ def test_peak_memory_on_cuda_reads_without_resetting(monkeypatch):
     assert memory.read() == 123 and memory.source == "cuda_lifetime_peak" and resets == []
 
 
-StepRecorder = instrument.StepRecorder
-
 
 def test_the_rank_dump_holds_the_nccl_recorders_entries_and_the_generic_ones(tmp_path, monkeypatch):
     from diagtrain.profiler.rank import flight_recorder
@@ -307,7 +305,7 @@ def test_the_rank_dump_holds_the_nccl_recorders_entries_and_the_generic_ones(tmp
 def test_a_plain_scripts_recorder_starts_the_device_clock_at_the_counters_first_work_phase(tmp_path, fake_cuda):
     from diagtrain.profiler.rank.counters import COUNTERS
 
-    dev, calls, fr = fake_cuda
+    dev, calls, _ = fake_cuda
     with StepRecorder(tmp_path, rank=0, device=torch.device("cuda", 0), implicit=True) as rec:
         for step in (1, 2):
             COUNTERS.phases.enter("data")  # the DataLoader, as the counters time it
@@ -327,14 +325,14 @@ def test_a_plain_scripts_recorder_starts_the_device_clock_at_the_counters_first_
 
 
 def test_after_an_error_the_end_does_not_wait_for_the_device(tmp_path, fake_cuda):
-    dev, calls, fr = fake_cuda
-    with pytest.raises(RuntimeError, match="the job's own error"):
-        with StepRecorder(tmp_path, rank=0, device=torch.device("cuda", 0)) as rec:
-            for step in (1, 2):
-                dev.at_ms = step * 100
-                rec.step()
-            dev.done_ms = 100  # step 2 never completes: a collective whose peer died
-            raise RuntimeError("the job's own error")
+    dev, calls, _ = fake_cuda
+    with pytest.raises(RuntimeError, match="the job's own error"), \
+            StepRecorder(tmp_path, rank=0, device=torch.device("cuda", 0)) as rec:
+        for step in (1, 2):
+            dev.at_ms = step * 100
+            rec.step()
+        dev.done_ms = 100  # step 2 never completes: a collective whose peer died
+        raise RuntimeError("the job's own error")
     tail = json.loads((tmp_path / "ranks/0/steps.jsonl").read_text().splitlines()[-1])
     assert tail["kind"] == "device" and [s["step"] for s in tail["device_steps"]] == [1]
     assert dev.host_s == 0 and calls["synchronize"] == 0
@@ -342,7 +340,7 @@ def test_after_an_error_the_end_does_not_wait_for_the_device(tmp_path, fake_cuda
 
 def test_the_flight_recorder_is_read_between_steps_and_its_failure_leaves_the_steps(tmp_path, fake_cuda, capsys,
                                                                                    monkeypatch):
-    dev, calls, fr = fake_cuda
+    dev, _, fr = fake_cuda
     now = [100.0]
     monkeypatch.setattr(device_colls.time, "perf_counter", lambda: now[0])  # the flight recorder's read clock
     with StepRecorder(tmp_path, rank=0, device=torch.device("cuda", 0)) as rec:
