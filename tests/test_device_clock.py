@@ -357,3 +357,15 @@ def test_the_flight_recorder_is_read_between_steps_and_its_failure_leaves_the_st
     assert lines[1]["device_colls"][0]["seq"] == 1
     assert [s["step"] for s in lines[3]["device_steps"]] == [1, 2, 3] and lines[3]["device_colls"] == []
     assert capsys.readouterr().err.count("collectives' device times are not recorded") == 1
+
+
+def test_a_cpu_rank_records_exactly_as_before(tmp_path):
+    with StepRecorder(tmp_path, rank=0) as rec:
+        for _ in range(3):
+            with rec.phase("forward"):
+                pass
+            rec.step()
+    lines = [json.loads(line) for line in (tmp_path / "ranks/0/steps.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [1, 2, 3]  # no end-of-run device line
+    assert not any(k.startswith("device_") for r in lines for k in r)
+    assert {r["mem_source"] for r in lines} <= {"rss_peak", "rss_lifetime_peak"}
