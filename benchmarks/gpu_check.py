@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -108,8 +109,6 @@ def diagtrain_run(out: Path, *args: str) -> list[str]:
 
 def job(cmd: list[str], env: dict[str, str], expect_ok: bool = True) -> subprocess.CompletedProcess:
     """Run one job; a job that should succeed and did not stops its check with its output."""
-    import os
-
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_LIMIT_S, check=False,
                           env={**os.environ, "OMP_NUM_THREADS": "4", **env})
     if expect_ok and proc.returncode != 0:
