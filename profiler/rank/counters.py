@@ -98,10 +98,13 @@ class PhaseClock:
     _depth: dict[str, int] = field(default_factory=dict)
     _active: str | None = None
     _since: float = 0.0
+    on_enter: Callable[[str], None] | None = None  # told each phase entered (the recorder's device clock)
 
     def enter(self, name: str) -> None:
         """Enter ``name`` (nested entries of the same phase are one)."""
         self._depth[name] = self._depth.get(name, 0) + 1
+        if self.on_enter is not None:
+            self.on_enter(name)
         if self._active is None:
             self._active, self._since = name, time.perf_counter()
 
@@ -421,9 +424,9 @@ def gpu_memory_fields(stats: dict[str, Any], peak_since_step: bool = False) -> d
     from the CUDA caching allocator's statistics as ``torch.cuda.memory_stats_as_nested_dict`` gives
     them; ``{}`` when they hold none (an allocator that keeps no statistics).
 
-    The peak is torch's ``max_memory_allocated``, never reset here (that would change the job's own
-    numbers): ``gpu_peak_since`` says whether it is this step's (``"step"``: a recorder on that device
-    resets it as each step begins, see peak_memory) or the process's since it started (``"start"``).
+    The peak is torch's ``max_memory_allocated``, never reset (that would change the job's own
+    numbers): ``gpu_peak_since`` is ``"start"``, the process's peak since it started; ``"step"``
+    (runs before issue 49, whose recorder reset it as each step began) is still read.
     """
     try:
         allocated, reserved = stats["allocated_bytes"]["all"], stats["reserved_bytes"]["all"]

@@ -30,6 +30,8 @@ import torch
 
 from diagtrain.profiler.rank import trouble
 from diagtrain.profiler.rank.counters import COUNTERS, Reading
+from diagtrain.profiler.rank.device_clock import MAX_PENDING_STEPS, DeviceClock, cuda_clock
+from diagtrain.profiler.rank.device_colls import CollectiveTimes, nccl_dump
 from diagtrain.profiler.rank.peak_memory import PeakMemory
 from diagtrain.profiler.rank.profile_requests import ProfileRequests
 from diagtrain.profiler.run_dir import (
@@ -44,6 +46,10 @@ from diagtrain.profiler.run_dir import (
     remove_quietly,
 )
 from diagtrain.profiler.util.step_ranges import StepRange, parse_step_ranges
+
+# At a clean end the device's last steps are waited for this long, polled: the device is rarely more
+# than a few steps behind. After an error they are not waited for (the device may never get there).
+DEVICE_FLUSH_WAIT_S = 5.0
 
 # Set while a recorder the program created itself is open; the optimizer-hook recorder that
 # `diagtrain run` installs then stands down, so steps are never counted twice.
@@ -114,6 +120,9 @@ class StepRecorder:
         self._first_start = started_at  # time.perf_counter() when step 1 began, if before entering
         self._counted: Reading | None = None  # the counters when the current step began
         self.last_step_ms: float | None = None  # the last recorded step's duration_ms, for a loop's own progress
+        self._clock: DeviceClock | None = None  # the device's view of each step, on CUDA
+        self._colls: CollectiveTimes | None = None  # NCCL collectives' device times, on CUDA
+        self._colls_read: list[dict[str, Any]] = []  # read after the last record, for the next one
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -133,6 +142,7 @@ class StepRecorder:
                 self.enabled = False
                 return self
             self._memory = PeakMemory(self.device)
+            self._open_device_view()
             COUNTERS.install()
             COUNTERS.follow_current_thread()  # the training loop's thread, main or not
             if not self.implicit:
@@ -153,6 +163,7 @@ class StepRecorder:
         self._end_profiled_step()
         if self._profiler is not None:
             self._stop_profiler(drop_step=unfinished)
+        self._flush_device_view(DEVICE_FLUSH_WAIT_S if exc_type is None else 0.0)
         for close in (self._steps.close, self._heartbeat.close):
             try:
                 close()
@@ -179,6 +190,7 @@ class StepRecorder:
             annotation = torch.profiler.record_function(f"diagtrain.phase.{name}")
             annotation.__enter__()
         self._phase_starts[name] = (time.perf_counter(), annotation, COUNTERS.comm_s)
+        self._work_begins(name)
 
     def end_phase(self, name: str) -> None:
         """Stop timing ``name`` and add the time to the current step."""
@@ -195,8 +207,8 @@ class StepRecorder:
         if not self.enabled:
             self.step_num += 1
             return
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # a step ends when its kernels end
+        # No synchronize: the host keeps its lead, and the device's own times come from its events.
+        device = self._device_steps()
         end_wall, end = time.time(), time.perf_counter()
         duration = end - self._step_start
         phases, phase_comm = self._phases, self._phase_comm
@@ -222,17 +234,21 @@ class StepRecorder:
             **({"p2p": p2p} if p2p else {}),
             "peak_mem_bytes": self._memory.read(),
             "mem_source": self._memory.source,
-            **COUNTERS.gpu_memory(self.device, peak_since_step=self._memory.source == "cuda_max_allocated"),
+            **COUNTERS.gpu_memory(self.device),
+            **device,
+            **({"device_colls": self._colls_read} if self._colls_read else {}),
             **({"samples": samples} if samples else {}),
             **metrics,
         }
         self.last_step_ms = record["duration_ms"]
+        self._colls_read = []
         try:
             self._steps.append(record)
             self._heartbeat.write({"step": self.step_num, "time": record["end"], "pid": os.getpid()})
         except OSError as e:
             trouble.warn(self.dir, "steps", f"step records are being lost: cannot write {self.dir / 'steps.jsonl'} "
                          f"({trouble.reason(e)}); training goes on")
+        self._read_collectives()  # between two steps: a read of the flight recorder is in neither's time
         self._end_profiled_step()
         if self._window is not None and self.step_num >= self._window.last:
             self._stop_profiler()
@@ -255,10 +271,86 @@ class StepRecorder:
             self._step_annotation.__enter__()
         self._memory.reset()
         self._step_start = self._first_start or time.perf_counter()
+        if self._colls is not None:
+            self._colls.step_began(self.step_num, time.time_ns() - int((time.perf_counter() - self._step_start) * 1e9))
         # The implicit recorder starts at step 1's first optimizer step: its counters, like its
         # clock, start when torch was imported.
         self._counted = (COUNTERS.start if self._first_start is not None and self.implicit else None) or COUNTERS.read()
         self._first_start = None
+
+    def _open_device_view(self) -> None:
+        """On CUDA: the device clock, and the NCCL collectives' times where torch has an NCCL recorder."""
+        if self.device.type != "cuda":
+            return
+        try:
+            self._clock = cuda_clock(torch, self.device)
+            dump = nccl_dump(torch)
+            self._colls = CollectiveTimes(dump) if dump is not None else None
+            if self.implicit:  # the counters see the phases: the first work phase starts the device clock
+                COUNTERS.phases.on_enter = self._work_begins
+        except Exception as e:  # noqa: BLE001 - the device view is optional; the host's records stay
+            self._device_view_failed(e)
+
+    def _work_begins(self, phase: str) -> None:
+        if self._clock is not None:
+            try:
+                self._clock.work_begins(phase)
+            except Exception as e:  # noqa: BLE001 - as in _open_device_view
+                self._device_view_failed(e)
+
+    def _device_steps(self) -> dict[str, Any]:
+        """The step's end on the device's clock, and the record's device_steps: the steps completed since the last."""
+        if self._clock is None:
+            return {}
+        try:
+            self._clock.step_ended(self.step_num)
+            fields = {"device_source": "cuda_events", "device_steps": self._clock.take()}
+        except Exception as e:  # noqa: BLE001 - as in _open_device_view
+            self._device_view_failed(e)
+            return {}
+        if self._clock.dropped:
+            trouble.warn(self.dir, "device_clock", f"device step times dropped: the device was more than "
+                         f"{MAX_PENDING_STEPS} steps behind its host; training goes on")
+        return fields
+
+    def _read_collectives(self, force: bool = False) -> None:
+        """The collectives' device times the flight recorder has completed, when a read is due (or ``force``)."""
+        if self._colls is None:
+            return
+        try:
+            self._colls_read += self._colls.take(force)
+        except Exception as e:  # noqa: BLE001 - the collectives' times are optional; the steps' stay
+            self._colls = None
+            trouble.warn(self.dir, "device_colls", f"collectives' device times are not recorded "
+                         f"({trouble.reason(e)}); training goes on")
+
+    def _flush_device_view(self, wait_s: float) -> None:
+        """At the end: what is still pending (the steps complete within ``wait_s``), in one line that is not a step."""
+        if self._clock is None and self._colls is None:
+            return
+        self._read_collectives(force=True)
+        colls, self._colls_read = self._colls_read, []
+        try:
+            steps = self._clock.flush(wait_s) if self._clock is not None else []
+            if self._clock is not None and self._clock.unfinished and wait_s:
+                trouble.warn(self.dir, "device_flush", f"the device times of the last {self._clock.unfinished} "
+                             f"steps are not recorded: the device had not reached them {wait_s:.0f} s after the end")
+            if steps or colls:
+                self._steps.append({"schema_version": SCHEMA_VERSION, "rank": self.rank, "kind": "device",
+                                    "device_steps": steps, "device_colls": colls})
+        except Exception as e:  # noqa: BLE001 - as in _open_device_view; a full disk included
+            self._device_view_failed(e)
+        self._stand_down_device_view()
+
+    def _device_view_failed(self, error: BaseException) -> None:
+        trouble.warn(self.dir, "device_view", f"device times are not recorded ({trouble.reason(error)}); "
+                     "training goes on")
+        self._stand_down_device_view()
+
+    def _stand_down_device_view(self) -> None:
+        self._clock = self._colls = None
+        if COUNTERS.phases.on_enter == self._work_begins:
+            COUNTERS.phases.on_enter = None
 
     def _add_requested_windows(self) -> None:
         """Windows the wrapper asked for since the last step; one that has begun already is

@@ -1,4 +1,10 @@
-"""Peak memory of one step: the CUDA caching allocator's peak on GPU, peak RSS on CPU.
+"""Peak memory: the CUDA caching allocator's peak since start on GPU, this step's peak RSS on CPU.
+
+On GPU the allocator's peak is never reset: ``torch.cuda.reset_peak_memory_stats`` would change what
+the job's own ``torch.cuda.max_memory_allocated()`` returns, and the allocator keeps no per-step peak
+that can be read without one. The record holds the peak since the process started, or since the job
+itself last reset it (``cuda_lifetime_peak``, ``gpu_peak_since: "start"``): a step that raised it
+shows as a rise.
 
 On Linux the kernel's peak-RSS counter (VmHWM) can be reset by writing ``5`` to
 ``/proc/self/clear_refs``, which gives a true per-step peak on CPU. Where that is not allowed the
@@ -18,11 +24,11 @@ _RESET_PEAK_RSS = b"5"  # clear_refs code that resets VmHWM (Linux >= 4.0)
 
 
 class PeakMemory:
-    """Resets and reads the peak memory of the current process for one device."""
+    """Reads (and on CPU resets) the peak memory of the current process for one device."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.source = "cuda_max_allocated" if device.type == "cuda" else "rss_peak"
+        self.source = "cuda_lifetime_peak" if device.type == "cuda" else "rss_peak"
         self._can_reset_rss = self.source == "rss_peak" and self._try_reset_rss()
         if self.source == "rss_peak" and not self._can_reset_rss:
             self.source = "rss_lifetime_peak"
@@ -36,16 +42,14 @@ class PeakMemory:
             return False
 
     def reset(self) -> None:
-        """Start a new measurement window (called at the start of each step)."""
-        if self.source == "cuda_max_allocated":
-            torch.cuda.reset_peak_memory_stats(self.device)
-        elif self._can_reset_rss:
+        """Start a new measurement window (called at the start of each step); never on GPU, see above."""
+        if self._can_reset_rss:
             self._try_reset_rss()
 
     def read(self) -> int:
-        """Peak bytes since the last :meth:`reset` (or since start, for the lifetime fallback)."""
-        if self.source == "cuda_max_allocated":
-            return int(torch.cuda.max_memory_allocated(self.device))
+        """Peak bytes since the last :meth:`reset` (or since start, for the lifetime peaks)."""
+        if self.source == "cuda_lifetime_peak":
+            return int(torch.cuda.memory_stats(self.device).get("allocated_bytes.all.peak", 0))
         if self._can_reset_rss:
             for line in _STATUS.read_text().splitlines():
                 if line.startswith("VmHWM:"):

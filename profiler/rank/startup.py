@@ -48,6 +48,9 @@ RANK_PID_ENV = "DIAGTRAIN_RANK_PID"  # set by a rank, so that its child processe
 PENDING_FOLDER = ".pending-{pid}"
 # Flight-recorder entries kept per process: several steps of a 3D run's collectives.
 FR_BUFFER_ENTRIES = "20000"
+# NCCL times each collective on the device (the flight recorder's duration_ms, see rank/device_colls.py).
+# Its cost: one extra CUDA event pair recorded per collective; a user's own setting is kept.
+NCCL_TIMING_ENV = "TORCH_NCCL_ENABLE_TIMING"
 SIGTERM_EXIT_CODE = 128 + signal.SIGTERM
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
@@ -165,6 +168,7 @@ class _Session:
         self.pid = os.getpid()
         self.rank: int | None = None
         os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FR_BUFFER_ENTRIES)  # before any process group starts
+        os.environ.setdefault(NCCL_TIMING_ENV, "1")
         folder.mkdir(parents=True, exist_ok=True)
         _tee_output(folder)
         self.exit = _ExitRecorder(self.folder_at_exit)

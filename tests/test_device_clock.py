@@ -1,0 +1,371 @@
+"""The rank's device view without a GPU: CUDA events and flight-recorder entries as recorded values."""
+
+import json
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+import pytest
+import torch
+
+from diagtrain.profiler.analyzer.read.flight_records import read_dump
+from diagtrain.profiler.rank import device_colls, instrument
+from diagtrain.profiler.rank.device_clock import DeviceClock
+from diagtrain.profiler.rank.device_colls import READ_BUDGET, CollectiveTimes, collective_entries
+from diagtrain.profiler.rank.instrument import StepRecorder
+from diagtrain.profiler.rank.peak_memory import PeakMemory
+
+FR_FIXTURE = Path(__file__).parent / "fixtures/public/flight_recorder/nvrx_gpu_error_2nd/_dump_8"
+
+
+class FakeEvent:
+    """A recorded event at device time ``at`` (ms); complete once the device has got that far."""
+
+    def __init__(self, device: "FakeDevice", at: float) -> None:
+        self.device, self.at = device, at
+
+    def query(self) -> bool:
+        self.device.queries += 1
+        return self.at <= self.device.done_ms
+
+    def elapsed_time(self, end: "FakeEvent") -> float:
+        assert self.query() and end.query(), "elapsed_time of an event not complete"
+        return end.at - self.at
+
+
+class FakeDevice:
+    """The stream's timeline: where the next event lands (``at_ms``) and how far the device has run
+    (``done_ms``); while the host sleeps (polls at the end) the device runs on, unless ``stuck``."""
+
+    def __init__(self) -> None:
+        self.at_ms, self.done_ms, self.queries, self.host_s, self.stuck = 0.0, 0.0, 0, 0.0, False
+        self.capturing = False
+
+    def record(self) -> FakeEvent | None:
+        return None if self.capturing else FakeEvent(self, self.at_ms)
+
+    def sleep(self, seconds: float) -> None:
+        self.host_s += seconds
+        if not self.stuck:
+            self.done_ms += seconds * 1e3
+
+    def clock(self, **kw) -> DeviceClock:
+        return DeviceClock(self.record, sleep=self.sleep, now=lambda: self.host_s, **kw)
+
+
+def _run_steps(dev: FakeDevice, clock: DeviceClock, steps: list[tuple[float, float]], first: int = 1) -> None:
+    """Each step as (device time its first work is queued at, device time its end is queued at)."""
+    for n, (work, end) in enumerate(steps, start=first):
+        dev.at_ms = work
+        clock.work_begins("data")  # host-side phase: no event
+        clock.work_begins("forward")
+        clock.work_begins("backward")  # only the first work phase counts
+        dev.at_ms = end
+        clock.step_ended(n)
+
+
+def test_host_ahead_no_idle_and_device_step_time():
+    dev = FakeDevice()
+    clock = dev.clock()
+    _run_steps(dev, clock, [(0, 100), (100, 180), (180, 300)])
+    dev.done_ms = 1000
+    assert clock.take() == [{"step": 1, "step_ms": 100.0, "idle_before_ms": 0.0},
+                            {"step": 2, "step_ms": 80.0, "idle_before_ms": 0.0},
+                            {"step": 3, "step_ms": 120.0, "idle_before_ms": 0.0}]
+
+
+def test_host_late_50ms_is_device_idle_before_the_step():
+    dev = FakeDevice()
+    clock = dev.clock()
+    _run_steps(dev, clock, [(0, 100), (150, 250), (300, 400)])  # the host queues each step 50 ms late
+    dev.done_ms = 1000
+    got = clock.take()
+    assert [s["idle_before_ms"] for s in got] == [0.0, 50.0, 50.0]
+    assert [s["step_ms"] for s in got] == [100.0, 100.0, 100.0]  # the device's busy time, idle excluded
+
+
+def test_a_step_without_a_work_phase_starts_at_the_previous_end():
+    dev = FakeDevice()
+    clock = dev.clock()
+    dev.at_ms = 100
+    clock.step_ended(1)
+    dev.at_ms = 220
+    clock.step_ended(2)
+    dev.done_ms = 1000
+    assert clock.take() == [{"step": 1, "step_ms": 100.0, "idle_before_ms": 0.0},
+                            {"step": 2, "step_ms": 120.0, "idle_before_ms": 0.0}]
+
+
+def test_steps_not_complete_stay_pending_and_nothing_blocks():
+    dev = FakeDevice()
+    clock = dev.clock()
+    _run_steps(dev, clock, [(0, 100), (100, 200), (200, 300)])
+    dev.done_ms = 150  # the device is inside step 2
+    assert [s["step"] for s in clock.take()] == [1]
+    assert clock.take() == []
+    dev.done_ms = 300
+    assert [s["step"] for s in clock.take()] == [2, 3]
+    assert dev.host_s == 0  # take() polled and returned, it never waited
+
+
+def test_pending_steps_are_bounded_and_the_dropped_counted():
+    dev = FakeDevice()
+    clock = dev.clock(max_pending=4)
+    _run_steps(dev, clock, [(i * 10, i * 10 + 10) for i in range(6)])  # the device has run none of them
+    assert clock.take() == [] and clock.dropped == 2
+    dev.done_ms = 1000
+    assert [s["step"] for s in clock.take()] == [3, 4, 5, 6]
+
+
+def test_flush_polls_the_pending_steps_until_they_complete():
+    dev = FakeDevice()
+    clock = dev.clock()
+    assert clock.flush(5.0) == [] and dev.host_s == 0
+    _run_steps(dev, clock, [(0, 100), (100, 200)])
+    assert [s["step"] for s in clock.flush(5.0)] == [1, 2]
+    assert 0.19 <= dev.host_s <= 0.21 and clock.unfinished == 0  # waited as long as the device took, no longer
+
+
+def test_flush_of_a_device_that_never_gets_there_gives_up_in_time():
+    dev = FakeDevice()
+    clock = dev.clock()
+    _run_steps(dev, clock, [(0, 100), (100, 200)])
+    dev.done_ms, dev.stuck = 100, True  # a collective whose peer is gone
+    assert [s["step"] for s in clock.flush(2.0)] == [1]
+    assert 2.0 <= dev.host_s <= 2.01 and clock.unfinished == 1
+    assert clock.flush(2.0) == []  # given up: nothing left pending
+
+
+def test_steps_during_a_cuda_graph_capture_are_left_untimed():
+    dev = FakeDevice()
+    clock = dev.clock()
+    _run_steps(dev, clock, [(0, 100)])
+    dev.capturing = True  # the program captures step 2 in a CUDA graph: no event may be recorded
+    _run_steps(dev, clock, [(100, 200)], first=2)
+    dev.capturing = False
+    _run_steps(dev, clock, [(200, 300), (300, 400)], first=3)
+    dev.done_ms = 1000
+    assert [(s["step"], s["step_ms"]) for s in clock.take()] == [(1, 100.0), (4, 100.0)]
+
+
+# -- collectives: flight-recorder entries as torch 2.13 writes them ----------------------------------
+
+
+def _entry(seq: int, created_ns: int, ms: float | None = 1.5, state: str = "completed", group: str = "0",
+           **kw) -> dict:
+    return {"collective_seq_id": seq, "process_group": [group, "default_pg"], "profiling_name": "nccl:all_reduce",
+            "time_created_ns": created_ns, "state": state, "duration_ms": ms, "is_p2p": False, **kw}
+
+
+def _steps_at(starts: dict[int, int]):
+    def step_of(ns: int):
+        found = [s for s, start in starts.items() if start <= ns]
+        return max(found) if found else None
+    return step_of
+
+
+def test_real_entries_without_timing_give_nothing():
+    entries = read_dump(FR_FIXTURE)["entries"]  # a real NCCL dump: scheduled, untimed collectives
+    assert entries and collective_entries(entries, OrderedDict(), lambda ns: 1) == []
+
+
+def test_completed_timed_entries_become_device_colls_with_their_step():
+    real = read_dump(FR_FIXTURE)["entries"][0]
+    t0 = real["time_created_ns"]
+    timed = {**real, "state": "completed", "duration_ms": 3.25}  # the same entry once complete and timed
+    entries = [timed, _entry(7, t0 + 2_000, 1.0), _entry(8, t0 + 5_000, 2.0),
+               _entry(9, t0 + 6_000, 9.0, state="started"), _entry(10, t0 + 6_000, None),
+               _entry(0, t0 + 6_000, 4.0, is_p2p=True), _entry(11, t0 - 1, 1.0)]
+    got = collective_entries(entries, OrderedDict(), _steps_at({4: t0, 5: t0 + 4_000}))
+    assert got == [{"step": 4, "group": "72", "seq": real["collective_seq_id"], "op": "nccl:all_to_all", "ms": 3.25},
+                   {"step": 4, "group": "0", "seq": 7, "op": "nccl:all_reduce", "ms": 1.0},
+                   {"step": 5, "group": "0", "seq": 8, "op": "nccl:all_reduce", "ms": 2.0}]
+
+
+def test_an_entry_is_written_once_and_the_seen_set_is_bounded(monkeypatch):
+    monkeypatch.setattr(device_colls, "MAX_SEEN", 3)
+    seen: OrderedDict = OrderedDict()
+    first = collective_entries([_entry(s, 10) for s in (1, 2)], seen, lambda ns: 1)
+    again = collective_entries([_entry(s, 10) for s in (1, 2, 3)], seen, lambda ns: 1)
+    assert [c["seq"] for c in first] == [1, 2] and [c["seq"] for c in again] == [3]
+    collective_entries([_entry(4, 10)], seen, lambda ns: 1)
+    assert list(seen) == [("0", 2), ("0", 3), ("0", 4)]
+
+
+def test_the_recorder_is_read_within_its_budget():
+    now = [0.0]
+    dumps = []
+
+    def dump():
+        dumps.append(now[0])
+        now[0] += 0.2  # a read of a full ring takes 0.2 s
+        return json.dumps({"entries": [_entry(len(dumps), 1_000, 1.0)]})
+
+    colls = CollectiveTimes(dump, clock=lambda: now[0])
+    colls.step_began(1, 0)
+    assert colls.take() == [] and dumps == []  # not due yet
+    now[0] = 10.0
+    assert [c["seq"] for c in colls.take()] == [1]
+    now[0] = 10.2 + 0.2 / READ_BUDGET - 1
+    assert colls.take() == [] and len(dumps) == 1  # the read cost 0.2 s: the next waits 0.2 / budget
+    now[0] += 1
+    assert [c["seq"] for c in colls.take()] == [2]
+    assert [c["seq"] for c in colls.take(force=True)] == [3]
+
+
+# -- the recorder on a CUDA device, its CUDA calls replaced by recorded values ------------------------
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """torch.cuda as a CUDA rank sees it: counted synchronize and peak resets, allocator statistics."""
+    dev, calls = FakeDevice(), {"synchronize": 0, "reset_peak": 0}
+    stats = {"allocated_bytes.all.peak": 7 * 2**20}
+    nested = {"allocated_bytes": {"all": {"current": 2**20, "peak": 7 * 2**20}},
+              "reserved_bytes": {"all": {"current": 8 * 2**20}}}
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.__setitem__("synchronize", calls["synchronize"] + 1))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
+                        lambda *a: calls.__setitem__("reset_peak", calls["reset_peak"] + 1))
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda *a: stats)
+    monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", lambda *a: nested)
+    monkeypatch.setattr(instrument, "cuda_clock", lambda torch_, device: dev.clock())
+    fr = {"entries": []}
+    monkeypatch.setattr(instrument, "nccl_dump", lambda torch_: lambda: json.dumps(fr))
+    return dev, calls, fr
+
+
+def test_a_cuda_rank_records_device_steps_without_synchronize_and_flushes_at_close(tmp_path, fake_cuda):
+    dev, calls, fr = fake_cuda
+    with StepRecorder(tmp_path, rank=0, device=torch.device("cuda", 0)) as rec:
+        for step in range(1, 4):
+            with rec.phase("data"):
+                pass
+            dev.at_ms = (step - 1) * 100 + 30  # the host queues its work 30 ms after the device went idle
+            with rec.phase("forward"):
+                pass
+            dev.at_ms = step * 100
+            dev.done_ms = (step - 1) * 100  # the device ends each step a step behind the host
+            fr["entries"].append(_entry(step, time.time_ns(), 2.0))  # issued during this step
+            rec.step()
+    lines = [json.loads(line) for line in (tmp_path / "ranks/0/steps.jsonl").read_text().splitlines()]
+    steps, tail = lines[:-1], lines[-1]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert all(r["device_source"] == "cuda_events" for r in steps)
+    assert [[d["step"] for d in r["device_steps"]] for r in steps] == [[], [1], [2]]
+    assert steps[1]["device_steps"][0] == {"step": 1, "step_ms": 70.0, "idle_before_ms": 30.0}
+    assert calls["synchronize"] == 0  # none per step, none at close
+    assert "step" not in tail and tail["kind"] == "device" and tail["rank"] == 0
+    assert tail["device_steps"] == [{"step": 3, "step_ms": 70.0, "idle_before_ms": 30.0}]
+    assert [(c["step"], c["seq"]) for c in tail["device_colls"]] == [(1, 1), (2, 2), (3, 3)]  # read at close only
+    assert calls["reset_peak"] == 0
+    assert {r["mem_source"] for r in steps} == {"cuda_lifetime_peak"}
+    assert {r["peak_mem_bytes"] for r in steps} == {7 * 2**20}
+    assert {r["gpu_peak_since"] for r in steps} == {"start"}
+
+
+@pytest.mark.usefixtures("fake_cuda")
+def test_a_failing_device_clock_is_said_once_and_training_goes_on(tmp_path, capsys):
+    def broken(*a):
+        raise RuntimeError("CUDA error: an illegal memory access")
+
+    with StepRecorder(tmp_path, rank=0, device=torch.device("cuda", 0)) as rec:
+        rec._clock.step_ended = broken
+        for _ in range(3):
+            rec.step()
+    records = [json.loads(line) for line in (tmp_path / "ranks/0/steps.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert not any("device_steps" in r for r in records)
+    assert capsys.readouterr().err.count("device times are not recorded") == 1
+
+
+def test_peak_memory_on_cuda_reads_without_resetting(monkeypatch):
+    resets = []
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: resets.append(a))
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda *a: {"allocated_bytes.all.peak": 123})
+    memory = PeakMemory(torch.device("cuda", 0))
+    memory.reset()
+    assert memory.read() == 123 and memory.source == "cuda_lifetime_peak" and resets == []
+
+
+
+def test_the_rank_dump_holds_the_nccl_recorders_entries_and_the_generic_ones(tmp_path, monkeypatch):
+    from diagtrain.profiler.rank import flight_recorder
+
+    c10d = torch._C._distributed_c10d
+    nccl = {"version": "2.10", "pg_config": {"0": {"desc": "default_pg"}}, "entries": [_entry(1, 5, 2.0)]}
+    generic = {"version": "2.10", "pg_config": {"1": {"desc": "gloo_pg"}}, "entries": [_entry(1, 6, None, group="1")]}
+    monkeypatch.setattr(c10d, "_dump_nccl_trace_json", lambda *a: json.dumps(nccl).encode(), raising=False)
+    monkeypatch.setattr(c10d, "_dump_fr_trace_json", lambda *a: json.dumps(generic).encode())
+    assert flight_recorder.dump(tmp_path / "fr.json")
+    dumped = json.loads((tmp_path / "fr.json").read_text())
+    assert [(e["process_group"][0], e["duration_ms"]) for e in dumped["entries"]] == [("0", 2.0), ("1", None)]
+    assert set(dumped["pg_config"]) == {"0", "1"}
+
+
+def test_a_plain_scripts_recorder_starts_the_device_clock_at_the_counters_first_work_phase(tmp_path, fake_cuda):
+    from diagtrain.profiler.rank.counters import COUNTERS
+
+    dev, calls, _ = fake_cuda
+    with StepRecorder(tmp_path, rank=0, device=torch.device("cuda", 0), implicit=True) as rec:
+        for step in (1, 2):
+            COUNTERS.phases.enter("data")  # the DataLoader, as the counters time it
+            COUNTERS.phases.exit("data")
+            dev.at_ms = (step - 1) * 100 + 40
+            COUNTERS.phases.enter("forward")
+            COUNTERS.phases.exit("forward")
+            dev.at_ms = step * 100
+            rec.begin_phase("optimizer")  # the optimizer hooks
+            rec.end_phase("optimizer")
+            rec.step()
+    assert COUNTERS.phases.on_enter is None  # the clock is gone with its recorder
+    tail = json.loads((tmp_path / "ranks/0/steps.jsonl").read_text().splitlines()[-1])
+    assert tail["device_steps"] == [{"step": 1, "step_ms": 60.0, "idle_before_ms": 40.0},
+                                    {"step": 2, "step_ms": 60.0, "idle_before_ms": 40.0}]
+    assert calls["synchronize"] == 0
+
+
+def test_after_an_error_the_end_does_not_wait_for_the_device(tmp_path, fake_cuda):
+    dev, calls, _ = fake_cuda
+    with pytest.raises(RuntimeError, match="the job's own error"), \
+            StepRecorder(tmp_path, rank=0, device=torch.device("cuda", 0)) as rec:
+        for step in (1, 2):
+            dev.at_ms = step * 100
+            rec.step()
+        dev.done_ms = 100  # step 2 never completes: a collective whose peer died
+        raise RuntimeError("the job's own error")
+    tail = json.loads((tmp_path / "ranks/0/steps.jsonl").read_text().splitlines()[-1])
+    assert tail["kind"] == "device" and [s["step"] for s in tail["device_steps"]] == [1]
+    assert dev.host_s == 0 and calls["synchronize"] == 0
+
+
+def test_the_flight_recorder_is_read_between_steps_and_its_failure_leaves_the_steps(tmp_path, fake_cuda, capsys,
+                                                                                   monkeypatch):
+    dev, _, fr = fake_cuda
+    now = [100.0]
+    monkeypatch.setattr(device_colls.time, "perf_counter", lambda: now[0])  # the flight recorder's read clock
+    with StepRecorder(tmp_path, rank=0, device=torch.device("cuda", 0)) as rec:
+        fr["entries"].append(_entry(1, time.time_ns(), 2.0))
+        now[0] += 10  # a read is due at the end of step 1: it goes into step 2's record
+        dev.at_ms = 100  # the device never gets to the steps' ends while they run
+        rec.step()
+        rec.step()
+        fr["entries"] = [{"state": "completed", "duration_ms": 1.0, "process_group": ["0", ""]}]  # no seq: unreadable
+        now[0] += 1000
+        rec.step()
+    lines = [json.loads(line) for line in (tmp_path / "ranks/0/steps.jsonl").read_text().splitlines()]
+    assert ["device_colls" in r for r in lines[:3]] == [False, True, False]
+    assert lines[1]["device_colls"][0]["seq"] == 1
+    assert [s["step"] for s in lines[3]["device_steps"]] == [1, 2, 3] and lines[3]["device_colls"] == []
+    assert capsys.readouterr().err.count("collectives' device times are not recorded") == 1
+
+
+def test_a_cpu_rank_records_exactly_as_before(tmp_path):
+    with StepRecorder(tmp_path, rank=0) as rec:
+        for _ in range(3):
+            with rec.phase("forward"):
+                pass
+            rec.step()
+    lines = [json.loads(line) for line in (tmp_path / "ranks/0/steps.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [1, 2, 3]  # no end-of-run device line
+    assert not any(k.startswith("device_") for r in lines for k in r)
+    assert {r["mem_source"] for r in lines} <= {"rss_peak", "rss_lifetime_peak"}
