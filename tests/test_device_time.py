@@ -35,6 +35,7 @@ class Gpus:
 
     slow: dict[int, float] = field(default_factory=dict)  # rank -> factor on its device work
     late: dict[tuple[int, int], float] = field(default_factory=dict)  # (rank, step) -> ms its host is late
+    for_data: bool = False  # the host is late waiting for its batch: its data phase says so
 
 
 def gpu_run(root: Path, gpus: Gpus, device: bool = True) -> Path:
@@ -55,8 +56,9 @@ def gpu_run(root: Path, gpus: Gpus, device: bool = True) -> Path:
         for s in range(1, STEPS + 1):
             wall = period[s] + 0.02 * r  # the hosts meet at the next step's blocking call: equal steps
             record = {"rank": r, "step": s, "start": start, "end": start + wall / 1e3, "duration_ms": wall,
-                      "phases_ms": {"forward": wall * 0.3, "backward": wall * 0.6, "optimizer": wall * 0.1},
-                      "phase_comm_ms": {"forward": 0.0, "backward": 0.04, "optimizer": 0.0},
+                      "phases_ms": {"data": 1.0 + (gpus.late.get((r, s), 0.0) if gpus.for_data else 0.0),
+                                    "forward": wall * 0.3, "backward": wall * 0.6, "optimizer": wall * 0.1},
+                      "phase_comm_ms": {"data": 0.0, "forward": 0.0, "backward": 0.04, "optimizer": 0.0},
                       "comm_ms": 0.04, "comm_calls": 2, "cpu_ms": wall * 0.9, "runq_ms": 0.1}
             if device and s - lag >= 1:
                 record.update(_device_fields(r, [s - lag], device_steps, colls))
@@ -158,6 +160,15 @@ def test_a_host_late_every_5th_step_is_named_with_those_steps(tmp_path):
     # 50 ms in one step of five: 10 ms per step over the run.
     assert price(f) == pytest.approx(50.0 / 5, rel=0.3)
     waited_for(run, 2, late)
+
+
+def test_a_host_late_for_its_data_is_a_data_stall_priced_on_the_device(tmp_path):
+    """Its host's data phase names the cause (the dataloader_stall detector), the device's idle time prices it."""
+    run = gpu_run(tmp_path, Gpus(late={(5, s): 50.0 for s in range(1, STEPS + 1)}, for_data=True))
+    found = findings(run)
+    assert named(found, 5) == []
+    [f] = [f for f in found if f["kind"] == "dataloader_stall"]
+    assert f["ranks"] == [5] and price(f) == pytest.approx(50.0, rel=0.3)
 
 
 @pytest.mark.parametrize("gpus", [Gpus(slow={3: 1.2}), Gpus(late={(5, s): 50.0 for s in range(1, STEPS + 1)})],
@@ -271,3 +282,14 @@ def test_flight_recorder_durations_stand_in_for_the_records_device_collectives(t
     from_dumps = analyze(run, tmp_path / "b", ["json"], workers=1)
     [a], [b] = named(with_records["findings"], 3), named(from_dumps["findings"], 3)
     assert b["metrics"]["cause"] == "slow_device" and b["impact_ms"] == pytest.approx(a["impact_ms"], rel=1e-6)
+
+
+def test_compare_weighs_each_ranks_device_busy_time_not_its_waits(tmp_path):
+    from diagtrain.profiler.compare.summary import summarize  # noqa: PLC0415
+
+    run = gpu_run(tmp_path, Gpus(slow={3: 1.2}))
+    analyze(run, run, ["json"], workers=1)
+    per_rank = summarize(run)["per_rank"]
+    busy = {r: np.median(per_rank[str(r)]["device_busy"]) for r in (0, 3)}
+    assert busy[3] - busy[0] == pytest.approx(0.2 * sum(SEGMENTS), abs=1.0)  # its 20 ms more work, not the others' waits
+    assert not {"device_step", "device_comm_wait", "device_idle"} & set(per_rank["0"])

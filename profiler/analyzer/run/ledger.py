@@ -30,6 +30,8 @@ less what the slow ranks' excess itself spent, over the CPUs their host had free
 sleeps frees a CPU its peers use, and removing its sleep saves at most the step less that floor (8
 ranks on 2 cores, a 200 ms sleep: ~70 ms, not 200).
 
+On a GPU the steps timed on the device are weighed by the device's times (:func:`device_view`).
+
 Only accounting here, no judgement: what counts as noise, and which causes are findings, is the
 judge's (judge/cost.py).
 """

@@ -6,6 +6,9 @@ time spent inside collectives (the others spend the difference waiting there); f
 step records, the first phase of the step in which one rank is far above its peers (waiting comes
 later in the step than its cause; a phase a rank spent blocked in collectives is waiting), else
 its step without the time it was blocked in collectives (the counters of any job, see own_time).
+On a GPU, steps timed on every rank's device (run/device_time.py) are compared by the device's idle
+time before the step (its host late) and busy time (a slow GPU) instead of the host's phases: NCCL
+returns on the host once a collective is queued, so there the host's times say nothing of who waited.
 """
 
 from __future__ import annotations
