@@ -169,6 +169,7 @@ def test_a_host_late_for_its_data_is_a_data_stall_priced_on_the_device(tmp_path)
     assert named(found, 5) == []
     [f] = [f for f in found if f["kind"] == "dataloader_stall"]
     assert f["ranks"] == [5] and price(f) == pytest.approx(50.0, rel=0.3)
+    assert f["metrics"]["time_source"] == "host" and f["metrics"]["impact_time_source"] == "device"
 
 
 @pytest.mark.parametrize("gpus", [Gpus(slow={3: 1.2}), Gpus(late={(5, s): 50.0 for s in range(1, STEPS + 1)})],

@@ -125,6 +125,8 @@ def causes(t: Tables, c: Cost | None = None) -> tuple[list[Cause], dict[str, Any
               "charged_above_ms": round(bar, 3),
               "waiting_s": round(float(ledger["wait_ms"].sum()) / 1e3, 4),
               "starved_s": round(float(ledger["starved_ms"].sum()) / 1e3, 4) if ledger["starved_ms"].notna().any() else None}
+    if "time_source" in ledger:  # a GPU run's steps weighed on the device (run/ledger.py device_view)
+        totals["device_steps"] = int(ledger.loc[ledger["time_source"] == "device", "step"].nunique())
     return found, totals
 
 
@@ -271,6 +273,8 @@ def _price(f: Finding, mine: list[Cause], totals: dict[str, Any], c: Cost, t: Ta
         # cannot say how often: auto profiling's first window is where a rank slow then looks slow always.
         f.severity = max(f.severity, ruled, key=SEVERITIES.index) \
             if main.pattern == INTERMITTENT and not _window_only(f, t) else ruled
+    if any(x.part in (DEVICE_BUSY, DEVICE_IDLE) for x in mine):
+        f.metrics["impact_time_source"] = "device"  # the others' waits measured on their devices, not their hosts
     f.explanation += " " + _cost_words(main, lost, share, totals) + _bound_words(f) + _crowded_words(f, t)
     f.settings.update(values(c))
 
@@ -430,6 +434,8 @@ def markdown(ledger_section: dict[str, Any] | None) -> list[str]:
     lines = ["### Where the time went", "",
              f"{s['steady_steps']} steady steps, {s['job_s']:.2f} s of job time; the ranks spent {s['waiting_s']:.2f} s "
              "blocked in collectives and point-to-point calls in all"
+             + (f" ({s['device_steps']} of the steps timed on the devices: CUDA events and NCCL's collective timing)"
+                if s.get("device_steps") else "")
              + (f", and {s['starved_s']:.2f} s waiting for a CPU" if s.get("starved_s") else "")
              + f". Steps are charged to a cause above {s['charged_above_ms']:.1f} ms (this run's noise: "
              f"{s['noise_ms']:.1f} ms).", ""]

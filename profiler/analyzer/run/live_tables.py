@@ -160,8 +160,11 @@ class LiveSteps:
         return {r: i.get("host") for r, i in self.ranks.info.items() if i.get("host")}
 
     def _tables(self, rows: list[dict[str, Any]], tails: dict[int, StepTail]) -> Tables:
-        # A step's device timings come in later records: every held row's are read, not only the window's.
-        held = [d for r, t in tails.items() for d in device_time.records_of_rows(r, t.rows.values(), t.found.device)]
+        # A step's device timings come in later records: the held rows from the window's first step on are read,
+        # not only the window's (the ones before carry the timings of steps before it).
+        first = min(row["step"] for row in rows)
+        held = [d for r, t in tails.items()
+                for d in device_time.records_of_rows(r, (row for s, row in t.rows.items() if s >= first), t.found.device)]
         steps = device_time.add_device_time(self.steps_table(pd.DataFrame(rows)), held)
         world = self.world_size()
         p2p = {r: p2p_from_step_records(t.found.p2p) for r, t in tails.items() if t.found.p2p}
