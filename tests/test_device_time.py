@@ -229,6 +229,19 @@ def test_device_waits_are_each_collectives_time_beyond_its_groups_shortest():
     assert np.isnan(waits.loc[(0, 2), "device_comm_wait_ms"]) and waits.loc[(0, 2), "last_arrivals"] == 0
 
 
+def test_steps_timed_on_devices_without_collective_timings_keep_the_hosts_view():
+    """A rank whose collectives are not timed (TORCH_NCCL_ENABLE_TIMING=0, or gloo) has unknown device waits."""
+    steps = pd.DataFrame({"rank": [0, 1, 0, 1], "step": [1, 1, 2, 2], "wall_ms": 100.0})
+    device_steps = pd.DataFrame({"rank": [0, 1, 0, 1], "step": [1, 1, 2, 2], "step_ms": 90.0, "idle_before_ms": 0.0})
+    colls = pd.DataFrame({"rank": [0, 1], "step": [1, 1], "group": "0", "seq": 1, "op": "nccl:all_reduce",
+                          "ms": [9.0, 5.0]})
+    timed = device_time.with_device_time(steps, device_steps, colls)
+    # Step 2 had no collective on either rank (both time theirs): it waited for nobody.
+    assert list(timed["time_source"]) == ["device"] * 4 and list(timed["device_comm_wait_ms"]) == [4.0, 0.0, 0.0, 0.0]
+    untimed = device_time.with_device_time(steps, device_steps, colls.iloc[:0])
+    assert set(untimed["time_source"]) == {"host"} and untimed["device_comm_wait_ms"].isna().all()
+
+
 def test_the_device_line_is_no_step_and_bad_device_values_are_left_out(tmp_path):
     path = tmp_path / "steps.jsonl"
     good = {"step": 1, "group": "0", "seq": 2, "op": "nccl:all_reduce", "ms": 3.5}
@@ -294,3 +307,10 @@ def test_compare_weighs_each_ranks_device_busy_time_not_its_waits(tmp_path):
     busy = {r: np.median(per_rank[str(r)]["device_busy"]) for r in (0, 3)}
     assert busy[3] - busy[0] == pytest.approx(0.2 * sum(SEGMENTS), abs=1.0)  # its 20 ms more work, not the others' waits
     assert not {"device_step", "device_comm_wait", "device_idle"} & set(per_rank["0"])
+
+
+def test_the_dashboards_run_so_far_holds_no_raw_device_lists(tmp_path):
+    from diagtrain.profiler.analyzer.run.so_far import RunSoFar  # noqa: PLC0415
+
+    steps = RunSoFar(gpu_run(tmp_path, Gpus(slow={3: 1.2}))).read().steps
+    assert len(steps) == RANKS * STEPS and not {"device_steps", "device_colls"} & set(steps.columns)

@@ -106,7 +106,8 @@ def collective_waits(colls: pd.DataFrame) -> pd.DataFrame:
     timed on every member the group was seen with gives no transfer: a step with one has an unknown wait.
     All collectives at once (this runs in every live judgement): a groupby over (group, seq), no loop."""
     if colls.empty:
-        return pd.DataFrame(columns=["rank", "step", "device_comm_wait_ms", "last_arrivals"])
+        return pd.DataFrame({"rank": pd.Series(dtype="int64"), "step": pd.Series(dtype="int64"),
+                             "device_comm_wait_ms": pd.Series(dtype=float), "last_arrivals": pd.Series(dtype=float)})
     ms = colls["ms"].astype(float)
     by_call = colls.groupby(["group", "seq"], sort=False)
     members = by_call["rank"].transform("nunique")
@@ -132,9 +133,10 @@ def with_device_time(steps: pd.DataFrame, device_steps: pd.DataFrame, colls: pd.
     own = device_steps.rename(columns={"step_ms": "device_step_ms", "idle_before_ms": "device_idle_ms"})
     merged = steps.merge(own.astype({"rank": "int64", "step": "int64"}), on=["rank", "step"], how="left") \
         .merge(collective_waits(colls), on=["rank", "step"], how="left")
-    # A step the device timed without a collective in it waited for nobody.
+    # A step the device timed without a collective in it waited for nobody, on a rank whose collectives are
+    # timed at all (without NCCL's timing, or on gloo, its waits are unknown: the host's view stands).
     timed = merged["device_step_ms"].notna()
-    no_calls = timed & merged["last_arrivals"].isna()
+    no_calls = timed & merged["last_arrivals"].isna() & merged["rank"].isin(colls["rank"].unique())
     merged.loc[no_calls, ["device_comm_wait_ms", "last_arrivals"]] = 0.0
     # Ranks are compared within a step: one timed on the devices is compared on them only where all its ranks are.
     known = timed & merged["device_comm_wait_ms"].notna()
