@@ -203,7 +203,7 @@ def test_a_run_without_device_timings_is_judged_exactly_as_before(tmp_path, monk
     assert "time_source" not in steps
     # The same run with the device's view taken out altogether: the same findings, word for word.
     monkeypatch.setattr(device_time, "add_device_time", lambda steps, *_a, **_k: steps)
-    monkeypatch.setattr(ledger_module, "device_view", lambda steps: steps)
+    monkeypatch.setattr(ledger_module, "device_view", lambda steps, phases: steps)
     before = analyze(run, tmp_path / "b", ["json"], workers=1)
     assert _judged(report) == _judged(before) and [f["kind"] for f in report["findings"]] == ["straggler"]
 
@@ -314,3 +314,14 @@ def test_the_dashboards_run_so_far_holds_no_raw_device_lists(tmp_path):
 
     steps = RunSoFar(gpu_run(tmp_path, Gpus(slow={3: 1.2}))).read().steps
     assert len(steps) == RANKS * STEPS and not {"device_steps", "device_colls"} & set(steps.columns)
+
+
+def test_the_ledger_takes_the_devices_view_where_the_host_recorded_no_blocked_time(tmp_path):
+    run = gpu_run(tmp_path, Gpus(slow={3: 1.2}))
+    for r in range(RANKS):
+        path = run / "ranks" / str(r) / "steps.jsonl"
+        lines = [json.loads(x) for x in path.read_text().splitlines()]
+        path.write_text("\n".join(json.dumps({k: v for k, v in x.items() if k not in ("comm_ms", "phase_comm_ms")})
+                                  for x in lines) + "\n")
+    [f] = named(findings(run), 3)
+    assert price(f) == pytest.approx(0.2 * sum(SEGMENTS), rel=0.3)

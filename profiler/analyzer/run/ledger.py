@@ -59,7 +59,7 @@ COLUMNS = ["rank", "step", "wall_ms", "job_ms", "wait_ms", "own_ms", "starved_ms
 
 def build(t: Tables) -> pd.DataFrame:
     """The ledger of ``t``'s steps (empty when no step recorded the time blocked in collectives)."""
-    steps = device_view(t.steps)
+    steps = device_view(t.steps, t.phases)
     if steps.empty or "comm_wait_ms" not in steps or steps["comm_wait_ms"].isna().all():
         return pd.DataFrame(columns=COLUMNS)
     steps = steps.dropna(subset=["comm_wait_ms", "wall_ms"])
@@ -80,7 +80,7 @@ def build(t: Tables) -> pd.DataFrame:
                          "running_ms": np.clip(own - _known(starved), 0.0, None), "cpu_ms": column("cpu_ms")}
     for p in phases:
         c[work_column(p)] = np.clip(_known(column(f"{p}_ms")) - _known(column(f"{p}_comm_wait_ms", 0.0)), 0.0, None)
-    if device:  # NaN on host rows: no work there
+    if device:  # the device's times are NaN on host rows: no work there
         c[work_column(DEVICE_BUSY)] = np.clip(_known(column("device_step_ms") - column("device_comm_wait_ms")), 0.0, None)
         c[work_column(DEVICE_IDLE)] = _known(column("device_idle_ms"))
     parts = [*phases, OUTSIDE, *((DEVICE_BUSY, DEVICE_IDLE) if device else ())]
@@ -96,7 +96,7 @@ def build(t: Tables) -> pd.DataFrame:
     return ledger[COLUMNS + [col for col in ledger.columns if col not in COLUMNS]]
 
 
-def device_view(steps: pd.DataFrame) -> pd.DataFrame:
+def device_view(steps: pd.DataFrame, phases: list[str]) -> pd.DataFrame:
     """The steps as the ledger weighs them: on rows timed on the device (run/device_time.py), the device's.
 
     On NCCL a host's ``Work.wait()`` returns once the collective is queued, so its step lasts as long as
@@ -106,11 +106,11 @@ def device_view(steps: pd.DataFrame) -> pd.DataFrame:
     say nothing of it there and are left out (NaN). The one place the ledger takes the device's view."""
     if "time_source" not in steps:
         return steps
-    timed = steps["time_source"].eq(DEVICE).to_numpy()
-    host_only = ["runq_ms", "cpu_ms", *(c for c in steps.columns if c.endswith("_ms") and not c.startswith("device_")
-                                        and c not in ("wall_ms", "comm_wait_ms") and not c.startswith("trace_"))]
+    timed = steps["time_source"].eq(DEVICE)
+    host_only = ["runq_ms", "cpu_ms", *(f"{p}{end}" for p in phases for end in ("_ms", "_comm_wait_ms"))]
     swapped = {"wall_ms": steps["device_idle_ms"] + steps["device_step_ms"], "comm_wait_ms": steps["device_comm_wait_ms"]}
-    return steps.assign(**{c: steps[c].where(~timed, swapped[c]) for c in swapped},
+    # A host that recorded no blocked time at all (its counters off) still has the device's.
+    return steps.assign(**{c: steps.get(c, pd.Series(np.nan, index=steps.index)).where(~timed, swapped[c]) for c in swapped},
                         **{c: steps[c].where(~timed) for c in host_only if c in steps})
 
 

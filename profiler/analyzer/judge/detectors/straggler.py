@@ -46,6 +46,8 @@ class Straggler:
     error_share: float = setting(0.5, "a straggler costing this share of the step or more is an error, not a warning")
     persistent_share: float = setting(0.5, "slow in fewer than this share of the steps it could be seen in: an "
                                       "intermittent pause (a busy host gives any rank some), reported as info")
+    data_share: float = setting(0.5, "a late host (its device idle before the step) whose data phase holds at least "
+                                "this share of that excess was waiting for its batch: a dataloader_stall, not a straggler")
     more_work: float = setting(1.1, "compute above its peers with matrix-multiply FLOPs within this factor of theirs: "
                                "the same work done more slowly, said so as information")
 
@@ -107,7 +109,7 @@ def _stragglers(steps: pd.DataFrame, phases: list[str], s: Straggler) -> list[Fi
         work = _work_ratio(steps, int(rank), rows["step"]) if measured[phase].measure is Measure.COMPUTE else None
         same_work = work is not None and work < s.more_work
         cause = CAUSE_OF.get(measured[phase].measure)
-        if cause is DeviceCause.HOST_LATE and _waited_for_data(steps, int(rank), rows["step"], per_step):
+        if cause is DeviceCause.HOST_LATE and _waited_for_data(steps, int(rank), rows["step"], s.data_share * per_step):
             continue  # its host waited for data: the dataloader_stall detector's finding, priced by the device's idle time
         findings.append(Finding(
             kind="straggler",
@@ -156,13 +158,13 @@ DEVICE_SUGGESTIONS = {
 }
 
 
-def _waited_for_data(steps: pd.DataFrame, rank: int, slow_steps: pd.Series, excess_ms: float) -> bool:
-    """Whether a late host's excess is mostly its data phase, beyond its peers' (a data stall, not a straggler)."""
+def _waited_for_data(steps: pd.DataFrame, rank: int, slow_steps: pd.Series, at_least_ms: float) -> bool:
+    """Whether a late host's data phase was ``at_least_ms`` above its peers' in those steps (a data stall)."""
     if "data_ms" not in steps:
         return False
     rows = steps[steps["step"].isin(slow_steps)]
     mine, theirs = rows.loc[rows["rank"] == rank, "data_ms"], rows.loc[rows["rank"] != rank, "data_ms"]
-    return bool(float(mine.median()) - float(theirs.median()) >= OwnTime.active().waiting_share * excess_ms)
+    return bool(float(mine.median()) - float(theirs.median()) >= at_least_ms)
 
 
 def _seen(compared: set[tuple[int, int]], rank: int, steps: pd.DataFrame, source: str) -> int:
