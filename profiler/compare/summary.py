@@ -25,7 +25,10 @@ KIND = "diagtrain-baseline"
 WARMUP_FRACTION = 0.1
 # The always-on counters say where a rank's time went, not how fast the job is: waiting and a busy
 # host move them from run to run (runq_ms above all). They stay out of the regression gate.
-NOT_COMPARED = ("wall_ms", "trace_wall_ms", "comm_wait_ms", "cpu_ms", "runq_ms")
+# On a GPU the same holds of the device's step, its waits in collectives and its idle time before a step
+# (its host late); its busy time (the step less both) is compared instead, as ``device_busy``.
+NOT_COMPARED = ("wall_ms", "trace_wall_ms", "comm_wait_ms", "cpu_ms", "runq_ms", "device_step_ms",
+                "device_comm_wait_ms", "device_idle_ms")
 NOT_COMPARED_SUFFIXES = ("_comm_wait_ms",)
 PER_STEP_METRICS = {  # column in analysis/steps.parquet -> (metric name, unit)
     "compute_ms": ("compute per step", "ms"),
@@ -57,6 +60,8 @@ def summarize(run: Path) -> dict[str, Any]:
     if steps.empty:
         raise SummaryError(f"{run}: no steps were recorded")
     steps = _after_warmup(steps)
+    if "device_step_ms" in steps:
+        steps = steps.assign(device_busy_ms=steps["device_step_ms"] - steps["device_comm_wait_ms"] - steps["device_idle_ms"])
     timed = _unprofiled(steps)  # step times: profiling slows the steps it records
     per_step = timed.groupby("step")
     samples: dict[str, list[float]] = {"step time": _clean(per_step["wall_ms"].median())}

@@ -20,8 +20,9 @@ import pandas as pd
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady
 from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, UPPER_BOUND, Finding
 from diagtrain.profiler.analyzer.judge.own_time import SOURCE as COUNTERS
-from diagtrain.profiler.analyzer.judge.quantities import Measure, Quantity, SlowCause
-from diagtrain.profiler.analyzer.run.ledger import OUTSIDE, crowded_hosts, excess_column, work_column
+from diagtrain.profiler.analyzer.judge.quantities import CAUSE_OF, Measure, Quantity, SlowCause
+from diagtrain.profiler.analyzer.run.ledger import (DEVICE_BUSY, DEVICE_IDLE, OUTSIDE, crowded_hosts, excess_column,
+                                                    work_column)
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.analyzer.settings import section, setting, values
 from diagtrain.profiler.util.groups import median_by
@@ -29,7 +30,7 @@ from diagtrain.profiler.util.stats import MAD_TO_SIGMA
 from diagtrain.profiler.util.text import ranges
 
 EVERY_STEP, INTERMITTENT = "every step", "intermittent"
-RECORDS = ("phases", COUNTERS)  # the kinds of evidence (a finding's ``source``) read from every step's records
+RECORDS = ("phases", COUNTERS, "device")  # the kinds of evidence (a finding's ``source``) read from every step's records
 
 
 @section("cost")
@@ -124,6 +125,8 @@ def causes(t: Tables, c: Cost | None = None) -> tuple[list[Cause], dict[str, Any
               "charged_above_ms": round(bar, 3),
               "waiting_s": round(float(ledger["wait_ms"].sum()) / 1e3, 4),
               "starved_s": round(float(ledger["starved_ms"].sum()) / 1e3, 4) if ledger["starved_ms"].notna().any() else None}
+    if "time_source" in ledger:  # a GPU run's steps weighed on the device (run/ledger.py device_view)
+        totals["device_steps"] = int(ledger.loc[ledger["time_source"] == "device", "step"].nunique())
     return found, totals
 
 
@@ -220,14 +223,34 @@ def _causes_of(f: Finding, found: list[Cause]) -> list[Cause]:
     if len(f.ranks) != 1 or not (late or f.kind in ("straggler", "dataloader_stall")):
         return []
     mine = [x for x in found if x.rank == f.ranks[0]]
-    if f.kind == "dataloader_stall":
-        return [x for x in mine if x.part == "data"]
+    if f.kind == "dataloader_stall":  # on a device, the idle time its host's wait for data left there
+        return [x for x in mine if x.part == "data"] or [x for x in mine if x.part == DEVICE_IDLE]
     mine = [x for x in mine if x.part != "data"]
     key = f.metrics.get("quantity")
-    quantity = Quantity.from_key(key) if key else None
-    if quantity is not None and quantity.measure is Measure.PHASE:
-        return [x for x in mine if x.part == quantity.phase] or mine
+    part = _part(Quantity.from_key(key)) if key else None
+    if part is not None:
+        return [x for x in mine if x.part == part] or mine
     return mine
+
+
+# The ledger's part of the step a quantity measures, where it has one; and back.
+DEVICE_PARTS = {Measure.DEVICE_BUSY: DEVICE_BUSY, Measure.DEVICE_IDLE: DEVICE_IDLE}
+
+
+def _part(quantity: Quantity) -> str | None:
+    return quantity.phase if quantity.measure is Measure.PHASE else DEVICE_PARTS.get(quantity.measure)
+
+
+def _quantity(part: str) -> Quantity:
+    device = {p: m for m, p in DEVICE_PARTS.items()}
+    return (Quantity(device[part]) if part in device else Quantity(Measure.OWN_TIME) if part == OUTSIDE
+            else Quantity(Measure.PHASE, part))
+
+
+def part_words(part: str) -> str:
+    """A ledger part in a sentence ("rank 3's ..."): a phase, work outside them, or the device's time."""
+    return {OUTSIDE: "work outside its recorded phases", DEVICE_BUSY: "time busy on the device (its GPU)",
+            DEVICE_IDLE: "device idle time before its steps (its GPU waiting for its host)"}.get(part, f"{part} phase")
 
 
 def _price(f: Finding, mine: list[Cause], totals: dict[str, Any], c: Cost, t: Tables) -> None:
@@ -250,6 +273,8 @@ def _price(f: Finding, mine: list[Cause], totals: dict[str, Any], c: Cost, t: Ta
         # cannot say how often: auto profiling's first window is where a rank slow then looks slow always.
         f.severity = max(f.severity, ruled, key=SEVERITIES.index) \
             if main.pattern == INTERMITTENT and not _window_only(f, t) else ruled
+    if any(x.part in (DEVICE_BUSY, DEVICE_IDLE) for x in mine):
+        f.metrics["impact_time_source"] = "device"  # the others' waits measured on their devices, not their hosts
     f.explanation += " " + _cost_words(main, lost, share, totals) + _bound_words(f) + _crowded_words(f, t)
     f.settings.update(values(c))
 
@@ -329,7 +354,9 @@ def _bound_words(f: Finding) -> str:
 def _finding(cause: Cause, totals: dict[str, Any], c: Cost, t: Tables) -> Finding:
     """A finding for a cause that no detector named, in its own words."""
     others = sorted(int(r) for r in t.steps["rank"].unique() if r != cause.rank)
-    part = f"{cause.part} phase" if cause.part != OUTSIDE else "work outside its recorded phases"
+    part = part_words(cause.part)
+    quantity = _quantity(cause.part)
+    device_cause = CAUSE_OF.get(quantity.measure)
     when = ("in every step" if cause.pattern == EVERY_STEP else f"in steps {ranges(cause.steps)}"
             if cause.pattern == INTERMITTENT else f"{cause.pattern} (steps {ranges(cause.steps)})")
     data = cause.part == "data"
@@ -338,14 +365,16 @@ def _finding(cause: Cause, totals: dict[str, Any], c: Cost, t: Tables) -> Findin
         ranks=[cause.rank], steps=cause.steps,
         explanation=(f"rank {cause.rank}'s {part} takes {cause.own_ms:.1f} ms against its peers' {cause.peer_ms:.1f} ms "
                      f"{when}; rank{'s' if len(others) > 1 else ''} {ranges(others)} wait{'' if len(others) > 1 else 's'} "
-                     "for it at the next collective. " + _cost_words(cause, cause.lost_ms, cause.share, totals)),
+                     "for it at the next collective"
+                     + (" (measured on the device: CUDA events and NCCL's collective timing)" if device_cause else "")
+                     + ". " + _cost_words(cause, cause.lost_ms, cause.share, totals)),
         suggestion=(f"Make rank {cause.rank}'s data loading keep up: more DataLoader workers, prefetching, or a "
                     "faster dataset (__getitem__) on that rank." if data else
                     f"Look at what rank {cause.rank} does in its {part} {when} that its peers do not: a checkpoint, "
                     "an evaluation or logging on one rank, garbage collection, a slower device or host."),
         metrics={"observed_ms": cause.own_ms, "expected_ms": cause.peer_ms, "excess_ms": cause.own_ms - cause.peer_ms,
-                 "source": "ledger",
-                 "quantity": (Quantity(Measure.PHASE, cause.part) if cause.part != OUTSIDE else Quantity(Measure.OWN_TIME)).key,
+                 "source": "ledger", "quantity": quantity.key, "time_source": "device" if device_cause else "host",
+                 **({"cause": device_cause.value} if device_cause else {}),
                  **_cost_metrics([cause], totals, t)},
         evidence=[{"type": "ledger", "rank": cause.rank, "step": s, "part": cause.part} for s in cause.steps][:20],
         impact_ms=cause.per_step_ms,
@@ -405,6 +434,8 @@ def markdown(ledger_section: dict[str, Any] | None) -> list[str]:
     lines = ["### Where the time went", "",
              f"{s['steady_steps']} steady steps, {s['job_s']:.2f} s of job time; the ranks spent {s['waiting_s']:.2f} s "
              "blocked in collectives and point-to-point calls in all"
+             + (f" ({s['device_steps']} of the steps timed on the devices: CUDA events and NCCL's collective timing)"
+                if s.get("device_steps") else "")
              + (f", and {s['starved_s']:.2f} s waiting for a CPU" if s.get("starved_s") else "")
              + f". Steps are charged to a cause above {s['charged_above_ms']:.1f} ms (this run's noise: "
              f"{s['noise_ms']:.1f} ms).", ""]

@@ -1,7 +1,7 @@
 """What a finding measured and what it blames, as types that cross modules (never parsed from its words).
 
-A straggler is found in one part of a rank's step (:class:`Quantity`); a slow collective has one of
-two causes (:class:`SlowCause`). Findings carry them in ``metrics["quantity"]`` and
+A straggler is found in one part of a rank's step (:class:`Quantity`), on the device a slow GPU or a late
+host (:class:`DeviceCause`); a slow collective has one of two causes (:class:`SlowCause`). Findings carry them in ``metrics["quantity"]`` and
 ``metrics["cause"]`` as the enum values; the English in ``metrics["phase"]`` is for people only.
 """
 
@@ -19,10 +19,14 @@ class Measure(str, Enum):
     OUTSIDE_COLLECTIVES = "outside_collectives"  # trace: step time less the time inside collectives
     PHASE = "phase"  # step records: one phase of the step (data, forward, backward, optimizer...)
     OWN_TIME = "own_time"  # always-on counters: step time less the time blocked in collectives
+    DEVICE_IDLE = "device_idle"  # device timings: the device idle before the step, waiting for its host
+    DEVICE_BUSY = "device_busy"  # device timings: the device's step less its idle time and its waits in collectives
 
 
 LABELS = {Measure.IDLE: "time outside any operator", Measure.COMPUTE: "compute time",
-          Measure.OUTSIDE_COLLECTIVES: "time outside collectives", Measure.OWN_TIME: "time outside collective waits"}
+          Measure.OUTSIDE_COLLECTIVES: "time outside collectives", Measure.OWN_TIME: "time outside collective waits",
+          Measure.DEVICE_IDLE: "device idle time before the step", Measure.DEVICE_BUSY: "device busy time"}
+DEVICE_MEASURES = (Measure.DEVICE_IDLE, Measure.DEVICE_BUSY)
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,16 @@ class Quantity:
 def phase(name: str) -> Quantity:
     """The quantity of one phase of the step."""
     return Quantity(Measure.PHASE, name)
+
+
+class DeviceCause(str, Enum):
+    """What a straggler found on the device (``metrics["cause"]``) blames: its GPU, or its host."""
+
+    SLOW_DEVICE = "slow_device"  # its device is busy longer than its peers' and they wait for it there
+    HOST_LATE = "host_late"  # its device idled before the step waiting for its host, and the others wait for it
+
+
+CAUSE_OF = {Measure.DEVICE_BUSY: DeviceCause.SLOW_DEVICE, Measure.DEVICE_IDLE: DeviceCause.HOST_LATE}
 
 
 class SlowCause(str, Enum):

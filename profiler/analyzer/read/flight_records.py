@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from diagtrain.profiler.analyzer.read.inputs import MAX_DUMP_BYTES, expect, rank_number
+from diagtrain.profiler.analyzer.read.run_files import MAX_STEP_MS
 from diagtrain.profiler.analyzer.read.tolerant import UNPARSED, Salvage
 from diagtrain.profiler.run_dir import group_key, group_members
 from diagtrain.profiler.util.bounded_read import InputError, read_written
@@ -55,6 +56,7 @@ class Entry:
     frames: list[dict] = field(default_factory=list)
     pg_id: str | None = None  # the rank's own id of the group, which its ``pg_status`` is keyed by
     out_sizes: Any = None
+    duration_ms: float | None = None  # its time on the device (TORCH_NCCL_ENABLE_TIMING=1), None where not timed
 
 
 @dataclass
@@ -254,8 +256,13 @@ def entries(rank: int, dump: dict[str, Any]) -> list[Entry]:
                            created_ns=int(e.get("time_created_ns", 0)), state=e.get("state"),
                            frames=list(e.get("frames") or []),
                            pg_id=str(e["pg_id"]) if _is_int(e.get("pg_id")) else None,
-                           out_sizes=_list_or_none(e.get("output_sizes"))))
+                           out_sizes=_list_or_none(e.get("output_sizes")), duration_ms=_duration(e.get("duration_ms"))))
     return found
+
+
+def _duration(value: Any) -> float | None:
+    """An entry's device time (ms) if it is a possible one: torch writes -1 or nothing where it did not time it."""
+    return float(value) if _is_number(value) and 0 <= value <= MAX_STEP_MS else None  # longer than a step can be: corrupt
 
 
 KNOWN_VERSIONS = ("2.",)  # torch's dump format is 2.x; its releases have only added fields

@@ -201,6 +201,8 @@ class StepFile:
     impossible: list[str] = field(default_factory=list)  # "step 4: duration_ms 1e+18", records left out
     repeated: int = 0  # steps recorded more than once (a restarted job): the last record kept
     p2p: dict[int, dict[str, Any]] = field(default_factory=dict)  # step -> its point-to-point calls (checked)
+    # The device timings of the end-of-run flush line ("kind": "device", no step): {"device_steps": [...], ...}
+    device: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     # Problems counted but no longer held: a cache of the records (step_cache) keeps only the first few.
     bad_lines_dropped: int = 0
     impossible_dropped: int = 0
@@ -250,7 +252,11 @@ def add_step(found: StepFile, by_step: dict[int, dict[str, Any]], number: int, l
         return
     found.lines += 1
     try:
-        row = _step_row(json.loads(line), rank)
+        record = json.loads(line)
+        if is_device_line(record):
+            _add_device_line(found, record, rank)
+            return
+        row = _step_row(record, rank)
     except (ValueError, RecursionError) as e:
         found.bad_lines.append(f"line {number}: {str(e)[:120]}")
         return
@@ -293,8 +299,63 @@ def _step_row(record: Any, rank: int | None) -> dict[str, Any] | str:
     return {"rank": record["rank"], "step": step, "start": start, "end": end, "wall_ms": duration,
             "peak_mem_bytes": _bounded(record.get("peak_mem_bytes"), MAX_MEMORY_BYTES),
             "samples": _bounded(record.get("samples"), math.inf), "tokens": _bounded(record.get("tokens"), math.inf),
-            **{f"{k}_ms": v for k, v in phases.items()}, **_counters(record), "_phases": list(phases),
-            "_p2p": _p2p(record.get("p2p"))}
+            **{f"{k}_ms": v for k, v in phases.items()}, **_counters(record), **device_lists(record),
+            "_phases": list(phases), "_p2p": _p2p(record.get("p2p"))}
+
+
+# -- device timings (CUDA events, NCCL's collective timing): the fields of an earlier step, carried by a later
+# record or by the run's last line (docs/run-directory.md) ----------------------------------------------------
+
+DEVICE_LISTS = ("device_steps", "device_colls")
+MAX_DEVICE_ENTRIES = 100_000  # per record: a step of more collectives than this is a corrupt record
+# Each list's fields and their kinds: a step and a sequence number are counts, the rest are strings or ms.
+DEVICE_FIELDS: dict[str, dict[str, str]] = {
+    "device_steps": {"step": "count", "step_ms": "ms", "idle_before_ms": "ms"},
+    "device_colls": {"step": "count", "group": "str", "seq": "count", "op": "str", "ms": "ms"},
+}
+
+
+def is_device_line(record: Any) -> bool:
+    """The end-of-run line that holds the device timings still pending: not a step."""
+    return isinstance(record, dict) and record.get("kind") == "device" and "step" not in record
+
+
+def _add_device_line(found: StepFile, record: dict[str, Any], rank: int | None) -> None:
+    """The flush line's lists into ``found.device``; a line of another rank is no line of this one."""
+    if not _is_int(record.get("rank")) or (rank is not None and record["rank"] != rank):
+        raise ValueError(f"a device line of rank {record.get('rank')!r} in rank {rank}'s folder")
+    for name, entries in device_lists(record).items():
+        found.device.setdefault(name, []).extend(entries)
+
+
+def device_lists(record: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """A record's ``device_steps`` and ``device_colls``, each entry in its types; entries with a value that is
+    missing or impossible are left out (as an impossible counter is unknown), and an empty list is no column."""
+    lists = {}
+    for name, fields in DEVICE_FIELDS.items():
+        raw = record.get(name)
+        if isinstance(raw, list) and len(raw) <= MAX_DEVICE_ENTRIES:
+            clean = [e for e in (_device_entry(x, fields) for x in raw) if e is not None]
+            if clean:
+                lists[name] = clean
+    return lists
+
+
+def _device_entry(entry: Any, fields: dict[str, str]) -> dict[str, Any] | None:
+    if not isinstance(entry, dict):
+        return None
+    clean: dict[str, Any] = {}
+    for key, kind in fields.items():
+        value = entry.get(key)
+        if kind == "count" and _is_int(value) and 0 <= value < MAX_STEP_NUMBER:
+            clean[key] = value
+        elif kind == "ms" and _bounded(value, MAX_STEP_MS) is not None:
+            clean[key] = float(value)  # one type per field: the step cache stores the lists as Parquet structs
+        elif kind == "str" and isinstance(value, str) and len(value) <= 200:
+            clean[key] = value
+        else:
+            return None
+    return clean
 
 
 P2P_KINDS = ("send", "recv")

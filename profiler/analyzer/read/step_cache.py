@@ -1,8 +1,9 @@
 """A rank's steps.jsonl read once: its parsed records kept in ``analysis/cache/@steps/<rank>/``, so that
 the next analysis of a run that grew reads only the bytes appended since.
 
-The cache holds what :func:`run_files.read_steps` found in a prefix of the file (the rows as Parquet,
-the problem counts, phases and point-to-point calls as JSON) and a fingerprint of that prefix. A read
+The cache holds what :func:`run_files.read_steps` found in a prefix of the file (the rows as Parquet, their
+device timings as lists of structs, the problem counts, phases, point-to-point calls and the end-of-run
+device line as JSON) and a fingerprint of that prefix. A read
 goes on from the prefix's end through the same :func:`run_files.add_step`, so its result is the full
 read's: a step recorded again replaces its row and counts as repeated, line numbers go on. The prefix
 always stops before the file's last line: a full read treats that line alone differently (ignored
@@ -31,7 +32,7 @@ from diagtrain.profiler.analyzer.read.run_files import SHOWN_PROBLEMS, StepFile,
 from diagtrain.profiler.run_dir import remove_quietly, replacing, write_json_atomic
 from diagtrain.profiler.util.bounded_read import MAX_LINE_CHARS, display, open_regular
 
-CACHE_VERSION = 2  # bump when what the cache holds, or how a record is read, changes
+CACHE_VERSION = 3  # bump when what the cache holds, or how a record is read, changes
 STEPS_CACHE = "@steps"  # under analysis/cache: a trace's cache key never holds "@" (discover._key)
 STATE_FILE = "state.json"
 FINGERPRINT_BYTES = 4096
@@ -231,7 +232,8 @@ def _state(cache: Path, f: io.BufferedReader, st: os.stat_result, path: Path, ra
         found = StepFile(phases=list(state["phases"]), bad_lines=list(state["bad_lines"]), lines=state["lines"],
                          impossible=list(state["impossible"]), repeated=state["repeated"],
                          bad_lines_dropped=state["bad_lines_dropped"], impossible_dropped=state["impossible_dropped"],
-                         p2p={int(step): _p2p_from_json(calls) for step, calls in state["p2p"]})
+                         p2p={int(step): _p2p_from_json(calls) for step, calls in state["p2p"]},
+                         device={k: list(v) for k, v in state["device"].items()})
         return State(found, prefix, [Part(p["file"], p["rows"]) for p in state["parts"]], state.get("last_step"))
     except Exception:  # noqa: BLE001 - absent, damaged or of another version: the file is read whole
         return None
@@ -266,7 +268,8 @@ def _write(cache: Path, found: StepFile, parts: list[Part], prefix: Prefix, path
             "bad_lines": found.bad_lines[:SHOWN_PROBLEMS], "impossible": found.impossible[:SHOWN_PROBLEMS],
             "bad_lines_dropped": found.bad_count - len(found.bad_lines[:SHOWN_PROBLEMS]),
             "impossible_dropped": found.impossible_count - len(found.impossible[:SHOWN_PROBLEMS]),
-            "p2p": [[step, _p2p_to_json(calls)] for step, calls in found.p2p.items()]})
+            "p2p": [[step, _p2p_to_json(calls)] for step, calls in found.p2p.items()],
+            "device": found.device})  # the end-of-run device line's timings: a few steps' worth
     except Exception:  # noqa: BLE001 - a read-only place, a full disk, a value Parquet cannot hold: no cache
         return
     for name in old - {p.file for p in parts}:

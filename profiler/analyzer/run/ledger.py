@@ -30,6 +30,8 @@ less what the slow ranks' excess itself spent, over the CPUs their host had free
 sleeps frees a CPU its peers use, and removing its sleep saves at most the step less that floor (8
 ranks on 2 cores, a 200 ms sleep: ~70 ms, not 200).
 
+On a GPU the steps timed on the device are weighed by the device's times (:func:`device_view`).
+
 Only accounting here, no judgement: what counts as noise, and which causes are findings, is the
 judge's (judge/cost.py).
 """
@@ -42,10 +44,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from diagtrain.profiler.analyzer.run.device_time import DEVICE
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.util.groups import median_of_others, positions_by
 
 OUTSIDE = "outside phases"  # the label of work the rank did outside every recorded phase
+# The parts of a step timed on the device: its own work there, and its idle time before the step (its host late).
+DEVICE_BUSY, DEVICE_IDLE = "device busy", "device idle"
 # The ledger's columns besides the per-phase work (``work_<phase>_ms``) and excess (``excess_<phase>_ms``).
 COLUMNS = ["rank", "step", "wall_ms", "job_ms", "wait_ms", "own_ms", "starved_ms", "running_ms", "peer_running_ms",
            "excess_ms",
@@ -54,11 +59,12 @@ COLUMNS = ["rank", "step", "wall_ms", "job_ms", "wait_ms", "own_ms", "starved_ms
 
 def build(t: Tables) -> pd.DataFrame:
     """The ledger of ``t``'s steps (empty when no step recorded the time blocked in collectives)."""
-    steps = t.steps
+    steps = device_view(t.steps, t.phases)
     if steps.empty or "comm_wait_ms" not in steps or steps["comm_wait_ms"].isna().all():
         return pd.DataFrame(columns=COLUMNS)
     steps = steps.dropna(subset=["comm_wait_ms", "wall_ms"])
     phases = [p for p in t.phases if f"{p}_ms" in steps]
+    device = "time_source" in steps
 
     def column(name: str, missing: float = np.nan) -> np.ndarray:
         return steps[name].to_numpy(dtype=float) if name in steps else np.full(len(steps), missing)
@@ -74,15 +80,38 @@ def build(t: Tables) -> pd.DataFrame:
                          "running_ms": np.clip(own - _known(starved), 0.0, None), "cpu_ms": column("cpu_ms")}
     for p in phases:
         c[work_column(p)] = np.clip(_known(column(f"{p}_ms")) - _known(column(f"{p}_comm_wait_ms", 0.0)), 0.0, None)
-    worked = sum((c[work_column(p)] for p in phases), np.zeros(len(steps)))
+    if device:  # the device's times are NaN on host rows: no work there
+        c[work_column(DEVICE_BUSY)] = np.clip(_known(column("device_step_ms") - column("device_comm_wait_ms")), 0.0, None)
+        c[work_column(DEVICE_IDLE)] = _known(column("device_idle_ms"))
+    parts = [*phases, OUTSIDE, *((DEVICE_BUSY, DEVICE_IDLE) if device else ())]
+    worked = sum((c[work_column(p)] for p in parts if p != OUTSIDE), np.zeros(len(steps)))
     c[work_column(OUTSIDE)] = np.clip(own - worked, 0.0, None)
     c["job_ms"] = _max_by(wall, c["step"])
-    parts = [*phases, OUTSIDE]
     _peer_baselines(c, t.structure.peer_groups(sorted(set(c["rank"].tolist()))), parts)
     _savings(c, parts)
+    if device:
+        c["time_source"] = steps["time_source"].to_numpy()
     ledger = pd.DataFrame(c)
     _cpu_floor(ledger, t)
     return ledger[COLUMNS + [col for col in ledger.columns if col not in COLUMNS]]
+
+
+def device_view(steps: pd.DataFrame, phases: list[str]) -> pd.DataFrame:
+    """The steps as the ledger weighs them: on rows timed on the device (run/device_time.py), the device's.
+
+    On NCCL a host's ``Work.wait()`` returns once the collective is queued, so its step lasts as long as
+    every other rank's and ``comm_wait_ms`` is about 0: neither says who waited for whom. The device's step
+    (its idle time before it, waiting for its host, and its own time) and its waits in collectives do. Its
+    own time then splits into ``DEVICE_BUSY`` and ``DEVICE_IDLE``; the host's phases, run queue and CPU time
+    say nothing of it there and are left out (NaN). The one place the ledger takes the device's view."""
+    if "time_source" not in steps:
+        return steps
+    timed = steps["time_source"].eq(DEVICE)
+    host_only = ["runq_ms", "cpu_ms", *(f"{p}{end}" for p in phases for end in ("_ms", "_comm_wait_ms"))]
+    swapped = {"wall_ms": steps["device_idle_ms"] + steps["device_step_ms"], "comm_wait_ms": steps["device_comm_wait_ms"]}
+    # A host that recorded no blocked time at all (its counters off) still has the device's.
+    return steps.assign(**{c: steps.get(c, pd.Series(np.nan, index=steps.index)).where(~timed, swapped[c]) for c in swapped},
+                        **{c: steps[c].where(~timed) for c in host_only if c in steps})
 
 
 def _known(values: np.ndarray) -> np.ndarray:

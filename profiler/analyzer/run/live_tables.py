@@ -3,8 +3,8 @@
 Live judgement (judge/live.py) calls :meth:`LiveSteps.tables` every few seconds: each rank's
 steps.jsonl and each host's telemetry.jsonl are read from where the last call stopped
 (read/step_tail.py), and the tables hold the last steps that every rank has finished, in the same
-columns the final analysis gives the detectors (tables.build): the step records' phases and
-always-on counters, the run's structure from the counted point-to-point calls and trainer.json,
+columns the final analysis gives the detectors (tables.build): the step records' phases,
+always-on counters and device timings (run/device_time.py), the run's structure from the counted point-to-point calls and trainer.json,
 and the ranks' telemetry joined to their steps. There are no traces, flight records or logs: what
 needs them waits for the final report.
 """
@@ -22,7 +22,7 @@ from diagtrain.profiler.analyzer.read import run_files as rf
 from diagtrain.profiler.analyzer.read.step_cache import cache_dir, extend_cache
 from diagtrain.profiler.analyzer.read.step_tail import JsonlTail, StepTail
 from diagtrain.profiler.analyzer.rank.p2p import from_step_records as p2p_from_step_records
-from diagtrain.profiler.analyzer.run import clocks, ledger
+from diagtrain.profiler.analyzer.run import clocks, device_time, ledger
 from diagtrain.profiler.analyzer.run.live_traces import LiveTraces
 from diagtrain.profiler.analyzer.run.structure import infer as infer_structure
 from diagtrain.profiler.analyzer.run.tables import COUNTER_COLUMNS, Tables, clock_measurements, join_telemetry
@@ -160,7 +160,12 @@ class LiveSteps:
         return {r: i.get("host") for r, i in self.ranks.info.items() if i.get("host")}
 
     def _tables(self, rows: list[dict[str, Any]], tails: dict[int, StepTail]) -> Tables:
-        steps = self.steps_table(pd.DataFrame(rows))
+        # A step's device timings come in later records: the held rows from the window's first step on are read,
+        # not only the window's (the ones before carry the timings of steps before it).
+        first = min(row["step"] for row in rows)
+        held = [d for r, t in tails.items()
+                for d in device_time.records_of_rows(r, (row for s, row in t.rows.items() if s >= first), t.found.device)]
+        steps = device_time.add_device_time(self.steps_table(pd.DataFrame(rows)), held)
         world = self.world_size()
         p2p = {r: p2p_from_step_records(t.found.p2p) for r, t in tails.items() if t.found.p2p}
         traced = self.traces.collectives.copy() if self.traces is not None else pd.DataFrame()

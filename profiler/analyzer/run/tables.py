@@ -15,7 +15,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from diagtrain.profiler.analyzer.run import clocks
+from diagtrain.profiler.analyzer.run import clocks, device_time
 from diagtrain.profiler.analyzer.read import run_files as rf
 from diagtrain.profiler.analyzer.rank.collectives import match
 from diagtrain.profiler.analyzer.read.flight_records import (Entry, dump_version_problem, groups_of_dump, keyed_by_members, looks_like_dump,
@@ -45,7 +45,8 @@ class Tables:
     # rank, step, start, end (Unix s), wall_ms, <phase>_ms, peak_mem_bytes, the always-on counters
     # (comm_wait_ms, <phase>_comm_wait_ms, comm_calls, cpu_ms, runq_ms, page_faults, and memory at the step's end:
     # rss_bytes, gpu_allocated_bytes, gpu_reserved_bytes, gpu_peak_bytes, gpu_peak_since; NaN where not measured),
-    # trace columns
+    # on a CUDA device its timings (device_step_ms, device_idle_ms, device_comm_wait_ms, last_arrivals, and
+    # time_source: "device" or "host"; run/device_time.py), trace columns
     steps: pd.DataFrame
     ranks: pd.DataFrame  # one row per rank: the report's per-rank record
     collectives: pd.DataFrame  # matched across ranks (see collectives.match)
@@ -81,9 +82,9 @@ def build(run_dir: Path, results: list[RankResult], flight_recorder_dir: Path | 
     Every file is read behind the guard: one that cannot be used is listed in ``skipped``. With
     ``cache_root`` (analysis/cache), step records read before are taken from there (step_cache).
     """
-    inputs, notes = Inputs(), []
+    inputs, notes, flushed = Inputs(), [], []
     folders = rank_folders(run_dir, inputs)
-    recorded, phases, counted_p2p = read_step_records(folders, inputs, notes, cache_root)
+    recorded, phases, counted_p2p = read_step_records(folders, inputs, notes, cache_root, flushed)
     # Counters no record carried (older runs, jobs whose counters are off) are no columns at all.
     recorded = recorded.drop(columns=[c for c in recorded.columns if c in COUNTER_COLUMNS and recorded[c].isna().all()])
     traced = pd.concat([r.steps for r in results], ignore_index=True) if results else pd.DataFrame()
@@ -118,6 +119,9 @@ def build(run_dir: Path, results: list[RankResult], flight_recorder_dir: Path | 
     for rank, dump in tables.dumps.items():  # NCCL's dumps list their groups (gloo's do not)
         tables.process_groups[rank] = tables.process_groups.get(rank) or groups_of_dump(dump)
     tables.flight_records = keyed_by_members(tables.dumps, tables.process_groups)
+    # Before the clocks are lined up: a flight record's creation time is on its rank's own clock, as its steps are.
+    tables.steps = device_time.add_device_time(tables.steps, [*device_time.records_of(tables.steps), *flushed],
+                                               tables.flight_records, tables.process_groups)
     tables.segments = pd.concat([r.segments for r in results if len(r.segments)], ignore_index=True) \
         if any(len(r.segments) for r in results) else pd.DataFrame()
     tables.structure = infer_structure(tables.process_groups, {r.rank: r.pg_config for r in results},
@@ -199,10 +203,12 @@ def unix_seconds(time: pd.Series) -> pd.Series:
     return time.astype("int64") / 1e9 if time.dtype.kind == "M" else time.astype(float)
 
 
-def read_step_records(folders: dict[int, Path], inputs: Inputs, notes: list[dict],
-                      cache_root: Path | None = None) -> tuple[pd.DataFrame, list[str], dict[int, dict[int, dict]]]:
+def read_step_records(folders: dict[int, Path], inputs: Inputs, notes: list[dict], cache_root: Path | None = None,
+                      flushed: list[device_time.DeviceRecord] | None = None,
+                      ) -> tuple[pd.DataFrame, list[str], dict[int, dict[int, dict]]]:
     """Every rank's steps.jsonl as one table with a column per phase (ms), and per rank and step the
-    point-to-point calls its records counted.
+    point-to-point calls its records counted; the device timings of the end-of-run lines (not steps) are
+    added to ``flushed``.
 
     Lines that are not step records are listed as skipped; records with impossible values (a
     duration of 1e18 ms, a negative one) are left out and named in the health ``notes``. With
@@ -236,6 +242,8 @@ def read_step_records(folders: dict[int, Path], inputs: Inputs, notes: list[dict
         phases += [p for p in found.phases if p not in phases]
         if found.p2p:
             p2p[rank] = found.p2p
+        if found.device and flushed is not None:
+            flushed.append((rank, found.device.get("device_steps"), found.device.get("device_colls")))
     return pd.DataFrame(rows), phases, p2p
 
 

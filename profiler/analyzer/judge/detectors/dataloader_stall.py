@@ -55,7 +55,7 @@ def detect(tables: Tables) -> list[Finding]:
             suggestion="Give the data loader more workers or prefetching (num_workers, prefetch_factor, "
                        "pin_memory), and check that rank's storage or preprocessing for periodic slow reads.",
             metrics={"observed_ms": per_stall, "expected_ms": typical, "threshold_ms": threshold, "period_steps": every,
-                     "source": "phases"},
+                     "source": "phases", "time_source": "host"},  # the host's data phase; priced on the device where timed
             evidence=[{"type": "steps", "rank": int(rank), "step": int(step), "data_ms": round(float(d), 3)}
                       for step, d in zip(rows["step"], rows["data_ms"])][:20],
             impact_ms=float((rows["data_ms"] - typical).sum() / steps["step"].nunique()),

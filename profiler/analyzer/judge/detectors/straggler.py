@@ -6,6 +6,9 @@ time spent inside collectives (the others spend the difference waiting there); f
 step records, the first phase of the step in which one rank is far above its peers (waiting comes
 later in the step than its cause; a phase a rank spent blocked in collectives is waiting), else
 its step without the time it was blocked in collectives (the counters of any job, see own_time).
+On a GPU, steps timed on every rank's device (run/device_time.py) are compared by the device's idle
+time before the step (its host late) and busy time (a slow GPU) instead of the host's phases: NCCL
+returns on the host once a collective is queued, so there the host's times say nothing of who waited.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from diagtrain.profiler.analyzer.judge.detectors.base import (LateArrival, Stead
                                                               steady, time_range)
 from diagtrain.profiler.analyzer.judge.findings import Finding
 from diagtrain.profiler.analyzer.judge.own_time import SOURCE as COUNTERS, OwnTime, blocked_column, own_time, waited
-from diagtrain.profiler.analyzer.judge.quantities import Measure, Quantity, phase as phase_quantity
+from diagtrain.profiler.analyzer.judge.quantities import (CAUSE_OF, DEVICE_MEASURES, DeviceCause, Measure, Quantity,
+                                                           phase as phase_quantity)
+from diagtrain.profiler.analyzer.run.device_time import on_device
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.util.stats import MAD_TO_SIGMA, median_known
 from diagtrain.profiler.util.groups import median_by, positions_by
@@ -41,6 +46,8 @@ class Straggler:
     error_share: float = setting(0.5, "a straggler costing this share of the step or more is an error, not a warning")
     persistent_share: float = setting(0.5, "slow in fewer than this share of the steps it could be seen in: an "
                                       "intermittent pause (a busy host gives any rank some), reported as info")
+    data_share: float = setting(0.5, "a late host (its device idle before the step) whose data phase holds at least "
+                                "this share of that excess was waiting for its batch: a dataloader_stall, not a straggler")
     more_work: float = setting(1.1, "compute above its peers with matrix-multiply FLOPs within this factor of theirs: "
                                "the same work done more slowly, said so as information")
 
@@ -50,7 +57,13 @@ class Straggler:
 EXCLUDED_PHASES = ("data",)
 # The kinds of evidence, most specific first: a finding seen in several names the one that saw most
 # of its steps, the first of these on a tie (a profiled window is a few steps; records cover all).
-SOURCES = ("trace", "phases", COUNTERS)
+DEVICE = "device"  # the kind of evidence of the device's timings (CUDA events, NCCL's collective timing)
+SOURCES = ("trace", DEVICE, "phases", COUNTERS)
+# From step records, the part of a step that comes first is compared first: a late host's device idles
+# before the step, and what follows is waiting for it.
+RECORDED = (Measure.DEVICE_IDLE, Measure.DEVICE_BUSY, Measure.PHASE, Measure.OWN_TIME)
+# Which time each kind of evidence measured (a finding's ``metrics["time_source"]``).
+TIME_SOURCE = {"trace": "trace", DEVICE: "device", "phases": "host", COUNTERS: "host"}
 SETTINGS = (Straggler, Steady, LateArrival, OwnTime)
 
 
@@ -70,7 +83,7 @@ def detect(tables: Tables) -> list[Finding]:
         group = steps[steps["rank"].isin(peers)]
         if group["rank"].nunique() >= 2:
             findings += [f for f in _stragglers(group, tables.phases, s) if f.ranks[0] not in held
-                         and (f.ranks[0] not in maybe_held or f.metrics["source"] == "phases")]
+                         and (f.ranks[0] not in maybe_held or f.metrics["source"] in ("phases", DEVICE))]
     return findings
 
 
@@ -95,6 +108,9 @@ def _stragglers(steps: pd.DataFrame, phases: list[str], s: Straggler) -> list[Fi
         others = sorted(int(r) for r in steps["rank"].unique() if r != rank)
         work = _work_ratio(steps, int(rank), rows["step"]) if measured[phase].measure is Measure.COMPUTE else None
         same_work = work is not None and work < s.more_work
+        cause = CAUSE_OF.get(measured[phase].measure)
+        if cause is DeviceCause.HOST_LATE and _waited_for_data(steps, int(rank), rows["step"], s.data_share * per_step):
+            continue  # its host waited for data: the dataloader_stall detector's finding, priced by the device's idle time
         findings.append(Finding(
             kind="straggler",
             severity="info" if same_work else _severity(per_step, rows["step"].nunique() / max(observed, 1), step_ms, s),
@@ -105,10 +121,11 @@ def _stragglers(steps: pd.DataFrame, phases: list[str], s: Straggler) -> list[Fi
                 f"{rows['value_ms'].median():.1f} ms, {per_step:.1f} ms more than its peers' "
                 f"{rows['peer_ms'].median():.1f} ms; rank{'s' if len(others) > 1 else ''} {ranges(others)} "
                 f"wait{'' if len(others) > 1 else 's'} for it at the next collective."
+                + DEVICE_WORDS.get(cause, "")
                 + (f" It does the same work as they do ({work:.2f}x their matrix-multiply FLOPs): its compute is "
                    "slower, not larger (other processes on its host, a slower or throttled device)." if same_work else "")
             ),
-            suggestion=(
+            suggestion=DEVICE_SUGGESTIONS[cause].format(rank=rank) if cause else (
                 f"Look at what rank {rank} does differently there ({phase}): its host or GPU (throttling, "
                 "other processes), its data (larger samples), or code that runs only on that rank."
             ),
@@ -117,12 +134,37 @@ def _stragglers(steps: pd.DataFrame, phases: list[str], s: Straggler) -> list[Fi
                      "excess_ms": per_step, "threshold_ms": float(rows["threshold_ms"].median()), "phase": phase,
                      "quantity": measured[phase].key,
                      "step_time_median_ms": step_ms,
-                     "source": source, "steps_seen": _seen(compared, int(rank), steps, source)},
+                     "source": source, "steps_seen": _seen(compared, int(rank), steps, source),
+                     "time_source": TIME_SOURCE[source], **({"cause": cause.value} if cause else {})},
             evidence=[{"type": "steps", "rank": int(rank), "step": int(s), "phase": p, "excess_ms": round(float(e), 3)}
                       for s, p, e in zip(rows["step"], rows["phase"], rows["excess_ms"])][:20],
             impact_ms=impact,
         ))
     return findings
+
+
+DEVICE_WORDS = {
+    DeviceCause.SLOW_DEVICE: " Measured on the device (CUDA events and NCCL's collective timing): its GPU is busy longer "
+                             "than theirs for the same steps, and their collectives wait for it on the device.",
+    DeviceCause.HOST_LATE: " Measured on the device (CUDA events and NCCL's collective timing): its GPU idled before "
+                           "these steps waiting for its host, and the others' collectives wait for it on the device; its "
+                           "GPU itself is not slower.",
+}
+DEVICE_SUGGESTIONS = {
+    DeviceCause.SLOW_DEVICE: "Check rank {rank}'s GPU: its clocks and temperature (throttling), other processes on it, its "
+                             "link to the others (PCIe, NVLink); or whether its share of the work is larger.",
+    DeviceCause.HOST_LATE: "Look at what rank {rank}'s host does between its steps: data loading (workers, prefetching), "
+                           "a checkpoint, logging or evaluation on that rank, Python work or garbage collection.",
+}
+
+
+def _waited_for_data(steps: pd.DataFrame, rank: int, slow_steps: pd.Series, at_least_ms: float) -> bool:
+    """Whether a late host's data phase was ``at_least_ms`` above its peers' in those steps (a data stall)."""
+    if "data_ms" not in steps:
+        return False
+    rows = steps[steps["step"].isin(slow_steps)]
+    mine, theirs = rows.loc[rows["rank"] == rank, "data_ms"], rows.loc[rows["rank"] != rank, "data_ms"]
+    return bool(float(mine.median()) - float(theirs.median()) >= at_least_ms)
 
 
 def _seen(compared: set[tuple[int, int]], rank: int, steps: pd.DataFrame, source: str) -> int:
@@ -165,6 +207,14 @@ def _quantities(steps: pd.DataFrame, phases: list[str]) -> tuple[pd.DataFrame, d
         if f"{phase}_ms" in steps:
             parts[phase_quantity(phase)] = steps[f"{phase}_ms"]
     parts.update(own_time(steps))
+    device = on_device(steps)
+    if device.any():
+        # On the device's rows the host's phases and blocked time say nothing of who waited (NCCL returns
+        # once a collective is queued): there the device's own time is compared instead.
+        parts = {q: (v if q.measure not in RECORDED else v.where(~device)) for q, v in parts.items()}
+        busy = steps["device_step_ms"] - steps["device_comm_wait_ms"] - steps["device_idle_ms"]
+        parts[Quantity(Measure.DEVICE_IDLE)] = steps["device_idle_ms"].where(device)
+        parts[Quantity(Measure.DEVICE_BUSY)] = busy.where(device)
     labels = {q.label: q for q in parts}
     return pd.DataFrame({"rank": steps["rank"], "step": steps["step"], **{q.label: v for q, v in parts.items()}}), labels
 
@@ -189,9 +239,8 @@ def _excess(steps: pd.DataFrame, phases: list[str], threshold: float,
     usual, noise = _usual(quantities, s.min_noise_steps)
     excluded = [phase_quantity(p).label for p in EXCLUDED_PHASES if phase_quantity(p).label in measured]
     # A data stall comes first in a step, also in profiled ones, and explains what follows it.
-    traced = excluded + [label for label, q in measured.items() if q.measure not in (Measure.PHASE, Measure.OWN_TIME)]
-    phased = ([label for label, q in measured.items() if q.measure is Measure.PHASE]
-              + [label for label, q in measured.items() if q.measure is Measure.OWN_TIME])
+    traced = excluded + [label for label, q in measured.items() if q.measure not in RECORDED]
+    phased = [label for m in RECORDED for label, q in measured.items() if q.measure is m]
     rows, compared = [], set()
     ranks = quantities["rank"].to_numpy()
     values = {label: quantities[label].to_numpy(dtype=float) for label in measured}
@@ -212,7 +261,8 @@ def _excess(steps: pd.DataFrame, phases: list[str], threshold: float,
         # with a slow rank is the cause, and later ones are waiting.
         for label in (traced if profiled and len(traced) > len(excluded) else phased):
             measure = measured[label].measure
-            source = "phases" if measure is Measure.PHASE else COUNTERS if measure is Measure.OWN_TIME else "trace"
+            source = ("phases" if measure is Measure.PHASE else COUNTERS if measure is Measure.OWN_TIME
+                      else DEVICE if measure in DEVICE_MEASURES else "trace")
             found = (candidates[label].found(k, step, ranks, values[label], label, source) if whole else
                      _over_peers(step, ranks[group], values[label][group], label, usual_at[label][group],
                                  noise_at[label][group], source, threshold, step_ms, s))
