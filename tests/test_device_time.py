@@ -191,6 +191,25 @@ def test_live_judgement_names_the_slow_gpu_from_the_same_columns(tmp_path):
     assert f["ranks"] == [3] and f["metrics"]["cause"] == "slow_device"
 
 
+def test_the_metrics_endpoint_serves_each_ranks_device_wait_beside_the_hosts(tmp_path):
+    from diagtrain.profiler.analyzer.judge.live import LiveJudge  # noqa: PLC0415 - live judgement only here
+    from diagtrain.profiler.collect.metrics import LiveMetrics  # noqa: PLC0415 - the wrapper's endpoint
+
+    run = gpu_run(tmp_path, Gpus(slow={3: 1.2}))
+    metrics = LiveMetrics()
+    verdict = LiveJudge(run).judge(now=T0 + 60)
+    metrics.update(verdict.latest, verdict.active)
+    samples = {(m.name, s.labels.get("rank")): s.value for m in metrics.collect() for s in m.samples}
+    waits = {r: samples[("diagtrain_device_collective_wait_seconds", str(r))] for r in range(RANKS)}
+    # The slow GPU arrives last at both all-reduces and waits for nobody; the others wait for its 20% more work.
+    assert waits[3] == pytest.approx(0.0, abs=1e-3)
+    slower_by = 0.2 * sum(SEGMENTS) / 1e3
+    assert all(w == pytest.approx(slower_by, abs=2e-3) for r, w in waits.items() if r != 3), waits
+    # The host's own view of the same steps: blocked ~0 everywhere (NCCL's waits return once queued).
+    assert all(samples[("diagtrain_collective_wait_seconds", str(r))] < 1e-3 for r in range(RANKS))
+    assert {samples[("diagtrain_device_last_step", str(r))] for r in range(RANKS)} == {STEPS}
+
+
 # -- CPU runs read and judged as before ---------------------------------------------------------------------------
 
 

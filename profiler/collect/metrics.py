@@ -23,6 +23,15 @@ RANK_GAUGES = (
     ("diagtrain_cpu_runqueue_wait_seconds", "time the rank's main thread waited for a CPU in its latest step",
      "runq_ms", 1e-3),
     ("diagtrain_last_step", "the latest step the rank finished", "step", 1),
+    # On a GPU (CUDA events, NCCL's collective timing) the device's view of the latest step it has timed, a
+    # step or two behind diagtrain_last_step: NCCL's waits return on the host once queued, these do not.
+    ("diagtrain_device_step_seconds", "the device's time in the rank's latest step timed on the device",
+     "device_step_ms", 1e-3),
+    ("diagtrain_device_collective_wait_seconds", "time the rank's device waited in collectives for the last peer "
+     "to arrive, in its latest step timed on the device", "device_comm_wait_ms", 1e-3),
+    ("diagtrain_device_idle_seconds", "time the rank's device idled waiting for its host before its latest step "
+     "timed on the device", "device_idle_ms", 1e-3),
+    ("diagtrain_device_last_step", "the latest step the rank's device has timed", "device_step", 1),
 )
 # Memory at the end of the rank's latest step, by kind (the step record's column).
 MEMORY = {"rss": "rss_bytes", "gpu_allocated": "gpu_allocated_bytes", "gpu_reserved": "gpu_reserved_bytes",

@@ -164,3 +164,15 @@ def add_device_time(steps: pd.DataFrame, records: Iterable[DeviceRecord], flight
 def on_device(steps: pd.DataFrame) -> pd.Series:
     """Which rows were timed on the device (``time_source`` "device")."""
     return steps["time_source"].eq(DEVICE) if "time_source" in steps else pd.Series(False, index=steps.index)
+
+
+def latest_timed(steps: pd.DataFrame) -> dict[int, dict[str, float]]:
+    """Per rank, the device's columns of its latest step timed on the devices (``device_step`` its number): a
+    step's device times arrive a record or two after the step, so the newest step has none yet."""
+    timed = steps[on_device(steps)]
+    if timed.empty:
+        return {}
+    last = timed.sort_values("step").groupby("rank").tail(1)
+    return {int(row["rank"]): {"device_step": int(row["step"]),
+                               **{c: float(row[c]) for c in DEVICE_COLUMNS if c in row and pd.notna(row[c])}}
+            for _, row in last.iterrows()}

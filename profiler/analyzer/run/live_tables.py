@@ -130,7 +130,10 @@ class LiveSteps:
             return Window(None, last_steps, last_ends, latest)
         if self.traces is not None:
             self.traces.update(common)
-        return Window(self._tables(rows, tails), last_steps, last_ends, latest, common)
+        tables = self._tables(rows, tails)
+        timed = device_time.latest_timed(tables.steps)  # the metrics endpoint serves them beside the host's
+        latest = {r: {**row, **timed.get(r, {})} for r, row in latest.items()}
+        return Window(tables, last_steps, last_ends, latest, common)
 
     def _new_traces(self, last: Window) -> bool:
         """Whether a profiled window became complete since ``last`` was built (its traces are then loaded)."""
