@@ -21,7 +21,7 @@ from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady
 from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, UPPER_BOUND, Finding
 from diagtrain.profiler.analyzer.judge.own_time import SOURCE as COUNTERS
 from diagtrain.profiler.analyzer.judge.quantities import CAUSE_OF, Measure, Quantity, SlowCause
-from diagtrain.profiler.analyzer.run.ledger import (DEVICE_BUSY, DEVICE_IDLE, OUTSIDE, crowded_hosts, excess_column,
+from diagtrain.profiler.analyzer.run.ledger import (DEVICE_BUSY, DEVICE_IDLE, OUTSIDE, crowded_hosts,
                                                     work_column)
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.analyzer.settings import section, setting, values
