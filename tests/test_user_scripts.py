@@ -220,8 +220,10 @@ def test_transfer_time_excludes_waiting_for_the_last_rank(slow_rank_ddp):
     grads = c[(c["op"] == "all_reduce") & (c["bytes"] >= 2**20)]
     per_collective = grads.pivot_table(index="seq", columns="rank", values=["dur", "transfer_us", "wait_us"])
     assert len(per_collective) >= 3
-    # Rank 0 waits for rank 1 inside each all-reduce: its duration is mostly waiting...
-    assert (per_collective[("dur", 0)] > per_collective[("dur", 1)]).mean() >= 0.75
+    # Rank 0 waits for rank 1 (80 ms late each step) in the first buckets' all-reduces: its time in them is
+    # mostly waiting. (The last bucket's comes once both are in step: either rank may take longer there.)
+    assert per_collective[("dur", 0)].sum() > 3 * per_collective[("dur", 1)].sum()
+    assert (per_collective[("dur", 0)] > per_collective[("dur", 1)]).mean() >= 0.6
     # ...and the transfer time is the last arrival's duration, the same for both ranks.
     assert (per_collective[("transfer_us", 0)] == per_collective[("transfer_us", 1)]).all()
     assert (per_collective[("transfer_us", 0)] == per_collective[[("dur", 0), ("dur", 1)]].min(axis=1)).all()
