@@ -70,12 +70,12 @@ def test_no_test_or_benchmark_reads_outside_the_checkout():
 
 
 def test_the_check_catches_each_way_out():
-    # The forms earlier tests used to reach ../shared, each caught; the same forms inside the checkout pass.
+    # The forms earlier tests used to reach a folder beside the checkout, each caught; the same forms inside the checkout pass.
     caught = [
-        'T = Path(__file__).resolve().parents[2] / "shared" / "traces"',  # not read: examples of what is caught
-        'T = Path(__file__).parent.parent.parent / "shared"',
-        'T = Path("../shared/traces/hta/x.json.gz")',  # not read: an example
-        'T = open("/work/shared/traces/hta/x.json.gz")',  # not read: an example
+        'T = Path(__file__).resolve().parents[2] / "beside" / "traces"',  # not read: examples of what is caught
+        'T = Path(__file__).parent.parent.parent / "beside"',
+        'T = Path("../beside/traces/hta/x.json.gz")',  # not read: an example
+        'T = open("/work/beside/traces/hta/x.json.gz")',  # not read: an example
     ]
     for source in caught:
         assert outside_paths(source, depth=1), source
