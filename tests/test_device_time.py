@@ -36,6 +36,7 @@ class Gpus:
     slow: dict[int, float] = field(default_factory=dict)  # rank -> factor on its device work
     late: dict[tuple[int, int], float] = field(default_factory=dict)  # (rank, step) -> ms its host is late
     for_data: bool = False  # the host is late waiting for its batch: its data phase says so
+    subgroups: int = 1  # data-parallel groups of consecutive ranks, as one DeviceMesh dimension's: one name for all
 
 
 def gpu_run(root: Path, gpus: Gpus, device: bool = True) -> Path:
@@ -51,6 +52,8 @@ def gpu_run(root: Path, gpus: Gpus, device: bool = True) -> Path:
         folder.mkdir(parents=True)
         write_json_atomic(folder / "rank.json", {"rank": r, "host": "node-a", "hostname": "node-a", "pid": 1,
                                                  "world_size": RANKS})
+        if gpus.subgroups > 1:  # what torch says of them: the same name, each rank's own members
+            write_json_atomic(folder / "process_groups.json", {"1": {"desc": "dp", "ranks": _members(gpus, r)}})
         lag = 2 if r == 0 else 1
         lines, start = [], T0
         for s in range(1, STEPS + 1):
@@ -92,17 +95,22 @@ def _simulate(gpus: Gpus) -> tuple[dict, dict, dict]:
         for k, work in enumerate(SEGMENTS):
             noise = np.array([0.3 * ((r + s + k) % 3) for r in range(RANKS)])
             arrive = clock + np.array([work * gpus.slow.get(r, 1.0) for r in range(RANKS)]) + noise
-            done = arrive.max() + TRANSFER_MS
+            done = np.array([arrive[_members(gpus, r)].max() + TRANSFER_MS for r in range(RANKS)])
             for r in range(RANKS):
-                colls[(r, s)].append({"step": s, "group": "0", "seq": 2 * s + k, "op": "nccl:all_reduce",
-                                      "ms": float(done - arrive[r])})
-            clock = np.full(RANKS, done)
+                colls[(r, s)].append({"step": s, "group": "0" if gpus.subgroups == 1 else "1", "seq": 2 * s + k,
+                                      "op": "nccl:all_reduce", "ms": float(done[r] - arrive[r])})
+            clock = done
         new_end = clock + TAIL_MS
         for r in range(RANKS):
             device_steps[(r, s)] = {"step_ms": float(new_end[r] - start[r]), "idle_before_ms": float(idle[r])}
         period[s] = float(new_end.max() - end.min())
         end = new_end
     return device_steps, colls, period
+
+
+def _members(gpus: Gpus, rank: int) -> list[int]:
+    size = RANKS // gpus.subgroups
+    return list(range(rank // size * size, rank // size * size + size))
 
 
 def findings(run: Path) -> list[dict]:
@@ -189,6 +197,18 @@ def test_live_judgement_names_the_slow_gpu_from_the_same_columns(tmp_path):
     active = LiveJudge(run).judge(now=T0 + 60).active
     [f] = [f for f in active if f["kind"] == "straggler"]
     assert f["ranks"] == [3] and f["metrics"]["cause"] == "slow_device"
+
+
+def test_live_judgement_keys_subgroups_that_share_a_name_by_their_members(tmp_path):
+    # Two data-parallel groups of 4 (one DeviceMesh dimension: both named "1", each call numbered alike); rank 5
+    # is slow. Matched by name alone, 8 ranks would share each call and one of them arrive last.
+    from diagtrain.profiler.analyzer.judge.live import LiveJudge  # noqa: PLC0415 - live judgement only here
+
+    run = gpu_run(tmp_path, Gpus(slow={5: 1.2}, subgroups=2))
+    steps = LiveJudge(run).steps.window().tables.steps
+    last = steps.groupby("step")["last_arrivals"].sum()
+    assert set(last) == {2 * len(SEGMENTS)}  # each group's last arrival at each of the step's calls
+    assert (steps.loc[steps["rank"] == 5, "last_arrivals"] == len(SEGMENTS)).all()
 
 
 def test_the_metrics_endpoint_serves_each_ranks_device_wait_beside_the_hosts(tmp_path):

@@ -72,7 +72,8 @@ def test_trainer_json_is_one_source_among_others():
     assert infer({}, {}, [], {}, {}, None, 2).stages == {}  # no pipeline without evidence of one
 
 
-def nccl_pipeline_run(root: Path, blocked_ms: dict[int, float | list[float]] | None = None, steps: int = 5) -> Path:
+def nccl_pipeline_run(root: Path, blocked_ms: dict[int, float | list[float]] | None = None, steps: int = 5,
+                      device_ms: float | None = None) -> Path:
     """An unprofiled 2-stage NCCL pipeline: steps.jsonl and the flight recorder's point-to-point
     entries ("nccl:send 0->1": group ranks), 4 microbatches per step, as torch writes them; with
     ``blocked_ms``, each rank's records carry the always-on counter of time blocked in communication
@@ -88,6 +89,9 @@ def nccl_pipeline_run(root: Path, blocked_ms: dict[int, float | list[float]] | N
             if blocked_ms:
                 blocked = blocked_ms[rank]
                 record.update(comm_ms=blocked[step - 1] if isinstance(blocked, list) else blocked + step % 2, comm_calls=8)
+            if device_ms is not None:  # a CUDA rank's device timing of the step (CUDA events, no p2p timing)
+                record.update(device_source="cuda_events",
+                              device_steps=[{"step": step, "step_ms": device_ms, "idle_before_ms": 0.5}])
             records.append(json.dumps(record))
             kinds = ["send 0->1"] * 4 + ["recv 0<-1"] * 4 if rank == 0 else ["recv 1<-0"] * 4 + ["send 1->0"] * 4
             entries += [{"record_id": len(entries), "pg_id": 0, "process_group": ["0", "default_pg"], "is_p2p": True,
@@ -118,6 +122,17 @@ def test_stage_balance_from_the_always_on_counters(tmp_path):
     assert f["metrics"]["source"] == "time outside communication (counters)"
     assert f["metrics"]["work_per_stage"] == {0: 699.5, 1: 199.5}
     assert not [g for g in report["findings"] if g["kind"] == "missing_evidence"]
+
+
+def test_on_cuda_ranks_the_hosts_time_blocked_in_send_recv_is_no_stage_balance(tmp_path):
+    # The same counters as above, on ranks whose steps their GPUs timed: NCCL's send/recv return once queued,
+    # so the host's blocked time says nothing of a stage's work, and point-to-point calls have no device timing.
+    run = nccl_pipeline_run(tmp_path, blocked_ms={0: 200.0, 1: 700.0}, device_ms=890.0)
+    report = analyze(run, tmp_path, ["json"], workers=1)
+    assert not [f for f in report["findings"] if f["kind"] == "pipeline_bubble"
+                and f["metrics"].get("source") == "time outside communication (counters)"]
+    [missing] = [f for f in report["findings"] if f["kind"] == "missing_evidence"]
+    assert missing["metrics"]["check"] == "pipeline stage balance"
 
 
 def test_stages_ahead_of_each_other_by_turns_are_no_unequal_split(tmp_path):

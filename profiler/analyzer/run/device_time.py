@@ -166,6 +166,11 @@ def on_device(steps: pd.DataFrame) -> pd.Series:
     return steps["time_source"].eq(DEVICE) if "time_source" in steps else pd.Series(False, index=steps.index)
 
 
+def timed_on_device(steps: pd.DataFrame) -> pd.Series:
+    """Which rows' steps their device timed (a CUDA rank's), whether or not their collectives were."""
+    return steps["device_step_ms"].notna() if "device_step_ms" in steps else pd.Series(False, index=steps.index)
+
+
 def latest_timed(steps: pd.DataFrame) -> dict[int, dict[str, float]]:
     """Per rank, the device's columns of its latest step timed on the devices (``device_step`` its number): a
     step's device times arrive a record or two after the step, so the newest step has none yet."""

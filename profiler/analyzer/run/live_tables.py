@@ -61,6 +61,7 @@ class LiveSteps:
         self.traces = LiveTraces(run_dir, max_trace_bytes) if window_steps is not None and max_trace_bytes > 0 else None
         self.cached: dict[int, int] = {}  # rank -> lines of its steps.jsonl in the final analysis' cache
         self._next_cached = 0  # the rank whose turn it is to be cached
+        self.groups: dict[int, dict] = {}  # rank -> its process groups (process_groups.json, written at its first step)
 
     def read(self) -> int:
         """Read what every rank and host appended since the last call; the number of new step records."""
@@ -168,20 +169,33 @@ class LiveSteps:
         first = min(row["step"] for row in rows)
         held = [d for r, t in tails.items()
                 for d in device_time.records_of_rows(r, (row for s, row in t.rows.items() if s >= first), t.found.device)]
-        steps = device_time.add_device_time(self.steps_table(pd.DataFrame(rows)), held)
+        groups = self.process_groups()
+        steps = device_time.add_device_time(self.steps_table(pd.DataFrame(rows)), held, groups=groups)
         world = self.world_size()
         p2p = {r: p2p_from_step_records(t.found.p2p) for r, t in tails.items() if t.found.p2p}
         traced = self.traces.collectives.copy() if self.traces is not None else pd.DataFrame()
         tables = Tables(steps=steps, ranks=pd.DataFrame(), collectives=traced, phases=self.phases(),
                         trainer=self.trainer or None, world_size=world, rank_hosts=self.rank_hosts(),
                         on_gpu=self.traces is not None and self.traces.on_gpu,
-                        structure=infer_structure({}, {}, [], p2p, {}, self.trainer or None, world))
+                        structure=infer_structure(groups, {}, [], p2p, {}, self.trainer or None, world))
         if not traced.empty:  # the profiled windows' collectives, on one clock as in the final analysis
             tables.host_clocks = clocks.host_clocks(traced, tables.rank_hosts, clock_measurements(self.run_dir))
             clocks.align(tables)
         tables.telemetry = join_telemetry(self._recent_telemetry(float(steps["start"].min())), steps)
         tables.ledger = ledger.build(tables)
         return tables
+
+    def process_groups(self) -> dict[int, dict]:
+        """rank -> its process groups, read once each (a DeviceMesh's subgroups share a name: members key them)."""
+        for rank in self.steps.keys() - self.groups.keys():
+            path = self.ranks.ranks_dir / str(rank) / "process_groups.json"
+            try:
+                self.groups[rank] = rf.read_process_groups(path) if path.exists() else None
+            except (InputError, OSError):
+                self.groups[rank] = None  # the final analysis reports it; live judgement goes on without
+            if self.groups[rank] is None:
+                del self.groups[rank]  # not written yet: read again next time
+        return self.groups
 
     def _recent_telemetry(self, since: float) -> pd.DataFrame | None:
         """The telemetry samples of the window (older ones are dropped: the window only moves on)."""

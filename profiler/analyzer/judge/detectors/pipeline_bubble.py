@@ -18,6 +18,7 @@ import pandas as pd
 
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady
 from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.run.device_time import timed_on_device
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.analyzer.settings import section, setting
 from diagtrain.profiler.model.pipeline import bubble as bubble_formula
@@ -124,8 +125,10 @@ def stage_work(tables: Tables) -> StageWork | None:
             work.gflops = timed.groupby(["stage", "rank"])["gflops"].median().groupby(level="stage").median()
             work.gflops.index = work.gflops.index.astype(int)
         return work
-    if "comm_wait_ms" in steps and steps["comm_wait_ms"].notna().any():
-        counted = steps[steps["comm_wait_ms"].notna()]
+    # On a CUDA rank (its steps timed on the device) the host's time blocked in send/recv is no wait: NCCL
+    # returns once the call is queued, and point-to-point calls carry no device timing to take its place.
+    counted = steps[steps["comm_wait_ms"].notna() & ~timed_on_device(steps)] if "comm_wait_ms" in steps else steps[:0]
+    if not counted.empty:
         # Time a rank ran, as the ledger counts it: a wait for a CPU (a busy host's, uneven between ranks)
         # is no work of its stage's.
         starved = counted["runq_ms"].fillna(0.0) if "runq_ms" in counted else 0.0
