@@ -13,7 +13,8 @@ import pytest
 
 from diagtrain.profiler.analyzer.judge.contention import own_work_only
 from diagtrain.profiler.analyzer.judge.findings import Finding
-from diagtrain.profiler.analyzer.judge.pipeline import run_detectors, run_passes
+from diagtrain.profiler.analyzer.judge.pipeline import run_detectors, judge
+from diagtrain.profiler.analyzer.judge.verdict import applied
 from diagtrain.profiler.analyzer.run import ledger
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.collect import telemetry
@@ -64,8 +65,13 @@ def busy_host_telemetry() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def checked(findings: list[Finding], tables: Tables) -> list[Finding]:
+    """The findings as the host-contention assessment leaves them."""
+    return applied(findings, own_work_only(findings, tables))
+
+
 def by_kind(tables: Tables) -> dict:
-    return {f.kind: f for f in run_passes(run_detectors(tables, lambda _: None), tables, lambda _: None)}
+    return {f.kind: f for f in judge(tables, lambda _: None, lambda _: None).findings}
 
 
 def test_a_rank_starved_of_a_cpu_is_not_a_straggler():
@@ -123,9 +129,9 @@ def test_a_leaking_rank_s_page_faults_are_the_leak_s_cost_not_churn():
     assert straggler.impact_ms > 30 and leak.impact_ms == pytest.approx(straggler.impact_ms)
     assert f"It also costs the job {straggler.impact_ms:.1f} ms a step" in leak.explanation
     # Without a memory_growth finding beside it (a run too short to show one), the time stays a straggler's.
-    [alone] = own_work_only([f for f in run_detectors(run_of(extra_cpu=EXCESS_MS, faults=(20, 3_060), samples=(32, 32),
-                                                             leak_mib=8.0), lambda _: None) if f.kind == "straggler"],
-                            run_of(extra_cpu=EXCESS_MS, faults=(20, 3_060), samples=(32, 32), leak_mib=8.0))
+    [alone] = checked([f for f in run_detectors(run_of(extra_cpu=EXCESS_MS, faults=(20, 3_060), samples=(32, 32),
+                                                       leak_mib=8.0), lambda _: None) if f.kind == "straggler"],
+                      run_of(extra_cpu=EXCESS_MS, faults=(20, 3_060), samples=(32, 32), leak_mib=8.0))
     assert alone.severity == "warning" and "leak_cost" not in alone.metrics and "memory_churn" not in alone.metrics
 
 
@@ -152,9 +158,9 @@ def test_churn_is_judged_in_the_steps_the_ledger_charged():
         return Finding(kind="straggler", severity="warning", explanation="", suggestion="", ranks=[1], steps=[2, 3],
                        metrics={"excess_ms": EXCESS_MS, **metrics})
 
-    [detector_only] = own_work_only([straggler()], tables)
+    [detector_only] = checked([straggler()], tables)
     assert detector_only.severity == "info" and detector_only.metrics["memory_churn"] is True
-    [priced] = own_work_only([straggler(impact_source="ledger", pattern="every 4 steps", charged_steps=[4, 8],
+    [priced] = checked([straggler(impact_source="ledger", pattern="every 4 steps", charged_steps=[4, 8],
                                         charged_ms_per_step=EXCESS_MS)], tables)
     assert priced.severity == "warning" and "memory_churn" not in priced.metrics
 
@@ -205,9 +211,9 @@ def test_a_rank_that_blocks_itself_in_a_few_steps_is_a_straggler_on_a_busy_host_
         return Finding(kind="straggler", severity="warning", explanation="", suggestion="", ranks=[1], steps=[5, 9],
                        metrics={"excess_ms": EXCESS_MS, "steps_seen": 9})
 
-    [blocked] = own_work_only([straggler()], slow_in_5_and_9(extra_cpu=0.0))
+    [blocked] = checked([straggler()], slow_in_5_and_9(extra_cpu=0.0))
     assert blocked.severity == "warning" and "busy_host" not in blocked.metrics
-    [on_cpu] = own_work_only([straggler()], slow_in_5_and_9(extra_cpu=EXCESS_MS))
+    [on_cpu] = checked([straggler()], slow_in_5_and_9(extra_cpu=EXCESS_MS))
     assert on_cpu.severity == "info" and on_cpu.metrics["busy_host"] is True
 
 

@@ -20,6 +20,7 @@ from diagtrain.profiler.analyzer.read.discover import discover
 from diagtrain.profiler.analyzer.run import tables
 from diagtrain.profiler.analyzer.rank.collectives import match
 from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.judge.verdict import applied
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.analyzer.rank.work_segments import COLUMNS
 
@@ -90,7 +91,7 @@ def test_what_if_the_slow_forward_ran_at_its_peers_median(two_ranks):
     assert cp.saving_us(g, cp.peer_scale(g, 0, "forward")) == 0.0
     straggler = Finding(kind="straggler", severity="warning", explanation="", suggestion="", ranks=[1], steps=[7],
                         metrics={"phase": "forward phase", "quantity": "phase:forward"}, impact_ms=55.0)
-    cp.with_impacts([straggler], cp.analyze(two_ranks))
+    [straggler] = applied([straggler], cp.with_impacts([straggler], cp.analyze(two_ranks)))
     assert straggler.impact_ms == pytest.approx(40.0, abs=1e-3)
     assert straggler.metrics["detector_impact_ms"] == 55.0 and straggler.metrics["impact_source"] == "critical_path"
 
@@ -102,7 +103,7 @@ def test_a_ledger_priced_straggler_is_checked_by_replaying_the_ledgers_excess(tw
     ledger = pd.DataFrame({"rank": [0, 1], "step": [7, 7], "excess_ms": [0.0, 30.0], "wait_ms": [70.0, 10.0]})
     straggler = Finding(kind="straggler", severity="warning", explanation="", suggestion="", ranks=[1], steps=[7],
                         metrics={"quantity": "phase:forward", "impact_source": "ledger"}, impact_ms=33.0)
-    cp.with_impacts([straggler], cp.analyze(two_ranks), ledger)
+    [straggler] = applied([straggler], cp.with_impacts([straggler], cp.analyze(two_ranks), ledger))
     assert straggler.impact_ms == 33.0  # the ledger's price stands
     assert straggler.metrics["critical_path_ms"] == pytest.approx(30.0, abs=0.01)  # 30 ms off its forward: the step too
     # The graph models rank 0's 50 ms and rank 1's 10 ms in the all-reduce as waits, not the 20 ms inside an op.
@@ -114,7 +115,7 @@ def test_a_replay_that_models_few_waits_is_no_check_of_a_price():
         f = Finding(kind="straggler", severity="warning", explanation="", suggestion="", ranks=[3], steps=[4],
                     metrics={"critical_path_ms": 0.1, "ledger_profiled_ms": 190.0, "ledger_noise_ms": 5.0,
                              "critical_path_wait_coverage": coverage}, impact_ms=129.0)
-        return cost.reconcile([f])[0]
+        return applied([f], cost.disputed([f], None))[0]
 
     trusted, untrusted = priced(0.9), priced(0.47)
     assert trusted.metrics["impact_range_ms"][0] < 1.0 and trusted.metrics["impact_range_ms"][1] == 129.0

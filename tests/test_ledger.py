@@ -11,6 +11,7 @@ import pytest
 
 from diagtrain.profiler.analyzer.analyze import analyze
 from diagtrain.profiler.analyzer.judge.findings import UPPER_BOUND, saving_text
+from diagtrain.profiler.analyzer.judge.verdict import applied
 from diagtrain.profiler.run_dir import write_json_atomic
 
 T0 = 1_790_000_000.0
@@ -214,7 +215,7 @@ def priced_straggler(run: Path, seen: list[int], severity: str, profiled: tuple[
     t.steps["profiled"] = t.steps["step"].isin(profiled)  # as the traces of those steps mark them
     detected = Finding(kind="straggler", severity=severity, explanation="rank 2 is a straggler.", suggestion="",
                        ranks=[2], steps=seen, metrics={"excess_ms": 30.0}, impact_ms=30.0)
-    [f] = [f for f in cost.priced([detected], t) if f.ranks == [2]]
+    [f] = [f for f in applied([detected], cost.priced([detected], t)) if f.ranks == [2]]
     return f.to_json()
 
 

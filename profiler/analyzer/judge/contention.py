@@ -30,6 +30,7 @@ from diagtrain.profiler.analyzer.judge.detectors.base import steady
 from diagtrain.profiler.analyzer.judge.cost import INTERMITTENT
 from diagtrain.profiler.analyzer.judge.quantities import SlowCause
 from diagtrain.profiler.analyzer.judge.findings import UPPER_BOUND, Finding
+from diagtrain.profiler.analyzer.judge.verdict import HOST, LEAK_TIME, Assessed, Assessment
 from diagtrain.profiler.analyzer.run.tables import Tables, unix_seconds
 
 @section("contention")
@@ -237,27 +238,36 @@ def leak_cost(f: Faulting) -> str | None:
             f"{f.kept_bytes / 2**20:,.1f} MiB a step")
 
 
-def own_work_only(findings: list[Finding], tables: Tables) -> list[Finding]:
-    """Stragglers, late ranks and data stalls whose excess was not the rank's own work (starvation
-    for a CPU, memory churn) or is the cost of a leak found beside them, lowered to info and said so."""
+def own_work_only(findings: list[Finding], tables: Tables) -> Assessed:
+    """Stragglers, late ranks and data stalls whose excess was not the rank's own work (starvation for a CPU,
+    memory churn) or is the cost of a leak found beside them: information, and said so; such a leak charged
+    the time."""
     s = Contention.active()
-    growing = {r: f for f in findings if f.kind == "memory_growth" and f.severity != "info" for r in f.ranks}
-    judged = [_lowered(f, *why) if (why := _not_own_work(f, tables, s, set(growing))) else f for f in findings]
-    for f in judged:
-        if f.metrics.get("leak_cost") and f.impact_ms:
-            _charge_leak(growing[f.ranks[0]], f)
-    return judged
+    growing = {r: i for i, f in enumerate(findings) if f.kind == "memory_growth" and f.severity != "info" for r in f.ranks}
+    out = Assessed()
+    charged: dict[int, float] = {}  # a leak's position -> the time charged to it so far
+    for i, f in enumerate(findings):
+        why = _not_own_work(f, tables, s, set(growing))
+        if why is None:
+            continue
+        reason, meaning, marker = why
+        out.add(i, Assessment(HOST, severity="info", words=f" But {reason}: {meaning}.", metrics={marker: True}))
+        if marker == "leak_cost" and f.impact_ms:
+            leak = growing[f.ranks[0]]
+            charged[leak] = charged.get(leak, findings[leak].impact_ms or 0.0) + f.impact_ms
+            out.add(leak, _leak_time(f, charged[leak]))
+    return out
 
 
-def _charge_leak(leak: Finding, straggler: Finding) -> None:
+def _leak_time(straggler: Finding, total_ms: float) -> Assessment:
     """The memory_growth finding carries the time its page faults cost (the straggler's price): fixing the
     leak saves it, and the finding is ordered and priced by it."""
-    leak.impact_ms = (leak.impact_ms or 0.0) + straggler.impact_ms
-    leak.metrics["time_cost_ms_per_step"] = leak.impact_ms
-    if straggler.metrics.get(UPPER_BOUND):
-        leak.metrics[UPPER_BOUND] = True
-    leak.explanation += (f" It also costs the job {straggler.impact_ms:.1f} ms a step: the pages it faults in hold up "
-                         f"rank {straggler.ranks[0]}'s {straggler.metrics.get('phase', 'step')} (its straggler finding).")
+    return Assessment(LEAK_TIME, extra_impact_ms=straggler.impact_ms,
+                      metrics={"time_cost_ms_per_step": total_ms,
+                               **({UPPER_BOUND: True} if straggler.metrics.get(UPPER_BOUND) else {})},
+                      words=(f" It also costs the job {straggler.impact_ms:.1f} ms a step: the pages it faults in hold "
+                             f"up rank {straggler.ranks[0]}'s {straggler.metrics.get('phase', 'step')} (its straggler "
+                             "finding)."))
 
 
 def _not_own_work(finding: Finding, tables: Tables, s: Contention, growing: set[int]) -> tuple[str, str, str] | None:
@@ -343,13 +353,6 @@ def _ledger_pattern(finding: Finding) -> bool:
     """Whether the ledger priced the finding as a pattern (every step, or periodic) of running time,
     the time the rank ran on a CPU: a wait for a CPU, or a busy host's pauses, were taken out first."""
     return finding.metrics.get("impact_source") == "ledger" and finding.metrics.get("pattern") not in (None, INTERMITTENT)
-
-
-def _lowered(finding: Finding, reason: str, meaning: str, marker: str) -> Finding:
-    finding.severity = "info"
-    finding.explanation += f" But {reason}: {meaning}."
-    finding.metrics[marker] = True
-    return finding
 
 
 def _beyond_peers(rows: pd.DataFrame, rank: int, column: str) -> float | None:

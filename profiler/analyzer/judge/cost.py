@@ -21,6 +21,7 @@ from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady
 from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, UPPER_BOUND, Finding
 from diagtrain.profiler.analyzer.judge.own_time import SOURCE as COUNTERS
 from diagtrain.profiler.analyzer.judge.quantities import CAUSE_OF, Measure, Quantity, SlowCause
+from diagtrain.profiler.analyzer.judge.verdict import DISPUTE, LEDGER, Assessed, Assessment
 from diagtrain.profiler.analyzer.run.ledger import (DEVICE_BUSY, DEVICE_IDLE, OUTSIDE, crowded_hosts,
                                                     work_column)
 from diagtrain.profiler.analyzer.run.tables import Tables
@@ -147,53 +148,55 @@ def severity(share: float, pattern: str, c: Cost) -> str:
     return "error" if share >= c.error_share else "warning" if share >= c.warning_share else "info"
 
 
-def priced(findings: list[Finding], t: Tables) -> list[Finding]:
+def priced(findings: list[Finding], t: Tables) -> Assessed:
     """Stragglers, data stalls and late ranks priced by the ledger (impact: the job time they cost, per step
-    over the whole run), with their pattern and the uniform severity; causes no detector named become findings."""
+    over the whole run), with their pattern and the uniform severity; causes no detector named are new candidates."""
     c = Cost.active()
     found, totals = causes(t, c)
+    out = Assessed()
     if not totals:
-        return findings
+        return out
     covered: set[tuple[int, str]] = set()
-    for f in findings:
+    for i, f in enumerate(findings):
         mine = _causes_of(f, found)
         if mine:
-            _price(f, mine, totals, c, t)
+            out.add(i, _price(f, mine, totals, c, t))
             covered |= {(x.rank, x.part) for x in mine}
         elif _charged_nothing(f, found, t):
-            f.severity = "info"
-            f.metrics["ledger_charged_nothing"] = True
-            f.explanation += (f" But the ledger of every step charged rank {f.ranks[0]} nothing above this run's noise "
-                              f"({totals['charged_above_ms']:.1f} ms a step): seen in profiled steps alone, it cost the "
-                              "job nothing measurable.")
-    for cause in found:
-        if (cause.rank, cause.part) not in covered and severity(cause.share, cause.pattern, c) != "info":
-            findings.append(_finding(cause, totals, c, t))
-    return findings
+            out.add(i, Assessment(LEDGER, severity="info", metrics={"ledger_charged_nothing": True}, words=(
+                f" But the ledger of every step charged rank {f.ranks[0]} nothing above this run's noise "
+                f"({totals['charged_above_ms']:.1f} ms a step): seen in profiled steps alone, it cost the job nothing "
+                "measurable.")))
+    out.new = [_finding(cause, totals, c, t) for cause in found
+               if (cause.rank, cause.part) not in covered and severity(cause.share, cause.pattern, c) != "info"]
+    return out
 
 
-def reconcile(findings: list[Finding]) -> list[Finding]:
+def disputed(findings: list[Finding], _: Tables) -> Assessed:
     """Where the critical path's what-if (profiled steps) and the ledger's price of the same steps disagree
     beyond the noise, the finding claims the range between them, not one number it cannot stand behind."""
     c = Cost.active()
-    for f in findings:
+    out = Assessed()
+    for i, f in enumerate(findings):
         replay, ledger = f.metrics.get("critical_path_ms"), f.metrics.get("ledger_profiled_ms")
         if replay is None or ledger is None:
             continue
         coverage = f.metrics.get("critical_path_wait_coverage")
         if coverage is not None and coverage < c.min_replay_coverage:
-            f.metrics["impact_replay_skipped"] = (f"the critical path's graph models only {coverage:.0%} of the ranks' "
-                                                  "blocked time as waits; its what-if is no check of this price")
+            out.add(i, Assessment(DISPUTE, metrics={"impact_replay_skipped": (
+                f"the critical path's graph models only {coverage:.0%} of the ranks' blocked time as waits; its "
+                "what-if is no check of this price")}))
             continue
         gap = abs(replay - ledger)
         if gap > c.disagree_share * max(replay, ledger) and gap > f.metrics.get("ledger_noise_ms", 0.0) \
                 and f.impact_ms and ledger > 0:
             # Both price the profiled steps; the claim is over the whole run: it is widened by their ratio.
             ratio = replay / ledger
-            f.metrics["impact_range_ms"] = [round(f.impact_ms * min(ratio, 1.0), 3), round(f.impact_ms * max(ratio, 1.0), 3)]
-            f.metrics["impact_disputed"] = ("the critical path's what-if of the profiled steps says "
-                                            f"{replay:.1f} ms/step, the step records' ledger {ledger:.1f} ms/step")
-    return findings
+            out.add(i, Assessment(DISPUTE, metrics={
+                "impact_range_ms": [round(f.impact_ms * min(ratio, 1.0), 3), round(f.impact_ms * max(ratio, 1.0), 3)],
+                "impact_disputed": ("the critical path's what-if of the profiled steps says "
+                                    f"{replay:.1f} ms/step, the step records' ledger {ledger:.1f} ms/step")}))
+    return out
 
 
 def _steady(t: Tables) -> pd.DataFrame:
@@ -253,45 +256,49 @@ def part_words(part: str) -> str:
             DEVICE_IDLE: "device idle time before its steps (its GPU waiting for its host)"}.get(part, f"{part} phase")
 
 
-def _price(f: Finding, mine: list[Cause], totals: dict[str, Any], c: Cost, t: Tables) -> None:
+def _price(f: Finding, mine: list[Cause], totals: dict[str, Any], c: Cost, t: Tables) -> Assessment:
     lost = sum(x.lost_ms for x in mine)
     share = sum(x.share for x in mine)
     costliest = max(mine, key=lambda x: x.lost_ms)
     main = replace(costliest, **_seen_pattern(f, costliest, mine, t, c))
     # The detector's own reading of a period (from every step it saw) stands where it made one.
-    f.metrics.update({k: v for k, v in _cost_metrics(mine, totals, t, main).items()
-                      if not (k == "period_steps" and f.metrics.get(k) is not None)})
+    metrics = {k: v for k, v in _cost_metrics(mine, totals, t, main).items()
+               if not (k == "period_steps" and f.metrics.get(k) is not None)}
     if f.kind not in c.validated_kinds.split(","):
-        f.metrics[UPPER_BOUND] = True  # a price not yet held against a clean twin: claimed as a bound
-    f.metrics["detector_impact_ms"] = f.impact_ms
-    f.impact_ms = _bounded(f, mine, totals, c)
+        metrics[UPPER_BOUND] = True  # a price not yet held against a clean twin: claimed as a bound
+    metrics["detector_impact_ms"] = f.impact_ms
+    impact, bound = _bounded(mine, totals, c)
+    metrics.update(bound)
+    ruled = None
     if f.severity != "critical":
         ruled = severity(share, main.pattern, c)
         # A detector that compared every step's records with the rank's peers judged how often with thresholds
         # of its own (a data phase 3x the typical one): that stands beside the rule, which needs three
         # occurrences to name a period (two stalls in a short run). One that saw a profiled window alone
         # cannot say how often: auto profiling's first window is where a rank slow then looks slow always.
-        f.severity = max(f.severity, ruled, key=SEVERITIES.index) \
+        ruled = max(f.severity, ruled, key=SEVERITIES.index) \
             if main.pattern == INTERMITTENT and not _window_only(f, t) else ruled
     if any(x.part in (DEVICE_BUSY, DEVICE_IDLE) for x in mine):
-        f.metrics["impact_time_source"] = "device"  # the others' waits measured on their devices, not their hosts
-    f.explanation += " " + _cost_words(main, lost, share, totals) + _bound_words(f) + _crowded_words(f, t)
-    f.settings.update(values(c))
+        metrics["impact_time_source"] = "device"  # the others' waits measured on their devices, not their hosts
+    crowded, crowded_metrics = _crowded(f.ranks, t)
+    metrics.update(crowded_metrics)
+    return Assessment(LEDGER, metrics=metrics, severity=ruled, impact_ms=impact, prices=True, settings=values(c),
+                      words=" " + _cost_words(main, lost, share, totals) + _bound_words(metrics) + crowded)
 
 
-def _crowded_words(f: Finding, t: Tables) -> str:
-    """On a host with more ranks than CPUs the ledger's price is a bound: marked so, and said why."""
+def _crowded(ranks: list[int], t: Tables) -> tuple[str, dict[str, Any]]:
+    """On a host with more ranks than CPUs the ledger's price is a bound: said why, and the metrics that mark it."""
     crowded = crowded_hosts(t)
-    host = next((t.rank_hosts[r] for r in f.ranks if t.rank_hosts.get(r) in crowded), None)
+    host = next((t.rank_hosts[r] for r in ranks if t.rank_hosts.get(r) in crowded), None)
     if host is None:
-        return ""
+        return "", {}
     # A rank held up there frees a CPU its peers then use; without the cause it takes one back. What that
     # saves depends on the scheduler: 8 ranks on 2 CPUs (benchmarks/impact.py's 3D case) saved 68 ms and
     # then ~0 against a price of 126-164 ms, with a CPU for every rank the price holds.
-    ranks, cpus = crowded[host]
-    f.metrics.update({UPPER_BOUND: True, "host_ranks": ranks, "host_cpus": cpus})
-    return (f" Its host ran {ranks} ranks on {cpus} CPUs: removing the cause saves at most this much there, and "
-            "how much less depends on how the ranks share the CPUs it holds up or frees.")
+    ranks_there, cpus = crowded[host]
+    return (f" Its host ran {ranks_there} ranks on {cpus} CPUs: removing the cause saves at most this much there, and "
+            "how much less depends on how the ranks share the CPUs it holds up or frees.",
+            {UPPER_BOUND: True, "host_ranks": ranks_there, "host_cpus": cpus})
 
 
 def _charged_nothing(f: Finding, found: list[Cause], t: Tables) -> bool:
@@ -331,24 +338,24 @@ def _seen_pattern(f: Finding, main: Cause, mine: list[Cause], t: Tables, c: Cost
     return {"steps": seen, "pattern": pattern, "period": period} if pattern != INTERMITTENT else {}
 
 
-def _bounded(f: Finding, mine: list[Cause], totals: dict[str, Any], c: Cost) -> float:
+def _bounded(mine: list[Cause], totals: dict[str, Any], c: Cost) -> tuple[float, dict[str, float]]:
     """The finding's impact per step: the ledger's price, or less where the host's free CPUs bound what
-    removing the cause saves (its severity stays the ledger's: the share of the run its excess held)."""
+    removing the cause saves (its severity stays the ledger's: the share of the run its excess held); and
+    the metrics that say so."""
     lost, bounded = sum(x.lost_ms for x in mine), sum(x.cpu_bounded_ms for x in mine)
     steps = totals["steady_steps"]
     if bounded >= (1 - c.disagree_share) * lost:
-        return lost / steps
-    f.metrics.update({"ledger_impact_ms": lost / steps, "cpu_bound_ms": bounded / steps})
-    return bounded / steps
+        return lost / steps, {}
+    return bounded / steps, {"ledger_impact_ms": lost / steps, "cpu_bound_ms": bounded / steps}
 
 
-def _bound_words(f: Finding) -> str:
-    if "cpu_bound_ms" not in f.metrics:
+def _bound_words(metrics: dict[str, Any]) -> str:
+    if "cpu_bound_ms" not in metrics:
         return ""
     return (f" Its host had fewer free CPUs than ranks, and the job's CPU work fills most of those steps: while this "
             f"rank is held up its peers use its CPU, so removing the cause would save at most "
-            f"{f.metrics['cpu_bound_ms']:.1f} ms per step here (with a CPU for every rank, "
-            f"{f.metrics['ledger_impact_ms']:.1f} ms).")
+            f"{metrics['cpu_bound_ms']:.1f} ms per step here (with a CPU for every rank, "
+            f"{metrics['ledger_impact_ms']:.1f} ms).")
 
 
 def _finding(cause: Cause, totals: dict[str, Any], c: Cost, t: Tables) -> Finding:
@@ -377,11 +384,12 @@ def _finding(cause: Cause, totals: dict[str, Any], c: Cost, t: Tables) -> Findin
                  **({"cause": device_cause.value} if device_cause else {}),
                  **_cost_metrics([cause], totals, t)},
         evidence=[{"type": "ledger", "rank": cause.rank, "step": s, "part": cause.part} for s in cause.steps][:20],
-        impact_ms=cause.per_step_ms,
+        settings=values(c),
     )
-    f.impact_ms = _bounded(f, [cause], totals, c)
-    f.explanation += _bound_words(f) + _crowded_words(f, t)
-    f.settings.update(values(c))
+    f.impact_ms, bound = _bounded([cause], totals, c)
+    crowded, crowded_metrics = _crowded(f.ranks, t)
+    f.metrics.update({**bound, **crowded_metrics})
+    f.explanation += _bound_words(f.metrics) + crowded
     return f
 
 

@@ -23,6 +23,7 @@ import pandas as pd
 
 from diagtrain.profiler.analyzer.judge.quantities import Measure, Quantity
 from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.judge.verdict import REPLAY, Assessed, Assessment
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.analyzer.settings import section, setting, values
 
@@ -605,7 +606,7 @@ def analyze(tables: Tables) -> RunPaths:
     return RunPaths(built, [critical_path(g) for g in built])
 
 
-def with_impacts(findings: list[Finding], run: RunPaths, ledger: pd.DataFrame | None = None) -> list[Finding]:
+def with_impacts(findings: list[Finding], run: RunPaths, ledger: pd.DataFrame | None = None) -> Assessed:
     """A straggler's ``impact_ms`` from the graph where it exists: the mean saving per profiled step of
     bringing the rank's slow part to its peers' median (the detector's estimate stays elsewhere). One the
     ledger priced over the whole run keeps that price; the replay of taking the ledger's excess off the
@@ -613,7 +614,8 @@ def with_impacts(findings: list[Finding], run: RunPaths, ledger: pd.DataFrame | 
     the step's end. The ledger measures the excess on running time; traces cannot tell a CPU-starved
     operator from a slow one, and on a host with more ranks than cores the peers' traced time is half
     starvation."""
-    for f in findings:
+    out = Assessed()
+    for i, f in enumerate(findings):
         if f.kind != "straggler" or not f.ranks:
             continue
         rank = f.ranks[0]
@@ -622,17 +624,17 @@ def with_impacts(findings: list[Finding], run: RunPaths, ledger: pd.DataFrame | 
         steps = [g for g in run.graphs if rank in g.window_start]
         if not steps:
             continue
-        f.settings.update(values(CriticalPath.active()))  # the what-if that priced it
+        used = values(CriticalPath.active())  # the what-if that priced it
         if f.metrics.get("impact_source") == "ledger":  # priced over every step: the replay is its check
             excess = _ledger_excess(ledger, rank)
-            f.metrics["critical_path_ms"] = float(np.mean(
-                [saving_us(g, excess_scale(g, rank, phase, excess.get(g.step, 0.0))) for g in steps])) / 1e3
-            f.metrics["critical_path_wait_coverage"] = wait_coverage(steps, ledger)
+            replay = float(np.mean([saving_us(g, excess_scale(g, rank, phase, excess.get(g.step, 0.0))) for g in steps]))
+            out.add(i, Assessment(REPLAY, settings=used, metrics={
+                "critical_path_ms": replay / 1e3, "critical_path_wait_coverage": wait_coverage(steps, ledger)}))
             continue
-        f.metrics["detector_impact_ms"] = f.impact_ms
-        f.metrics["impact_source"] = "critical_path"
-        f.impact_ms = float(np.mean([saving_us(g, peer_scale(g, rank, phase)) for g in steps])) / 1e3
-    return findings
+        impact = float(np.mean([saving_us(g, peer_scale(g, rank, phase)) for g in steps])) / 1e3
+        out.add(i, Assessment(REPLAY, settings=used, impact_ms=impact, prices=True,
+                              metrics={"detector_impact_ms": f.impact_ms, "impact_source": "critical_path"}))
+    return out
 
 
 def wait_coverage(graphs: list[StepGraph], ledger: pd.DataFrame | None) -> float | None:

@@ -2,7 +2,7 @@
 
 Every few seconds the wrapper (through the CLI, cli/run.py) asks :meth:`LiveJudge.judge` for what
 changed. It judges the last steps every rank has finished (run/live_tables.py) with the same
-detectors and passes as the final analysis (pipeline.run_detectors, pipeline.run_passes) and the
+judgement as the final analysis (pipeline.judge: its detectors, assessments and verdicts) and the
 settings in force, no second set of rules, and adds what only a running job can show: a rank that
 has finished no step for many typical steps (before the hang watchdog fires). A finding is followed
 from one judgement to the next by its kind and ranks, and each change is an event: ``new``,
@@ -31,8 +31,6 @@ from diagtrain.profiler.analyzer.run.live_tables import LiveSteps, Window
 from diagtrain.profiler.analyzer.settings import section, setting, values
 from diagtrain.profiler.util.text import ranges
 
-# What a stopped or finished job leaves is judged at its end, not while it runs (see above).
-NOT_LIVE = ("hang", "missing_evidence")
 NO_PROGRESS = "no_progress"  # the live-only kind (written literally at its Finding for the docs test)
 ACTIONABLE = SEVERITIES.index("warning")
 
@@ -154,14 +152,12 @@ class LiveJudge:
         return self.settings.interval_s if suspected else max(self.settings.interval_s, paced)
 
     def _detect(self, window: Window) -> list[Finding]:
-        """The final analysis' detectors and passes on the window's tables."""
+        """The final analysis' judgement of the window's tables: the same function (pipeline.judge)."""
         t = window.tables
-        detectors = [name for name in pipeline.DETECTORS if name not in NOT_LIVE]
         traces = self.steps.traces
         if traces is not None and traces.problem:
             self._problem(f"judged without the profiled windows' traces: {traces.problem}")
-        found = pipeline.run_detectors(t, self._problem, only=detectors)
-        return pipeline.run_passes(found, t, self._problem)
+        return pipeline.judge(t, _no_spans, self._problem, live=True).findings
 
     def _problem(self, message: str) -> None:
         if message not in self.problems:
@@ -250,6 +246,11 @@ class LiveJudge:
         record = {**tracked.record, "event": event, "detected_at": round(now, 3), "step": step,
                   "since_step": tracked.since_step, "lost_s_so_far": round(tracked.lost_ms / 1e3, 3)}
         return json.loads(json.dumps(record, default=_plain))  # numpy numbers as plain ones: any JSON writer takes it
+
+
+def _no_spans(_: int) -> None:
+    """A running job's traced spans are not read: the profiled windows' collectives are (run/live_traces.py)."""
+    return None
 
 
 def _past_warm_up(window: Window) -> bool:

@@ -1,9 +1,11 @@
-"""Judgement, in the order it happens: the detectors, then every pass that changes their findings.
+"""Judgement, in the order it happens: the detectors propose candidates, the assessments weigh them, and
+judge/verdict.py decides each finding once. The final analysis and live judgement both call :func:`judge`.
 
 Adding a detector: its module in ``detectors/`` (a ``detect(tables) -> list[Finding]`` and, for its
 thresholds, a settings class registered with ``settings.section``) and its name in ``DETECTORS``.
-Adding a pass that rewrites findings: a function ``(findings, tables) -> findings`` in ``PASSES``.
-Every finding records the settings its detector ran with (``Finding.settings``).
+Adding an assessment: a function ``(findings, context) -> Assessed`` in ``ASSESSMENTS``, with its name in
+judge/verdict.py (where its say on severity and impact, if it has one, is ranked against the others').
+Every finding records the settings its detector and its assessments ran with (``Finding.settings``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from diagtrain.profiler.analyzer import settings
 from diagtrain.profiler.analyzer.judge import contention, cost, critical_path, expected, traced_excess
 from diagtrain.profiler.analyzer.judge.explained import explained
 from diagtrain.profiler.analyzer.judge.findings import Finding, order
+from diagtrain.profiler.analyzer.judge.verdict import Assessed, Judged
 from diagtrain.profiler.analyzer.run.tables import Tables
 
 DETECTORS = (
@@ -36,18 +39,39 @@ DETECTORS = (
     "memory_growth",
     "missing_evidence",
 )
+# What a stopped or finished job leaves is judged at its end, not while it runs: the hang detector reads
+# dumps and exit records, missing_evidence what a finished run lacks.
+NOT_LIVE = ("hang", "missing_evidence")
 
-# Passes over the detectors' findings, in order; each takes (findings, tables) and returns findings.
-PASSES: tuple[tuple[str, Callable[[list[Finding], Tables], list[Finding]]], ...] = (
-    # Stragglers and data stalls priced by what they cost the job over the whole run (the ledger),
-    # with one severity rule; a cause in the ledger that no detector named becomes a finding.
-    ("cost", cost.priced),
-    # A rank slowed by other processes on its host, or by its allocator's memory churn, is lowered to
-    # info and said so: it is not a straggler or a late rank.
-    ("host contention", contention.own_work_only),
+
+@dataclass
+class Context:
+    """What assessments read besides the findings: the tables, each rank's traced spans, the critical paths."""
+
+    tables: Tables
+    spans_of: Callable[[int], pd.DataFrame | None]
+    paths: critical_path.RunPaths | None = None
+
+
+# The assessments, in order: each sees the findings as the ones before decided them (judge/verdict.py).
+ASSESSMENTS: tuple[tuple[str, Callable[[list[Finding], Context], Assessed]], ...] = (
+    # Stragglers and data stalls priced by what they cost the job over the whole run (the ledger), with
+    # one severity rule; a cause in the ledger that no detector named becomes a candidate.
+    ("cost", lambda found, c: cost.priced(found, c.tables)),
+    # A rank slowed by other processes on its host, or by its allocator's memory churn, is information and
+    # said so: it is not a straggler or a late rank.
+    ("host contention", lambda found, c: contention.own_work_only(found, c.tables)),
     # A late arrival that a straggler explains says nothing new.
-    ("explained", lambda findings, _: explained(findings)),
+    ("explained", lambda found, c: explained(found)),
+    # Where a priced rank's excess went in its traced steps.
+    ("traced excess", lambda found, c: traced_excess.refine(found, c.tables, c.spans_of)),
+    # The what-if of the profiled steps: a straggler's price where the ledger has none, its check where it has.
+    ("critical path", lambda found, c: critical_path.with_impacts(found, c.paths, c.tables.ledger)
+     if c.paths is not None else Assessed()),
+    # The two prices against each other.
+    ("price check", lambda found, c: cost.disputed(found, c.tables)),
 )
+
 
 def detector_modules() -> dict[str, ModuleType]:
     """name -> detector module, in registration order."""
@@ -65,15 +89,26 @@ class Judgement:
 
 
 def judge(t: Tables, spans_of: Callable[[int], pd.DataFrame | None], progress: Callable[[str], None],
-          notes: list[dict]) -> Judgement:
-    """Detectors, passes, the critical path and expected vs measured. A failing step is reported (in
-    ``notes`` too for a detector), never fatal."""
-    progress("running the detectors")
-    findings = run_passes(run_detectors(t, progress, notes), t, progress)
-    findings = traced(findings, t, spans_of, progress)
-    progress("tracing the critical path")
-    path_section = trace_critical_path(t, findings, progress)
-    findings = cost.reconcile(findings)
+          notes: list[dict] | None = None, live: bool = False) -> Judgement:
+    """Detectors, assessments, verdicts; the critical path and expected vs measured. ``live``: a running job's
+    window (no stop or end-of-run detectors, no report sections, no progress lines: only failures go to
+    ``progress``). A failing step is reported, never fatal."""
+    status = (lambda _: None) if live else progress
+    status("running the detectors")
+    judged = Judged(run_detectors(t, progress, notes, only=[d for d in DETECTORS if d not in NOT_LIVE] if live else None))
+    context = Context(t, spans_of)
+    path_section: dict[str, Any] = {}
+    for name, assess in ASSESSMENTS:
+        if name == "critical path":
+            status("tracing the critical path")
+            context.paths, path_section = trace_critical_path(t, progress)
+        try:
+            judged.take(assess(judged.findings(), context))
+        except Exception as e:  # noqa: BLE001 - the findings stand as they were
+            progress(f"{name} check failed: {type(e).__name__}: {e}")
+    findings = judged.findings()
+    if live:
+        return Judgement(findings, path_section, None, None)
     model_section, model_findings = check_expected(t, spans_of, progress)
     return Judgement(order(findings + model_findings), path_section, model_section, ledger_section(t, progress))
 
@@ -111,35 +146,14 @@ def run_detectors(t: Tables, progress: Callable[[str], None], notes: list[dict] 
     return found
 
 
-def run_passes(findings: list[Finding], t: Tables, progress: Callable[[str], None]) -> list[Finding]:
-    """``PASSES`` in order; a pass that fails leaves the findings as they were."""
-    for name, apply in PASSES:
-        try:
-            findings = apply(findings, t)
-        except Exception as e:  # noqa: BLE001 - the findings stand as they were
-            progress(f"{name} check failed: {type(e).__name__}: {e}")
-    return findings
-
-
-def traced(findings: list[Finding], t: Tables, spans_of: Callable[[int], pd.DataFrame | None],
-           progress: Callable[[str], None]) -> list[Finding]:
-    """Ledger-priced findings told which operators their excess was in, where traced; never fatal."""
-    try:
-        return traced_excess.refine(findings, t, spans_of)
-    except Exception as e:  # noqa: BLE001 - the findings stand without it
-        progress(f"reading the traced excess failed: {type(e).__name__}: {e}")
-        return findings
-
-
-def trace_critical_path(t: Tables, findings: list[Finding], progress: Callable[[str], None]) -> dict[str, Any]:
-    """The critical-path section; the stragglers' impact from its what-ifs. A failure is reported, never fatal."""
+def trace_critical_path(t: Tables, progress: Callable[[str], None]) -> tuple[critical_path.RunPaths | None, dict[str, Any]]:
+    """The critical paths and their report section; a failure is reported, never fatal."""
     try:
         paths = critical_path.analyze(t)
-        critical_path.with_impacts(findings, paths, t.ledger)
-        return paths.section()
+        return paths, paths.section()
     except Exception as e:  # noqa: BLE001 - the findings stand without it
         progress(f"critical path failed: {type(e).__name__}: {e}")
-        return {"available": False, "reason": f"{type(e).__name__}: {e}"}
+        return None, {"available": False, "reason": f"{type(e).__name__}: {e}"}
 
 
 def check_expected(t: Tables, spans_of: Callable[[int], pd.DataFrame | None],

@@ -18,6 +18,7 @@ import pandas as pd
 from diagtrain.profiler.analyzer.judge.cost import EVERY_STEP
 from diagtrain.profiler.analyzer.judge.detectors.base import steady
 from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.judge.verdict import TRACED, Assessed, Assessment
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.analyzer.settings import section, setting, values
 
@@ -65,10 +66,11 @@ class TracedExcess:
         return f" In its {steps}, the traces put its excess over its peers, per step, {listed}."
 
 
-def refine(findings: list[Finding], t: Tables, spans_of: SpansOf) -> list[Finding]:
+def refine(findings: list[Finding], t: Tables, spans_of: SpansOf) -> Assessed:
     """Each finding the ledger priced on one rank, told where its excess went in the charged steps that
-    were profiled (unchanged without traces of them)."""
-    for f in findings:
+    were profiled (nothing to say without traces of them)."""
+    out = Assessed()
+    for i, f in enumerate(findings):
         steps = f.metrics.get("charged_steps")
         if f.metrics.get("impact_source") != "ledger" or len(f.ranks) != 1 or not steps:
             continue
@@ -76,10 +78,9 @@ def refine(findings: list[Finding], t: Tables, spans_of: SpansOf) -> list[Findin
         # the profiled ones, which profiling slows on every rank).
         found = traced_excess(t, spans_of, f.ranks[0], None if f.metrics.get("pattern") == EVERY_STEP else steps)
         if found is not None and (words := found.words()):
-            f.metrics.update(found.to_metrics())
-            f.explanation += words
-            f.settings.update(values(TracedExcessSettings.active()))
-    return findings
+            out.add(i, Assessment(TRACED, metrics=found.to_metrics(), words=words,
+                                  settings=values(TracedExcessSettings.active())))
+    return out
 
 
 def traced_excess(t: Tables, spans_of: SpansOf, rank: int, steps: list[int] | None) -> TracedExcess | None:

@@ -1,0 +1,117 @@
+"""One finding from a detector's candidate and the assessments of it: severity and impact decided here, once.
+
+A detector proposes a candidate (a ``Finding`` as it saw it: kind, ranks, steps, evidence, its own estimate).
+Nothing edits a candidate afterwards. Each later judgement (judge/pipeline.py ``ASSESSMENTS``) returns
+:class:`Assessment` records of candidates: the ledger's price, the host-contention and allocator-churn
+judgement, "explained by" another finding, the traced operators, the critical path's replay, the check of
+the two prices against each other. :func:`verdict` turns a candidate and its assessments into the finding.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, Finding
+
+# The assessments, by name (``Assessment.by``), in the order they are made and their words are read.
+LEDGER = "ledger"  # what the cause cost the job over every step (judge/cost.py)
+HOST = "host_contention"  # the rank's excess was not its own work (judge/contention.py)
+LEAK_TIME = "leak_time"  # the time a memory growth costs, found as a straggler's excess (judge/contention.py)
+EXPLAINED = "explained"  # another finding names the cause (judge/explained.py)
+TRACED = "traced_operators"  # where the excess went in the profiled steps (judge/traced_excess.py)
+REPLAY = "critical_path"  # the what-if on the profiled steps' graphs (judge/critical_path.py)
+DISPUTE = "price_check"  # the ledger and the replay against each other (judge/cost.py)
+
+# Who decides, first that has a say: the ledger prices over every step, the replay only the profiled ones
+# (it prices what the ledger did not); a rank that waited for a CPU, or churned its allocator, is information
+# whatever its price said.
+IMPACT_FROM = (LEDGER, REPLAY)
+SEVERITY_FROM = (HOST, LEDGER)
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """One judgement of a candidate: what it adds to the finding's metrics and words, and its say (if any) on
+    the finding's severity and impact."""
+
+    by: str  # one of the names above
+    metrics: dict[str, Any] = field(default_factory=dict)
+    words: str = ""  # appended to the explanation, as written (its own leading space)
+    settings: dict[str, Any] = field(default_factory=dict)  # "section.name" -> value it judged with
+    severity: str | None = None  # None: no say
+    impact_ms: float | None = None  # ... and with ``prices``, the impact it decides (None: no saving)
+    prices: bool = False
+    extra_impact_ms: float = 0.0  # time added to the finding's own (a leak's cost found in a straggler)
+    drop: bool = False  # another finding says this one's cause
+
+    def __post_init__(self) -> None:
+        if self.severity is not None and self.severity not in SEVERITIES:
+            raise ValueError(f"severity {self.severity!r} is not one of {SEVERITIES}")
+
+
+def verdict(candidate: Finding, assessments: list[Assessment]) -> Finding | None:
+    """The finding: the candidate's fields, each assessment's metrics, settings and words in the order made,
+    severity and impact from the first in ``SEVERITY_FROM`` and ``IMPACT_FROM`` that has a say; None when
+    another finding explains it."""
+    if any(a.drop for a in assessments):
+        return None
+    f = copy.deepcopy(candidate)
+    for a in assessments:
+        f.metrics.update(a.metrics)
+        f.settings.update(a.settings)
+        f.explanation += a.words
+    said = next((a for by in SEVERITY_FROM for a in assessments if a.by == by and a.severity is not None), None)
+    if said is not None:
+        f.severity = said.severity
+    priced = next((a for by in IMPACT_FROM for a in assessments if a.by == by and a.prices), None)
+    if priced is not None:
+        f.impact_ms = priced.impact_ms
+    extra = sum(a.extra_impact_ms for a in assessments)
+    if extra:
+        f.impact_ms = (f.impact_ms or 0.0) + extra
+    return f
+
+
+@dataclass
+class Assessed:
+    """What one assessment step made: its assessments by the position of the finding in the list it was given,
+    and new candidates (causes the ledger charged that no detector named)."""
+
+    of: dict[int, list[Assessment]] = field(default_factory=dict)
+    new: list[Finding] = field(default_factory=list)
+
+    def add(self, position: int, assessment: Assessment | None) -> None:
+        """Record ``assessment`` of the finding at ``position`` (None: nothing to say)."""
+        if assessment is not None:
+            self.of.setdefault(position, []).append(assessment)
+
+
+class Judged:
+    """Candidates and their assessments as judgement goes: each step sees the findings as decided so far."""
+
+    def __init__(self, candidates: list[Finding]) -> None:
+        self.entries: list[tuple[Finding, list[Assessment]]] = [(c, []) for c in candidates]
+
+    def findings(self) -> list[Finding]:
+        """The verdicts so far (those another finding explains left out)."""
+        return [f for f, _ in self._live()]
+
+    def take(self, assessed: Assessed) -> None:
+        """Add a step's assessments (by position in :meth:`findings`) and its new candidates."""
+        live = self._live()
+        for position, made in assessed.of.items():
+            live[position][1].extend(made)
+        self.entries += [(c, []) for c in assessed.new]
+
+    def _live(self) -> list[tuple[Finding, list[Assessment]]]:
+        found = [(verdict(c, a), a) for c, a in self.entries]
+        return [(f, a) for f, a in found if f is not None]
+
+
+def applied(findings: list[Finding], assessed: Assessed) -> list[Finding]:
+    """The verdicts on ``findings`` after one step's assessments (its new candidates after them)."""
+    judged = Judged(findings)
+    judged.take(assessed)
+    return judged.findings()
