@@ -18,7 +18,7 @@ import re
 import signal
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -358,3 +358,30 @@ def _item_ranks(item: str) -> range:
         return range(int(first), int(first) + 1)
     last, _, step = rest.partition("/")
     return range(int(first), int(last) + 1, int(step or 1))
+
+
+def telemetry_rows(run_dir: Path, lines: Callable[[Path], Iterable[str]] = lambda p: p.read_text().splitlines()) -> list[dict]:
+    """Every host's telemetry.jsonl rows, in host order (a line cut by a kill is left out); ``lines`` reads a file's
+    lines (the analysis reads them bounded)."""
+    rows = []
+    for path in sorted(Path(run_dir).glob("hosts/*/telemetry.jsonl")):
+        for line in lines(path):
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # a line cut by a kill: everything before it is intact
+            if isinstance(row, dict):
+                rows.append(row)
+    return rows
+
+
+def telemetry_table(rows: list[dict]) -> Any:
+    """The rows as telemetry.parquet holds them: ``time`` a UTC timestamp, ids as nullable integers."""
+    import pandas as pd
+
+    out = pd.DataFrame(rows)
+    out["time"] = pd.to_datetime(pd.to_numeric(out["time"], errors="coerce"), unit="s", utc=True)
+    for column in ("rank", "pid", "threads", "device"):
+        if column in out:
+            out[column] = pd.to_numeric(out[column], errors="coerce").astype("Int64")
+    return out

@@ -13,7 +13,8 @@ import shutil
 import sys
 from pathlib import Path
 
-RUNS = Path(__file__).resolve().parent / "fixtures" / "recorded_runs"
+REPO = Path(__file__).resolve().parents[1]
+RUNS = REPO / "tests" / "fixtures" / "recorded_runs"
 GOLDEN = "golden.json"
 # What the analysis writes into a run directory: never recorded, so every test analyzes afresh.
 ANALYSIS_OUTPUTS = ("analysis", "report.md", "report.json", "report.html")
@@ -28,6 +29,12 @@ RECORDINGS: dict[str, list[str]] = {
                              *COMPARE_TRAINER] for i in (1, 2, 3, 4)},
     "compare-straggler": ["--profile-steps", "10", "--", sys.executable, "-m", "diagtrain.profiler.cli", "train",
                           *COMPARE_TRAINER, "--inject", f"straggler:rank=1,ms={STRAGGLER_MS}"],
+    # Live judgement against the final analysis (tests/test_live_replay.py): step records only, no traces.
+    "data-stall": ["--profile-steps", "none", "--", sys.executable, "-m", "diagtrain.profiler.cli", "train",
+                   *COMPARE_TRAINER, "--inject", f"dataloader_stall:rank=1,ms={STRAGGLER_MS}"],
+    "leak": ["--profile-steps", "none", "--", sys.executable, "-m", "torch.distributed.run", "--standalone",
+             "--nproc-per-node=2", str(REPO / "benchmarks" / "user_scripts" / "ddp_loader.py"), "--steps", "30",
+             "--leak-rank", "1", "--leak-mb", "16"],
 }
 
 

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import psutil
 
 from diagtrain.profiler.collect import nvml
-from diagtrain.profiler.run_dir import JsonlAppender, RankIndex, write_bytes_atomic
+from diagtrain.profiler.run_dir import JsonlAppender, RankIndex, telemetry_rows, telemetry_table, write_bytes_atomic
 
 DEFAULT_INTERVAL_S = 1.0  # one sample a second: fine enough for step-level joins, cheap on 2 cores
 # Listing every process on the host costs a few milliseconds, so it is done only while this much
@@ -183,22 +183,9 @@ def _descendants(root: int, parents: dict[int, int]) -> set[int]:
 
 def write_parquet(run_dir: Path) -> Path | None:
     """Merge every host's telemetry.jsonl into ``telemetry.parquet``; None when there is none."""
-    import pandas as pd
-
-    rows = []
-    for path in sorted(Path(run_dir).glob("hosts/*/telemetry.jsonl")):
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                pass  # a line cut by a kill: everything before it is intact
+    rows = telemetry_rows(run_dir)
     if not rows:
         return None
-    table = pd.DataFrame(rows)
-    table["time"] = pd.to_datetime(table["time"], unit="s", utc=True)
-    for column in ("rank", "pid", "threads", "device"):
-        if column in table:
-            table[column] = table[column].astype("Int64")
     out = Path(run_dir) / "telemetry.parquet"
-    write_bytes_atomic(out, table.to_parquet(index=False))
+    write_bytes_atomic(out, telemetry_table(rows).to_parquet(index=False))
     return out

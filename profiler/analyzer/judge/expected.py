@@ -62,6 +62,9 @@ class Expected:
 
 # The step time and peaks held against the model leave warm-up out as the detectors do (measured.py).
 SETTINGS = (Expected, Steady)
+# The kinds of finding the model's check makes: a finished run's, never a running job's (judge/pipeline.py).
+KINDS = ("state_mismatch", "unexpected_communication", "bubble_above_model", "memory_above_model",
+         "slow_collective_group")
 
 
 def check(tables: Tables, spans_of: Callable[[int], pd.DataFrame | None] = lambda _: None,

@@ -62,6 +62,9 @@ class Live:
                                  "max_cpu_share: it keeps up with the job unless records come faster than that allows")
     resolve_rounds: int = setting(2, "a finding is resolved once absent from this many judgements of new steps in a row: "
                                   "one at the edge of a threshold would come and go every round")
+    lasting_share: float = setting(0.5, "... and only once its rank's loss to the job in the steps since it was last found "
+                                   "(the ledger's, per step) fell below this share of its price: on a busy host a "
+                                   "detector at the edge of its threshold misses a cause that lasts")
 
 
 @dataclass
@@ -87,7 +90,7 @@ class LiveVerdict:
 
 
 @dataclass
-class _Tracked:
+class Tracked:
     """A finding followed across judgements."""
 
     record: dict[str, Any]
@@ -98,6 +101,7 @@ class _Tracked:
     said_lost_ms: float = 0.0  # the time lost when its last event was made
     said: bool = False  # a console line said it (it reached warning)
     absent: int = 0  # judgements of new steps in a row without it
+    last_step: int | None = None  # the latest step judged when it was last found
 
     @property
     def lost_ms(self) -> float:
@@ -110,7 +114,7 @@ class LiveJudge:
     def __init__(self, run_dir: Path) -> None:
         self.settings = Live.active()
         self.steps = LiveSteps(Path(run_dir), self.settings.window_steps, self.settings.max_trace_mb * 2**20)
-        self.tracked: dict[tuple[str, tuple[int, ...]], _Tracked] = {}
+        self.tracked: dict[tuple[str, tuple[int, ...]], Tracked] = {}
         self.judged_step: int | None = None
         self._judged: list[Finding] | None = None  # the detectors' findings of the last tables judged
         self._window: Window | None = None  # those tables' window (rebuilt for new steps or a loaded profile)
@@ -197,11 +201,11 @@ class LiveJudge:
             seen.add(key)
             tracked = self.tracked.get(key)
             if tracked is None:
-                tracked = self.tracked[key] = _Tracked(f.to_json(), min(f.steps, default=step), f.severity)
+                tracked = self.tracked[key] = Tracked(f.to_json(), min(f.steps, default=step), f.severity, last_step=step)
                 self._count_lost(tracked, f, steps_judged, now)
                 events.append(self._event(tracked, "new", now, step))
                 continue
-            tracked.record, tracked.absent = f.to_json(), 0
+            tracked.record, tracked.absent, tracked.last_step = f.to_json(), 0, step
             self._count_lost(tracked, f, steps_judged, now)
             grew = tracked.lost_ms - tracked.said_lost_ms >= self.settings.grown_share * max(tracked.said_lost_ms, 1.0)
             if f.severity != tracked.severity or (grew and tracked.lost_ms > 0):
@@ -210,12 +214,12 @@ class LiveJudge:
         for key in [k for k in self.tracked if k not in seen]:
             tracked = self.tracked[key]
             tracked.absent += moved  # a job that made no progress has not shown that a cause ended
-            if tracked.absent >= self.settings.resolve_rounds:
+            if tracked.absent >= self.settings.resolve_rounds and not lasting(tracked, window, self.settings):
                 del self.tracked[key]
                 events.append(self._event(tracked, "resolved", now, step))
         return events
 
-    def _count_lost(self, tracked: _Tracked, f: Finding, steps_judged: int, now: float) -> None:
+    def _count_lost(self, tracked: Tracked, f: Finding, steps_judged: int, now: float) -> None:
         """What the finding cost the job so far: per step it names, its price over the judged steps."""
         if f.kind == NO_PROGRESS:
             tracked.lost_extra_ms = max(0.0, (now - f.time_range[0]) * 1e3 - f.metrics["expected_ms"])
@@ -225,7 +229,7 @@ class LiveJudge:
         if f.steps and total_ms > 0:
             tracked.lost_by_step.update({int(s): total_ms / len(f.steps) for s in f.steps})
 
-    def _event(self, tracked: _Tracked, event: str, now: float, step: int | None) -> LiveEvent:
+    def _event(self, tracked: Tracked, event: str, now: float, step: int | None) -> LiveEvent:
         record = self._record(tracked, event, now, step)
         actionable = SEVERITIES.index(tracked.severity) >= ACTIONABLE
         line = None
@@ -241,11 +245,23 @@ class LiveJudge:
         return LiveEvent(record, line)
 
     @staticmethod
-    def _record(tracked: _Tracked, event: str, now: float, step: int | None) -> dict[str, Any]:
+    def _record(tracked: Tracked, event: str, now: float, step: int | None) -> dict[str, Any]:
         """The report's finding record with the event, when it was detected, the step, and its cost so far."""
         record = {**tracked.record, "event": event, "detected_at": round(now, 3), "step": step,
                   "since_step": tracked.since_step, "lost_s_so_far": round(tracked.lost_ms / 1e3, 3)}
         return json.loads(json.dumps(record, default=_plain))  # numpy numbers as plain ones: any JSON writer takes it
+
+
+def lasting(tracked: Tracked, window: Window, s: Live) -> bool:
+    """Whether a priced finding's rank still costs the job what it did in the steps judged since the finding was
+    last found (the ledger's loss per step, its median, against the price per charged step)."""
+    record = tracked.record
+    charged = (record.get("metrics") or {}).get("charged_ms_per_step")
+    ledger = window.tables.ledger if window.tables is not None else None
+    if len(record.get("ranks") or []) != 1 or not charged or ledger is None or ledger.empty:
+        return False
+    since = ledger[(ledger["rank"] == record["ranks"][0]) & (ledger["step"] > (tracked.last_step or 0))]
+    return not since.empty and float(since["lost_ms"].median()) >= s.lasting_share * charged
 
 
 def _no_spans(_: int) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 
 from diagtrain.profiler.analyzer.read.inputs import MAX_DOC_BYTES, MAX_LINES_BYTES, MAX_RANKS, MAX_TABLE_BYTES, expect
+from diagtrain.profiler.run_dir import telemetry_rows, telemetry_table
 from diagtrain.profiler.util.bounded_read import InputError, read_input, read_json, read_lines
 
 # Bounds of the possible. A training step or phase longer than a week, or memory beyond a
@@ -165,6 +166,12 @@ def read_log_lines(path: Path) -> list[str]:
 
 
 # -- telemetry.parquet ---------------------------------------------------------------------------
+
+
+def read_host_telemetry(hosts_dir: Path) -> pd.DataFrame | None:
+    """Every host's telemetry.jsonl under ``hosts_dir`` as telemetry.parquet would hold it (None without rows)."""
+    rows = telemetry_rows(hosts_dir.parent, lambda path: read_lines(path, MAX_TABLE_BYTES))
+    return telemetry_table(rows) if rows else None
 
 
 def read_telemetry(path: Path) -> pd.DataFrame:

@@ -106,7 +106,7 @@ def build(run_dir: Path, results: list[RankResult], flight_recorder_dir: Path | 
                     trainer=_optional(run_dir / "trainer.json", inputs, rf.read_trainer),
                     parameters=dict(per_rank("parameters.json", rf.read_parameters).values()), world_size=world,
                     on_gpu=any(r.on_gpu for r in results),
-                    telemetry=_optional(run_dir / "telemetry.parquet", inputs, rf.read_telemetry, checked=False),
+                    telemetry=_telemetry(run_dir, inputs),
                     nccl_logs=per_rank("nccl.log", lambda p: parse_nccl_log(rf.read_log_lines(p))),
                     log_events=per_rank("stderr.log", lambda p: parse_errors(rf.read_log_lines(p))),
                     rank_hosts={r: i.get("host") for r, i in infos.items()}, hosts=hosts,
@@ -362,6 +362,15 @@ def _dump_and_problems(path: Path) -> tuple[dict, list[str]]:
     if (unknown := dump_version_problem(dump)) is not None:
         problems.append(unknown)
     return dump, problems
+
+
+def _telemetry(run_dir: Path, inputs: Inputs) -> pd.DataFrame | None:
+    """telemetry.parquet, or the hosts' telemetry.jsonl where the wrapper did not merge them (it was killed, or
+    the job still runs): the samples live judgement read are the final analysis' too."""
+    merged = _optional(run_dir / "telemetry.parquet", inputs, rf.read_telemetry, checked=False)
+    if merged is not None or not any(run_dir.glob("hosts/*/telemetry.jsonl")):
+        return merged
+    return inputs.read(run_dir / "hosts", rf.read_host_telemetry)
 
 
 def _optional(path: Path, inputs: Inputs, read: Callable[[Path], Any], checked: bool = True) -> Any:
