@@ -89,6 +89,22 @@ def test_one_baseline_run_never_calls_a_change_below_its_ceiling_and_says_how_ma
         assert any("keep 3 baseline runs: diagtrain baseline RUN1 RUN2 RUN3" in n for n in result["notes"]), result["notes"]
 
 
+def test_compares_thresholds_are_settings_the_report_records(runs):
+    # One baseline run: a change inside x2.5 is no verdict. With the ceiling set at x1.2 (the user's knowledge of
+    # their machine), rank 1's forward (more than twice as long) is judged, and the report says what was changed.
+    proc = cli("compare", str(runs["clean1"]), str(runs["straggler"]), "--format", "json",
+               "--set", "compare.one_run_ceiling=1.2")
+    result = json.loads(proc.stdout)
+    assert result["settings"]["overridden"] == {"compare.one_run_ceiling": 1.2}
+    assert result["settings"]["values"]["compare.between_runs_alpha"] == 0.025
+    forward = by_key(result["results"])[("forward", "rank 1")]
+    assert forward["noise_high_pct"] == pytest.approx(20.0)
+    md = cli("compare", str(runs["clean1"]), str(runs["straggler"]), "--set", "compare.one_run_ceiling=1.2").stdout
+    assert "Settings changed for this comparison: compare.one_run_ceiling=1.2" in md
+    bad = cli("compare", str(runs["clean1"]), str(runs["straggler"]), "--set", "straggler.min_excess_ms=3")
+    assert bad.returncode == 2 and "--set 'straggler.min_excess_ms'" in bad.stderr and "compare" in bad.stderr, bad.stderr
+
+
 @pytest.mark.parametrize("base,new", [("clean1", "clean2"), ("clean3", "clean4"), ("baseline", "clean4")])
 def test_clean_runs_are_never_a_regression(runs, base, new):
     # Independent pairs, one of them against three runs: the machine is noisy, the verdict must hold.

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from diagtrain.profiler.cli.compare import EXIT_CODES
+from diagtrain.profiler.compare.thresholds import CompareSettings
+from diagtrain.profiler.util import settings
 from diagtrain.profiler.compare import findings, machine, noise, regression, report
 
 STEPS = 30
@@ -40,18 +42,22 @@ def by_key(c: regression.Comparison) -> dict[tuple[str, str], regression.MetricR
 
 
 def test_t_quantiles_and_the_band_from_three_runs():
-    assert noise.t_quantile(2) == pytest.approx(4.303) and noise.t_quantile(12) == noise.t_quantile(10)
+    # The standard tables' one-sided 0.975 quantiles (the default alpha), and 0.99 where the alpha is set to 1%.
+    table = {1: 12.706, 2: 4.303, 3: 3.182, 5: 2.571, 10: 2.228, 30: 2.042, 120: 1.980}
+    assert {df: round(noise.t_quantile(df), 3) for df in table} == table
+    with settings.overriding({"compare": {"between_runs_alpha": 0.01}}):
+        assert noise.t_quantile(2) == pytest.approx(6.965, abs=1e-3) and noise.t_quantile(9) == pytest.approx(2.821, abs=1e-3)
     band = noise.band([100.0, 104.0, 98.0])
     logs = np.log([100.0, 104.0, 98.0])
-    half = 4.303 * logs.std(ddof=1) * math.sqrt(1 + 1 / 3)
+    half = noise.t_quantile(2) * logs.std(ddof=1) * math.sqrt(1 + 1 / 3)
     assert band.measured and band.runs == 3
     assert band.center == pytest.approx(math.exp(logs.mean()))
     assert band.high == pytest.approx(math.exp(half)) and band.low == pytest.approx(math.exp(-half))
     assert band.position(band.center * band.high * 1.01) == "above" and band.position(band.center) == "inside"
     # Identical medians do not make the band vanish: it is never narrower than MIN_LOG_SPREAD allows.
-    assert noise.band([50.0, 50.0, 50.0]).high == pytest.approx(math.exp(4.303 * noise.MIN_LOG_SPREAD * math.sqrt(4 / 3)))
+    assert noise.band([50.0, 50.0, 50.0]).high == pytest.approx(math.exp(noise.t_quantile(2) * CompareSettings.active().min_log_spread * math.sqrt(4 / 3)))
     one = noise.band([80.0])
-    assert not one.measured and one.high == noise.ONE_RUN_CEILING
+    assert not one.measured and one.high == CompareSettings.active().one_run_ceiling
 
 
 def test_three_runs_call_a_change_beyond_their_spread_and_not_within_it():

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import JOB_TIMEOUT_S, diagtrain_run, torchrun
-from diagtrain.profiler.analyzer import settings
+from diagtrain.profiler.util import settings
 from diagtrain.profiler.analyzer.analyze import analyze
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady
 from diagtrain.profiler.analyzer.judge.live import NO_PROGRESS, LiveJudge

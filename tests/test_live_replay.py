@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from recorded import copy_run
-from diagtrain.profiler.analyzer import settings
+from diagtrain.profiler.util import settings
 from diagtrain.profiler.analyzer.analyze import analyze
 from diagtrain.profiler.analyzer.judge.expected import KINDS as MODEL_KINDS
 from diagtrain.profiler.analyzer.judge.live import Live, LiveJudge, Tracked, lasting

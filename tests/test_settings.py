@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from diagtrain.profiler.analyzer import settings
+from diagtrain.profiler.util import settings
 from diagtrain.profiler.analyzer.judge.pipeline import DETECTORS, all_sections, detector_modules
 from diagtrain.profiler.run_dir import write_json_atomic
 
@@ -143,11 +143,12 @@ def test_a_bad_set_exits_2_naming_it(tmp_path, arg, words):
 @pytest.mark.jobs
 def test_settings_lists_every_setting_as_markdown_and_json():
     all_sections()
+    from diagtrain.profiler.compare import thresholds  # noqa: F401 - compare's settings are listed too
     md, js = diagtrain("analyze", "--settings"), diagtrain("analyze", "--settings", "json")
     assert md.returncode == 0 and js.returncode == 0
     rows = json.loads(js.stdout)
     assert rows == json.loads(json.dumps(settings.describe()))
-    assert "| `straggler.min_excess_ms` | 5.0 |" in md.stdout
+    assert "| `straggler.min_excess_ms` | 5.0 |" in md.stdout and "| `compare.one_run_ceiling` | 2.5 |" in md.stdout
     assert md.stdout.count("\n| `") == len(rows)
 
 

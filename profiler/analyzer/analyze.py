@@ -12,7 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
-from diagtrain.profiler.analyzer import settings
+from diagtrain.profiler.util import settings
 from diagtrain.profiler.analyzer.judge import pipeline
 from diagtrain.profiler.analyzer.rank import cluster, load
 from diagtrain.profiler.analyzer.rank.cache import spans_path

@@ -50,7 +50,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="change one threshold of the judgement for this analysis, e.g. straggler.min_excess_ms=300 "
                    "(repeatable; --settings lists them all, with defaults and reasons)")
     p.add_argument("--settings", nargs="?", const="md", choices=("md", "json"), metavar="md|json",
-                   help="print every setting of the analyzer (default, type, reason) as Markdown or JSON, and exit")
+                   help="print every setting of the analyzer and of compare (default, type, reason) as Markdown or JSON, "
+                   "and exit")
     p.set_defaults(handler=run_analyze)
 
 
@@ -60,10 +61,11 @@ def run_analyze(args: argparse.Namespace, argv: list[str]) -> int:
     from diagtrain.profiler.analyzer.report import document as report  # pandas and pyarrow: only once the command runs
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)
-    from diagtrain.profiler.analyzer import settings
+    from diagtrain.profiler.util import settings
     from diagtrain.profiler.analyzer.judge.pipeline import all_sections
 
     all_sections()  # every judging module registers its settings on import
+    import diagtrain.profiler.compare.thresholds  # noqa: F401 - compare's too: one list of every number that decides
     if args.settings:
         return print_settings(args.settings)
     try:
@@ -121,7 +123,7 @@ def print_settings(fmt: str) -> int:
     """Every setting of the analyzer on stdout, as Markdown tables or a JSON list."""
     import json
 
-    from diagtrain.profiler.analyzer import settings
+    from diagtrain.profiler.util import settings
 
     rows = settings.describe()
     print(json.dumps(rows, indent=2) if fmt == "json" else settings.markdown(rows), end="" if fmt == "md" else "\n")

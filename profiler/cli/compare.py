@@ -13,12 +13,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from diagtrain.profiler.compare.noise import RECOMMENDED_RUNS
 from diagtrain.profiler.compare.report import FORMATS, headline, render
+from diagtrain.profiler.compare.thresholds import CompareSettings
 from diagtrain.profiler.run_dir import write_bytes_atomic, write_json_atomic
-from diagtrain.profiler.util.exit_codes import EXIT_OK, EXIT_USAGE
+from diagtrain.profiler.util import settings
+from diagtrain.profiler.util.exit_codes import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_REGRESSION, EXIT_USAGE
 
-EXIT_REGRESSION, EXIT_INCONCLUSIVE = 1, 3  # compare's own: a regression CI fails on; a change noise may explain
 EXIT_CODES = {"no regression": EXIT_OK, "regression": EXIT_REGRESSION, "inconclusive": EXIT_INCONCLUSIVE}
 DEFAULT_THRESHOLD_PCT = 5.0
 
@@ -46,6 +46,9 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-mismatch", action="store_true", help="compare runs of different strategy or world size")
     p.add_argument("--same-machine", action="store_true",
                    help="differently named hosts are the same hardware (CI runners): judge times anyway")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="compare.NAME=VALUE",
+                   help="change one threshold of the comparison, e.g. compare.one_run_ceiling=2.0 (repeatable; "
+                   "`diagtrain analyze --settings` lists them, with defaults and reasons); the report records them")
     p.set_defaults(handler=run_compare)
     b = subparsers.add_parser("baseline", help="store runs' summaries for later comparisons",
                               description="Write, for each run, the per-step samples and machine facts "
@@ -58,10 +61,22 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
 def run_compare(args: argparse.Namespace, argv: list[str]) -> int:
     """Compare NEW against BASE; the exit code is the verdict."""
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    try:
+        overrides = settings.parse(args.overrides)
+        if set(overrides) - {CompareSettings.section}:
+            raise settings.SettingError(f"{', '.join(sorted(set(overrides) - {CompareSettings.section}))}: compare's "
+                                        "settings are compare.NAME (the analysis' are set with diagtrain analyze --set)")
+    except settings.SettingError as e:
+        return _usage(err, "compare", f"--set {e}")
+    with settings.overriding(overrides):
+        return _compare(args, err)
+
+
+def _compare(args: argparse.Namespace, err: Console) -> int:
     from diagtrain.profiler.compare import regression  # pandas: only once the command runs
     from diagtrain.profiler.compare import summary as run_summary
 
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
         threshold = float(args.threshold.rstrip("%"))
         if not threshold >= 0:
@@ -117,8 +132,9 @@ def run_baseline(args: argparse.Namespace, argv: list[str]) -> int:
         return _usage(err, "baseline", f"{args.output}: cannot write ({e.strerror or e})")
     steps = ", ".join(str(len(s["steps_used"])) for s in summaries)
     err.print(f"diagtrain baseline: {len(summaries)} run(s) ({steps} steps) -> {args.output}", markup=False)
-    if len(summaries) < RECOMMENDED_RUNS:
-        err.print(f"diagtrain baseline: with fewer than {RECOMMENDED_RUNS} runs the noise between runs is measured "
+    wanted = CompareSettings.active().recommended_runs
+    if len(summaries) < wanted:
+        err.print(f"diagtrain baseline: with fewer than {wanted} runs the noise between runs is measured "
                   "poorly or not at all, and most changes will be inconclusive (exit 3)", markup=False)
     return EXIT_OK
 

@@ -39,17 +39,15 @@ from diagtrain.profiler.run_dir import (
     RankIndex,
     remove_quietly,
 )
+from diagtrain.profiler.util.exit_codes import EXIT_FAILED, EXIT_HUNG, EXIT_NOT_FOUND
 from diagtrain.profiler.util.launchers import rank_variable_names
 from diagtrain.profiler.util.step_ranges import StepRange, format_step_ranges
 
-EXIT_NOT_FOUND = 127  # what a shell returns for a command it cannot find
 SHUTDOWN_GRACE_S = 10.0  # after Ctrl-C: time for ranks to write their exit records and dumps
 HUNG_GRACE_S = 3.0  # a hung rank blocked in C++ cannot run its SIGTERM handler: do not wait long
 LEFTOVER_GRACE_S = 3.0  # after the command ends: time for stray processes to exit on SIGTERM
 SETTLE_S = 1.0  # after the command ends: time for the ranks' log tees to drain before any signal
 POLL_S = 0.25
-EXIT_HUNG = 124  # what `timeout` returns: used when a killed hung job still exited 0
-EXIT_WRAPPER_ERROR = 1  # the wrapper itself failed before the command ended
 # Stopping signals: forwarded to the job. SIGHUP is a closed terminal or ssh session.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -130,7 +128,7 @@ class Collection:
         # stops it, and none can cut the wrapper short before its records are written; a signal
         # already ignored stays so (`nohup diagtrain run ...` survives its terminal).
         previous = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS if signal.getsignal(s) != signal.SIG_IGN}
-        code, status = EXIT_WRAPPER_ERROR, "failed"
+        code, status = EXIT_FAILED, "failed"  # the wrapper itself failed before the command ended
         try:
             manifest.write_host(self.host_dir, self.record)
             manifest.write(self.out)

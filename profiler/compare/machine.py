@@ -15,16 +15,14 @@ from typing import Any
 
 import pandas as pd
 
+from diagtrain.profiler.compare.thresholds import CompareSettings
+
 VERSION_KEYS = ("torch", "cuda", "nccl", "driver", "python")
 # Other processes using this many more CPUs (cores) during NEW than during the busiest baseline
 # run: half a core taken from ranks that each want a whole one slows them by a visible factor.
 MORE_CONTENDED_CPUS = 0.5
-# NEW's ranks waiting this much larger a share of their step for a CPU (run queue, Linux scheduler
-# statistics) than in any baseline run: 10% of every step lost to waiting is beyond what a clean run
-# of one job shows between runs of similar load (0.27-0.57 beside two CPU hogs, one run at 0.71).
-MORE_RUNQ_SHARE = 0.1
-# GPU samples throttled (power, thermal, clocks) in this larger a share of NEW's than any baseline's.
-MORE_THROTTLED_SHARE = 0.1
+# compare.more_runq_share: 10% of every step lost to waiting for a CPU is beyond what a clean run of one
+# job shows between runs of similar load (0.27-0.57 beside two CPU hogs, one run at 0.71).
 NAMED = 3  # the busiest other processes named in words
 
 
@@ -113,7 +111,7 @@ def _more_contended(base: list[dict[str, Any]], new: dict[str, Any]) -> list[str
     said = []
     waited = max((c["runq_share"] for c in base if c.get("runq_share") is not None), default=None)
     share = new.get("runq_share")
-    if waited is not None and share is not None and share >= waited + MORE_RUNQ_SHARE:
+    if waited is not None and share is not None and share >= waited + CompareSettings.active().more_runq_share:
         said.append(f"NEW's ranks waited for a CPU {share:.0%} of each step ({new.get('runq_ms') or 0:.0f} ms), "
                     f"BASE's at most {waited:.0%}")
     busiest = max((c["others_cpus"] for c in base if c.get("others_cpus") is not None), default=None)
@@ -124,7 +122,7 @@ def _more_contended(base: list[dict[str, Any]], new: dict[str, Any]) -> list[str
                     f"{busiest:.1f}")
     throttled = max((c["throttled_share"] for c in base if c.get("throttled_share") is not None), default=None)
     slowed = new.get("throttled_share")
-    if throttled is not None and slowed is not None and slowed >= throttled + MORE_THROTTLED_SHARE:
+    if throttled is not None and slowed is not None and slowed >= throttled + CompareSettings.active().more_throttled_share:
         said.append(f"NEW's GPUs were throttled in {slowed:.0%} of the samples, BASE's in at most {throttled:.0%}")
     return said
 

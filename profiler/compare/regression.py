@@ -4,7 +4,7 @@ The verdict per metric is judged on each run's pace (:func:`noise.pace`: the qui
 steps) against the baseline runs' noise band (:mod:`noise`): a regression needs NEW's pace outside
 the band, beyond ``--threshold`` and beyond a small absolute floor (a 0.4 ms phase going to 0.5 ms
 is not "+25%"), and the per-step evidence to agree. With one baseline run the band is unknown: a
-change the per-step statistics see but that stays inside ONE_RUN_CEILING is
+change the per-step statistics see but that stays inside the one-run ceiling is
 *inconclusive*; so is one inside a band wider than that ceiling (baseline runs that differ more than
 one run is assumed to), and any time that changed while NEW ran on another machine or beside more
 load (:mod:`machine`). The per-step statistics (a one-sided Mann-Whitney U test and a bootstrap
@@ -22,11 +22,9 @@ import numpy as np
 
 from diagtrain.profiler.compare import findings as by_cause
 from diagtrain.profiler.compare import machine, noise
+from diagtrain.profiler.compare.thresholds import CompareSettings, in_force
 from diagtrain.profiler.util.stats import bootstrap_ratio_of_medians, mann_whitney_greater
 
-ALPHA = 0.01  # per-step evidence: one false "the steps differ" in a hundred identical distributions
-MIN_SAMPLES = 5  # fewer steps than this cannot tell a change from noise
-ABS_FLOOR = {"ms": 1.0, "MiB": 16.0, "/s": 0.0}  # smallest change worth a verdict, per unit
 HIGHER_IS_BETTER = ("samples per second", "tokens per second")
 UNITS = {"step time": "ms", "samples per second": "/s", "tokens per second": "/s", "peak memory": "MiB"}
 LOAD_BOUND_UNITS = ("ms", "/s")  # what a busier host moves; peak memory it does not
@@ -35,8 +33,9 @@ VERDICTS = ("regression", "inconclusive", "improvement", "unchanged", "too few s
 
 def keep_runs_hint() -> str:
     """The command that makes a baseline able to decide."""
-    runs = " ".join(f"RUN{i}" for i in range(1, noise.RECOMMENDED_RUNS + 1))
-    return f"keep {noise.RECOMMENDED_RUNS} baseline runs: diagtrain baseline {runs} -o base.json"
+    wanted = CompareSettings.active().recommended_runs
+    runs = " ".join(f"RUN{i}" for i in range(1, wanted + 1))
+    return f"keep {wanted} baseline runs: diagtrain baseline {runs} -o base.json"
 
 
 @dataclass
@@ -86,6 +85,7 @@ class Comparison:
     machine: machine.MachineCheck = field(default_factory=machine.MachineCheck)
     notes: list[str] = field(default_factory=list)
     time_lost: list[dict[str, Any]] = field(default_factory=list)  # per cause: BASE's and NEW's cost (time_lost())
+    settings: dict[str, Any] = field(default_factory=dict)  # the thresholds it judged with (thresholds.in_force)
 
     @property
     def regressions(self) -> list[MetricResult]:
@@ -152,14 +152,16 @@ def compare(base: list[dict], new: dict, threshold_pct: float, same_machine: boo
     step_ms = noise.typical([noise.pace(b["samples"]["step time"]) for b in base if b["samples"].get("step time")])
     metrics = list(_metrics(base, new))
     timing = [paces(runs, name in HIGHER_IS_BETTER) for _, name, unit, runs, _ in metrics
-              if (unit or UNITS.get(name, "ms")) in LOAD_BOUND_UNITS and min(map(len, runs)) >= MIN_SAMPLES]
+              if (unit or UNITS.get(name, "ms")) in LOAD_BOUND_UNITS
+              and min(map(len, runs)) >= CompareSettings.active().min_samples]
     judge = _Judge(threshold_pct, check, step_ms, noise.shared_spread(timing))
     for scope, name, unit, runs, mine in metrics:
         comparison.results.append(judge.metric(name, scope, runs, mine, unit))
     comparison.notes += check.notes + settings_notes(base, new)
     comparison.time_lost = time_lost(base, new)
+    comparison.settings = in_force()
     if len(base) == 1 and comparison.inconclusive:
-        comparison.notes.append(f"One baseline run cannot tell a change below x{noise.ONE_RUN_CEILING:g} from the "
+        comparison.notes.append(f"One baseline run cannot tell a change below x{CompareSettings.active().one_run_ceiling:g} from the "
                                 f"difference between two clean runs; {keep_runs_hint()}")
     return comparison
 
@@ -219,13 +221,14 @@ class _Judge:
 
     def metric(self, name: str, scope: str, runs: list[list[float]], new: list[float], unit: str | None) -> MetricResult:
         unit = unit or UNITS.get(name, "ms")
-        ceiling = noise.ONE_RUN_CEILING_MEMORY if unit == "MiB" else noise.ONE_RUN_CEILING
-        floor = self.timing_spread if unit in LOAD_BOUND_UNITS else noise.MIN_LOG_SPREAD
+        s = CompareSettings.active()
+        ceiling = s.one_run_ceiling_memory if unit == "MiB" else s.one_run_ceiling
+        floor = self.timing_spread if unit in LOAD_BOUND_UNITS else s.min_log_spread
         run_paces = paces(runs, name in HIGHER_IS_BETTER, unit in LOAD_BOUND_UNITS)
         band = noise.band(run_paces, ceiling, floor)
         result, worse, better = self._evidence(name, scope, unit, runs, run_paces, np.asarray(new, float), band)
-        if min([len(r) for r in runs] + [len(new)]) < MIN_SAMPLES:
-            result.verdict, result.reason = "too few samples", f"fewer than {MIN_SAMPLES} steps in a run"
+        if min([len(r) for r in runs] + [len(new)]) < s.min_samples:
+            result.verdict, result.reason = "too few samples", f"fewer than {s.min_samples} steps in a run"
         else:
             result.verdict, result.reason = self._verdict(result, band, worse, better, ceiling)
         return result
@@ -246,14 +249,16 @@ class _Judge:
                               len(pooled), len(n), "unchanged", base_p90=_p90(pooled), new_p90=_p90(n),
                               base_runs=[round(m, 6) for m in run_paces],
                               noise_low_pct=(band.low - 1) * 100, noise_high_pct=(band.high - 1) * 100)
-        worse = self._beyond(result, True, higher_better) and worse_p < ALPHA and (high < 1 if higher_better else low > 1)
-        better = self._beyond(result, False, higher_better) and better_p < ALPHA and (low > 1 if higher_better else high < 1)
+        alpha = CompareSettings.active().step_alpha
+        worse = self._beyond(result, True, higher_better) and worse_p < alpha and (high < 1 if higher_better else low > 1)
+        better = self._beyond(result, False, higher_better) and better_p < alpha and (low > 1 if higher_better else high < 1)
         return result, worse, better
 
     def _verdict(self, r: MetricResult, band: noise.NoiseBand, worse: bool, better: bool, ceiling: float) -> tuple[str, str]:
         worse_side, better_side = ("below", "above") if r.metric in HIGHER_IS_BETTER else ("above", "below")
         position = band.position(r.new_value)
-        share = noise.MATERIAL_STEP_SHARE if band.measured else noise.ONE_RUN_STEP_SHARE
+        s = CompareSettings.active()
+        share = s.material_step_share if band.measured else s.one_run_step_share
         small = r.unit == "ms" and r.metric != "step time" and r.new_value - r.base_value < share * self.step_ms
         if position == worse_side and worse and not small:
             return self._regression(r, band)
@@ -265,7 +270,7 @@ class _Judge:
         if worse and not band.measured:
             why = f"{r.change_pct:+.0f}% is within the x{ceiling:g} two clean runs can differ by" \
                 if position != worse_side else \
-                f"+{r.new_value - r.base_value:.1f} ms is under {noise.ONE_RUN_STEP_SHARE:.0%} of a step"
+                f"+{r.new_value - r.base_value:.1f} ms is under {s.one_run_step_share:.0%} of a step"
             return "inconclusive", f"the steps differ, but {why}"
         if worse and band.high > ceiling:  # the baseline's runs knew no better than one run would
             return "inconclusive", (f"the steps differ, but the {band.runs} baseline runs differ so much (noise band "
@@ -283,7 +288,9 @@ class _Judge:
 
     def _beyond(self, r: MetricResult, worse: bool, higher_better: bool) -> bool:
         """Whether the change passes --threshold and the absolute floor, on the worse (or better) side."""
-        if math.isnan(r.change_pct) or abs(r.new_value - r.base_value) < ABS_FLOOR.get(r.unit, 0.0):
+        s = CompareSettings.active()
+        floor = {"ms": s.min_change_ms, "MiB": s.min_change_mib}.get(r.unit, 0.0)  # a throughput has none
+        if math.isnan(r.change_pct) or abs(r.new_value - r.base_value) < floor:
             return False
         signed = -r.change_pct if higher_better else r.change_pct
         return signed > self.threshold_pct if worse else signed < -self.threshold_pct

@@ -27,9 +27,10 @@ def headline(c: regression.Comparison) -> str:
     if c.inconclusive:
         return f"inconclusive: {_count(c.inconclusive, 'metric')} changed, but {runs} cannot tell code from machine noise"
     if not c.judged:
-        from diagtrain.profiler.compare.regression import MIN_SAMPLES
+        from diagtrain.profiler.compare.thresholds import CompareSettings
 
-        return f"inconclusive: no metric has enough steps to be judged (at least {MIN_SAMPLES} per run)"
+        return (f"inconclusive: no metric has enough steps to be judged (at least "
+                f"{CompareSettings.active().min_samples} per run)")
     return f"no regression beyond the noise of {runs}"
 
 
@@ -52,6 +53,8 @@ def markdown(c: regression.Comparison) -> str:
            f"steps; p75 for throughput, median for memory) against the baseline runs' noise band; per-step evidence: Mann-Whitney U, bootstrap 95% interval of the ratio", ""]
     out += [f"- {line}" for line in lines(c)]
     out += c.notes and [""] + [f"> {n}" for n in c.notes] or []
+    changed = (c.settings or {}).get("overridden") or {}
+    out += changed and ["", "Settings changed for this comparison: " + ", ".join(f"{k}={v}" for k, v in changed.items())] or []
     out += ["", "| metric | scope | BASE | NEW | change | noise band | verdict | 95% CI of ratio (steps) | p (steps) "
             "| p90 BASE → NEW |", "| --- | --- | ---: | ---: | ---: | --- | --- | --- | ---: | ---: |"]
     for r in shown(c):

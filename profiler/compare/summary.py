@@ -16,13 +16,13 @@ import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.compare import machine
+from diagtrain.profiler.compare.thresholds import CompareSettings
 from diagtrain.profiler.run_dir import SCHEMA_VERSION
 from diagtrain.profiler.util.units import MIB, fmt_bytes
 
 KIND = "diagtrain-baseline"
-# Warm-up rule for comparisons: the first 10% of steps, and at least step 1, are left out
-# (process-group start, allocator growth, first-call compilation vary between runs).
-WARMUP_FRACTION = 0.1
+# Warm-up rule for comparisons (compare.warmup_share): the first share of steps, and at least step 1, are left
+# out (process-group start, allocator growth, first-call compilation vary between runs).
 # The always-on counters say where a rank's time went, not how fast the job is: waiting and a busy
 # host move them from run to run (runq_ms above all). They stay out of the regression gate.
 # On a GPU the same holds of the device's step, its waits in collectives and its idle time before a step
@@ -126,7 +126,7 @@ def load(path: Path) -> list[dict[str, Any]]:
 
 def _after_warmup(steps: pd.DataFrame) -> pd.DataFrame:
     first = sorted(steps["step"].unique())
-    skip = max(1, math.ceil(WARMUP_FRACTION * len(first)))
+    skip = max(1, math.ceil(CompareSettings.active().warmup_share * len(first)))
     kept = steps[steps["step"].isin(first[skip:])]
     return kept if not kept.empty else steps
 

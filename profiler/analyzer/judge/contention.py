@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from diagtrain.profiler.analyzer.settings import section, setting
+from diagtrain.profiler.util.settings import section, setting
 from diagtrain.profiler.analyzer.judge.detectors.base import steady
 from diagtrain.profiler.analyzer.judge.cost import INTERMITTENT
 from diagtrain.profiler.analyzer.judge.quantities import SlowCause

@@ -25,7 +25,7 @@ from diagtrain.profiler.analyzer.judge.verdict import DISPUTE, LEDGER, Assessed,
 from diagtrain.profiler.analyzer.run.ledger import (DEVICE_BUSY, DEVICE_IDLE, OUTSIDE, crowded_hosts,
                                                     work_column)
 from diagtrain.profiler.analyzer.run.tables import Tables
-from diagtrain.profiler.analyzer.settings import section, setting, values
+from diagtrain.profiler.util.settings import section, setting, values
 from diagtrain.profiler.util.groups import median_by
 from diagtrain.profiler.util.stats import MAD_TO_SIGMA
 from diagtrain.profiler.util.text import ranges

@@ -25,7 +25,7 @@ from diagtrain.profiler.analyzer.judge.quantities import Measure, Quantity
 from diagtrain.profiler.analyzer.judge.findings import Finding
 from diagtrain.profiler.analyzer.judge.verdict import REPLAY, Assessed, Assessment
 from diagtrain.profiler.analyzer.run.tables import Tables
-from diagtrain.profiler.analyzer.settings import section, setting, values
+from diagtrain.profiler.util.settings import section, setting, values
 
 
 @section("critical_path")

@@ -27,7 +27,7 @@ from diagtrain.profiler.analyzer.judge.detectors.base import Steady
 from diagtrain.profiler.analyzer.judge.findings import Finding
 from diagtrain.profiler.analyzer.rank.collectives import WHOLE_BUFFER_OPS
 from diagtrain.profiler.analyzer.run.tables import Tables
-from diagtrain.profiler.analyzer.settings import section, setting
+from diagtrain.profiler.util.settings import section, setting
 from diagtrain.profiler.model.collectives import ring_time
 from diagtrain.profiler.model.precision import model_state
 from diagtrain.profiler.model.pipeline import bubble as bubble_formula

@@ -28,7 +28,7 @@ from diagtrain.profiler.analyzer.judge import pipeline
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady
 from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, Finding
 from diagtrain.profiler.analyzer.run.live_tables import LiveSteps, Window
-from diagtrain.profiler.analyzer.settings import section, setting, values
+from diagtrain.profiler.util.settings import section, setting, values
 from diagtrain.profiler.util.text import ranges
 
 NO_PROGRESS = "no_progress"  # the live-only kind (written literally at its Finding for the docs test)

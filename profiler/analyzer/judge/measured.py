@@ -23,7 +23,7 @@ import pandas as pd
 
 from diagtrain.profiler.analyzer.judge.detectors.base import steady
 from diagtrain.profiler.analyzer.run.spans import read_spans
-from diagtrain.profiler.analyzer.settings import section, setting
+from diagtrain.profiler.util.settings import section, setting
 from diagtrain.profiler.model.collectives import RECV, SEND
 from diagtrain.profiler.model.pipeline import bubble_with_stage_times
 from diagtrain.profiler.model.precision import ASSUMED, FP32_AUTOCAST_BF16

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.analyzer.judge.quantities import Measure, Quantity
-from diagtrain.profiler.analyzer.settings import section, setting
+from diagtrain.profiler.util.settings import section, setting
 from diagtrain.profiler.util.stats import median_known
 
 

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from diagtrain.profiler.analyzer import settings
+from diagtrain.profiler.util import settings
 from diagtrain.profiler.analyzer.judge import contention, cost, critical_path, expected, traced_excess
 from diagtrain.profiler.analyzer.judge.explained import explained
 from diagtrain.profiler.analyzer.judge.findings import Finding, order

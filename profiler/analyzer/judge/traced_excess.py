@@ -20,7 +20,7 @@ from diagtrain.profiler.analyzer.judge.detectors.base import steady
 from diagtrain.profiler.analyzer.judge.findings import Finding
 from diagtrain.profiler.analyzer.judge.verdict import TRACED, Assessed, Assessment
 from diagtrain.profiler.analyzer.run.tables import Tables
-from diagtrain.profiler.analyzer.settings import section, setting, values
+from diagtrain.profiler.util.settings import section, setting, values
 
 WORK_KINDS = ("compute", "memory")  # timeline span kinds that are the rank's own work (not comm, not idle)
 

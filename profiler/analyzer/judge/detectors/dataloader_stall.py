@@ -11,7 +11,7 @@ from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady, tim
 from diagtrain.profiler.util.text import ranges
 from diagtrain.profiler.analyzer.judge.findings import Finding
 from diagtrain.profiler.analyzer.run.tables import Tables
-from diagtrain.profiler.analyzer.settings import section, setting
+from diagtrain.profiler.util.settings import section, setting
 
 
 @section("dataloader_stall")

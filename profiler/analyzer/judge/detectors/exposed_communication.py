@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from diagtrain.profiler.analyzer.settings import section, setting
+from diagtrain.profiler.util.settings import section, setting
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady
 from diagtrain.profiler.analyzer.judge.findings import UPPER_BOUND, Finding
 from diagtrain.profiler.analyzer.run.tables import Tables

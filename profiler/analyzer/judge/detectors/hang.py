@@ -21,7 +21,7 @@ from diagtrain.profiler.analyzer.read import flight_records as fr
 from diagtrain.profiler.analyzer.run import stops
 from diagtrain.profiler.analyzer.judge.findings import Finding
 from diagtrain.profiler.analyzer.run.tables import Tables
-from diagtrain.profiler.analyzer.settings import section, setting
+from diagtrain.profiler.util.settings import section, setting
 from diagtrain.profiler.run_dir import STOPPED
 
 

@@ -23,7 +23,7 @@ import pandas as pd
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady, time_range
 from diagtrain.profiler.analyzer.judge.findings import Finding
 from diagtrain.profiler.analyzer.run.tables import Tables, unix_seconds
-from diagtrain.profiler.analyzer.settings import section, setting
+from diagtrain.profiler.util.settings import section, setting
 from diagtrain.profiler.util.text import ranges
 from diagtrain.profiler.util.units import MIB, fmt_bytes
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from diagtrain.profiler.analyzer.judge.findings import Finding
 from diagtrain.profiler.analyzer.run.tables import Tables
-from diagtrain.profiler.analyzer.settings import section, setting
+from diagtrain.profiler.util.settings import section, setting
 from diagtrain.profiler.model.precision import bytes_per_parameter
 from diagtrain.profiler.util.units import MIB
 

@@ -13,7 +13,7 @@ from diagtrain.profiler.analyzer.judge.detectors.base import Steady, informative
 from diagtrain.profiler.analyzer.judge.detectors.pipeline_bubble import stage_work
 from diagtrain.profiler.analyzer.judge.findings import Finding
 from diagtrain.profiler.analyzer.run.tables import Tables
-from diagtrain.profiler.analyzer.settings import section, setting
+from diagtrain.profiler.util.settings import section, setting
 
 
 @section("missing_evidence")

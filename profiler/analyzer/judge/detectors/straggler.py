@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from diagtrain.profiler.analyzer.settings import section, setting
+from diagtrain.profiler.util.settings import section, setting
 from diagtrain.profiler.analyzer.judge.detectors.base import (LateArrival, Steady, informative_phases, late_on_their_path,
                                                               steady, time_range)
 from diagtrain.profiler.analyzer.judge.findings import Finding

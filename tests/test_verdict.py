@@ -1,0 +1,72 @@
+"""One verdict per finding (judge/verdict.py): severity and impact decided once, by one precedence, from a
+candidate nothing edits and the assessments of it."""
+
+from __future__ import annotations
+
+import pytest
+
+from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.judge.verdict import (DISPUTE, EXPLAINED, HOST, LEAK_TIME, LEDGER, REPLAY, Assessed,
+                                                       Assessment, Judged, verdict)
+
+
+def candidate(**fields) -> Finding:
+    return Finding(**{"kind": "straggler", "severity": "warning", "explanation": "rank 1 is slow.", "suggestion": "",
+                      "ranks": [1], "steps": [4, 5], "impact_ms": 12.0, "metrics": {"excess_ms": 12.0}, **fields})
+
+
+def test_the_ledgers_price_beats_the_replays_whatever_the_order_they_came_in():
+    replay = Assessment(REPLAY, impact_ms=40.0, prices=True, metrics={"impact_source": "critical_path"})
+    ledger = Assessment(LEDGER, impact_ms=30.0, prices=True, severity="error", metrics={"impact_source": "ledger"})
+    for made in ([replay, ledger], [ledger, replay]):
+        f = verdict(candidate(), made)
+        assert f.impact_ms == 30.0 and f.severity == "error"
+    assert verdict(candidate(), [replay]).impact_ms == 40.0  # no ledger price: the replay's
+    assert verdict(candidate(), []).impact_ms == 12.0  # no price at all: the detector's own estimate
+
+
+def test_a_price_of_none_is_a_say_and_a_missing_price_is_none():
+    assert verdict(candidate(), [Assessment(LEDGER, impact_ms=None, prices=True)]).impact_ms is None
+    assert verdict(candidate(), [Assessment(DISPUTE, metrics={"impact_range_ms": [1.0, 2.0]})]).impact_ms == 12.0
+
+
+def test_host_contention_makes_it_information_whatever_the_ledger_said():
+    made = [Assessment(LEDGER, severity="error", words=" It cost 30%."),
+            Assessment(HOST, severity="info", words=" But it waited for a CPU.", metrics={"starved": True})]
+    f = verdict(candidate(), made)
+    assert f.severity == "info" and f.metrics["starved"] is True
+    assert f.explanation == "rank 1 is slow. It cost 30%. But it waited for a CPU."
+
+
+def test_a_leaks_time_is_added_to_its_own_and_an_explained_finding_is_gone():
+    leak = candidate(kind="memory_growth", impact_ms=None)
+    assert verdict(leak, [Assessment(LEAK_TIME, extra_impact_ms=6.0), Assessment(LEAK_TIME, extra_impact_ms=2.5)]) \
+        .impact_ms == pytest.approx(8.5)
+    assert verdict(candidate(), [Assessment(EXPLAINED, drop=True)]) is None
+
+
+def test_the_candidate_is_never_edited():
+    c = candidate()
+    verdict(c, [Assessment(LEDGER, severity="error", impact_ms=99.0, prices=True, metrics={"excess_ms": 1.0},
+                           words=" More.", settings={"cost.min_steps": 2})])
+    assert (c.severity, c.impact_ms, c.metrics, c.explanation, c.settings) == \
+        ("warning", 12.0, {"excess_ms": 12.0}, "rank 1 is slow.", {})
+
+
+def test_each_step_sees_the_findings_as_decided_so_far_and_new_candidates_join_after():
+    judged = Judged([candidate(), candidate(kind="slow_collective", ranks=[1])])
+    judged.take(Assessed(of={0: [Assessment(LEDGER, severity="error", impact_ms=30.0, prices=True)]},
+                         new=[candidate(kind="dataloader_stall", ranks=[2])]))
+    seen = judged.findings()
+    assert [(f.kind, f.severity, f.impact_ms) for f in seen] == \
+        [("straggler", "error", 30.0), ("slow_collective", "warning", 12.0), ("dataloader_stall", "warning", 12.0)]
+    judged.take(Assessed(of={1: [Assessment(EXPLAINED, drop=True)]}))
+    assert [f.kind for f in judged.findings()] == ["straggler", "dataloader_stall"]
+    # Positions are those of the list the step was given: the dropped finding is no longer in it.
+    judged.take(Assessed(of={1: [Assessment(HOST, severity="info")]}))
+    assert [(f.kind, f.severity) for f in judged.findings()] == [("straggler", "error"), ("dataloader_stall", "info")]
+
+
+def test_an_assessment_with_an_unknown_severity_is_refused():
+    with pytest.raises(ValueError, match="severity"):
+        Assessment(LEDGER, severity="bad")
