@@ -12,6 +12,9 @@ from __future__ import annotations
 
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL = "all_reduce", "all_gather", "reduce_scatter", "all_to_all"
 SEND, RECV = "send", "recv"
+# Ops whose nccl-tests size is the whole (gathered) buffer where a trace records one rank's part of it
+# (count x element size): that times the ranks.
+WHOLE_BUFFER_OPS = frozenset({ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL})
 
 
 def bus_factor(op: str, n: int) -> float:

@@ -18,6 +18,8 @@ import zlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from diagtrain.profiler.util.units import fmt_bytes
+
 try:  # ISA-L inflates gzip 2-3x faster than zlib, the same stream API; zlib where its wheel is missing
     from isal import isal_zlib as _inflate
 except ImportError:  # pragma: no cover - a platform without an isal wheel
@@ -68,7 +70,7 @@ def read_lines(path: str | os.PathLike, limit: int) -> Iterator[str]:
         while line := f.readline(MAX_LINE_CHARS):
             read += len(line)
             if read > limit:  # the file grew past its limit while being read
-                raise InputError(path, f"over the {_mib(limit)} limit for this kind of file")
+                raise InputError(path, f"over the {fmt_bytes(limit)} limit for this kind of file")
             yield line.rstrip("\n")
 
 
@@ -107,7 +109,7 @@ def read_blocks(path: str | os.PathLike, limit: int, block_bytes: int) -> Iterat
         for block in itertools.chain([first] if first else [], chunks(block_bytes)):
             read += len(block)
             if read > limit:  # the file grew past its limit while being read
-                raise InputError(path, f"over the {_mib(limit)} limit for this kind of file")
+                raise InputError(path, f"over the {fmt_bytes(limit)} limit for this kind of file")
             yield block
 
 
@@ -169,7 +171,7 @@ def _unpack(pieces: Iterable[bytes | memoryview], limit: int, path: str | os.Pat
 def _check_unpacked(size: int, consumed: int, limit: int, path: str | os.PathLike) -> None:
     """Refuse past ``limit``, or past MAX_GZIP_RATIO times the packed bytes read so far (a bomb, stopped early)."""
     if size > limit:
-        raise InputError(path, f"unpacks to more than {_mib(limit)}, the limit for this kind of file")
+        raise InputError(path, f"unpacks to more than {fmt_bytes(limit)}, the limit for this kind of file")
     if size > RATIO_FLOOR and size > MAX_GZIP_RATIO * max(consumed, 1):
         raise InputError(path, f"unpacks to more than {MAX_GZIP_RATIO}x its size: a decompression bomb, not a trace")
 
@@ -191,7 +193,7 @@ def _open_regular(path: str | os.PathLike, limit: int) -> int:
         if not stat.S_ISREG(st.st_mode):
             raise InputError(path, f"not a regular file (a {_kind(st.st_mode)})")
         if st.st_size > limit:
-            raise InputError(path, f"{_mib(st.st_size)}, over the {_mib(limit)} limit for this kind of file")
+            raise InputError(path, f"{fmt_bytes(st.st_size)}, over the {fmt_bytes(limit)} limit for this kind of file")
     except BaseException:
         os.close(fd)
         raise
@@ -205,7 +207,7 @@ def _read_regular_file(path: str | os.PathLike, limit: int) -> bytes:
         except OSError as e:
             raise InputError(path, f"cannot read ({e.strerror or e})") from None
     if len(data) > limit:
-        raise InputError(path, f"over the {_mib(limit)} limit for this kind of file")
+        raise InputError(path, f"over the {fmt_bytes(limit)} limit for this kind of file")
     return data
 
 
@@ -215,10 +217,6 @@ def _kind(mode: int) -> str:
         if test(mode):
             return name
     return "special file"
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n} bytes"
 
 
 def _short(e: Exception) -> str:

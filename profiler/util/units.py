@@ -11,3 +11,8 @@ def fmt_bytes(n: float) -> str:
         if abs(n) >= div:
             return f"{n / div:.3g} {suffix}"
     return f"{n:.0f} B"
+
+
+def mib_text(n: float | None) -> str:
+    """A byte count as a table's MiB column shows it (``1536.0``; '' when unknown)."""
+    return "" if n is None else f"{n / MIB:.1f}"

@@ -25,10 +25,9 @@ import pandas as pd
 from diagtrain.profiler.analyzer.judge import measured as run_measured
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady
 from diagtrain.profiler.analyzer.judge.findings import Finding
-from diagtrain.profiler.analyzer.rank.collectives import WHOLE_BUFFER_OPS
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.util.settings import section, setting
-from diagtrain.profiler.model.collectives import ring_time
+from diagtrain.profiler.model.collectives import WHOLE_BUFFER_OPS, ring_time
 from diagtrain.profiler.model.precision import model_state
 from diagtrain.profiler.model.pipeline import bubble as bubble_formula
 from diagtrain.profiler.plan.comm import Collective
@@ -38,6 +37,7 @@ from diagtrain.profiler.plan.hardware import NETWORK, NVLINK
 from diagtrain.profiler.plan.layout import Layout
 from diagtrain.profiler.plan.memory import held as plan_held, rank_memory
 from diagtrain.profiler.plan.run_model import Measured, RunModel
+from diagtrain.profiler.util.units import mib_text
 
 
 @section("expected")
@@ -467,7 +467,7 @@ def markdown(section: dict[str, Any] | None, max_rows: int = 64) -> list[str]:
             r["rank"], r["expected_parameters"], "" if r["held_parameters"] is None else f"{r['held_parameters']:,}",
             r["expected_state_bytes"] / 2**20,
             "" if r["held_state_bytes"] is None else f"{r['held_state_bytes'] / 2**20:.2f}",
-            _mib(r["expected_peak_bytes"]), _mib(r["peak_bytes"])))
+            mib_text(r["expected_peak_bytes"]), mib_text(r["peak_bytes"])))
     lines.append("")
     if section["collectives"]:
         lines += ["| rank | group | op | bytes | calls/step expected | measured | transfer per call, median (ms) "
@@ -518,10 +518,6 @@ def unknown_words(keys: list[str]) -> str:
     words = {**UNKNOWN, **UNKNOWN_PIPELINE}
     return (", ".join(words.get(k, k) for k in keys) + ": the run records no model shape or batch, so no peak, "
             "compute or step-time estimate, and no finding that would need them")
-
-
-def _mib(n: float | None) -> str:
-    return "" if n is None else f"{n / 2**20:.1f}"
 
 
 def _num(x: float | None) -> str:

@@ -182,4 +182,5 @@ def all_sections() -> dict[str, type]:
     """Every settings section of the analyzer (importing every judging module registers them)."""
     detector_modules()
     importlib.import_module(f"{__package__}.live")  # live judgement's own: how often, over which steps
+    importlib.import_module("diagtrain.profiler.analyzer.run.clocks")  # when ranks' clocks disagree
     return dict(settings.SECTIONS)

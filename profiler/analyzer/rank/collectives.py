@@ -17,21 +17,13 @@ import pandas as pd
 
 from diagtrain.profiler.analyzer.rank import host_calls
 from diagtrain.profiler.analyzer.read.dialects import COMM
+from diagtrain.profiler.model.collectives import WHOLE_BUFFER_OPS, bus_factor
 from diagtrain.profiler.run_dir import group_key
 from diagtrain.profiler.util.frames import set_column
 
 DTYPE_BYTES = {"float": 4, "float32": 4, "c10::half": 2, "half": 2, "float16": 2, "c10::bfloat16": 2,
                "bfloat16": 2, "double": 8, "float64": 8, "int": 4, "int32": 4, "long int": 8, "int64": 8,
                "long": 8, "unsigned char": 1, "uint8": 1, "char": 1, "int8": 1, "bool": 1, "signed char": 1}
-# nccl-tests bus-bandwidth factors, by op, as a function of the group size n.
-BUS_FACTOR = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_to_all": lambda n: (n - 1) / n,
-}
-# Ops whose nccl-tests size is the whole (gathered) buffer: count x element size x ranks.
-WHOLE_BUFFER_OPS = {"all_gather", "reduce_scatter", "all_to_all"}
 FR_MATCH_TOLERANCE_US = 5_000  # without calls to go by, an entry is created within this of the op's start
 _OP_ALIASES = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
                "all_gather_into_tensor": "all_gather", "_allgather_base": "all_gather",
@@ -238,7 +230,7 @@ def match(collectives: pd.DataFrame) -> pd.DataFrame:
     table["wait_us"] = table["dur"] - table["transfer_us"]
     table["last_rank"] = last_to_arrive(table, table["ranks_seen"] > 1)
     table["algbw_gbps"] = table["bytes"] / (table["transfer_us"] * 1e3)  # bytes/µs/1e3 = GB/s
-    factor = np.array([BUS_FACTOR.get(op, lambda n: 1.0)(n) if n > 0 else 1.0 for op, n in zip(table["op"], size)])
+    factor = np.array([bus_factor(op, n) if n > 0 else 1.0 for op, n in zip(table["op"], size)])
     table["busbw_gbps"] = table["algbw_gbps"] * factor
     return table
 

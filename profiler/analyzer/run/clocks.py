@@ -24,12 +24,23 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from diagtrain.profiler.analyzer.rank.collectives import last_to_arrive
+from diagtrain.profiler.util.settings import section, setting
 
 if TYPE_CHECKING:
     from diagtrain.profiler.analyzer.run.tables import Tables
 
-MIN_SHIFT_US = 500.0  # below this, collective end-time gaps are jitter, not clock skew
-MIN_MATCHED = 3  # collectives needed before a rank's offset is trusted
+
+
+@section("clocks")
+class Clocks:
+    """When ranks' clocks are taken to disagree, and when a trace's evidence of it is enough."""
+
+    min_shift_us: float = setting(500.0, "below this, collective end-time gaps are jitter, not clock skew")
+    min_matched: int = setting(3, "collectives needed before a host's offset is trusted")
+    skew_ms: float = setting(50.0, "ProfilerStep#N starting this far apart on different ranks: their clocks disagree "
+                             "(the trace-health check)")
+
+
 UNNAMED_HOST = "(no host name)"  # where ranks whose traces name no host ran
 
 
@@ -71,7 +82,7 @@ def host_clocks(collectives: pd.DataFrame, rank_hosts: dict[int, str | None],
         offset, uncertainty, via = said if said is not None else (None, None, None)
         if seen is not None:
             value = seen if said is None else min(max(seen, offset - uncertainty), offset + uncertainty)
-            jitter = abs(value) * 1e6 < MIN_SHIFT_US and (said is None or abs(offset) <= uncertainty)
+            jitter = abs(value) * 1e6 < Clocks.active().min_shift_us and (said is None or abs(offset) <= uncertainty)
             clocks[host] = HostClock(host, 0.0 if jitter else value, "traces", uncertainty, offset, seen, via)
         elif said is not None:
             clocks[host] = HostClock(host, offset if abs(offset) > uncertainty else 0.0, "handshake", uncertainty,
@@ -97,7 +108,7 @@ def trace_offsets(collectives: pd.DataFrame, rank_hosts: dict[int, str | None]) 
     per_host: dict[str, list[float]] = {}
     for rank, row in per_rank.iterrows():
         host = rank_hosts.get(int(rank))
-        if host and host != rank_hosts.get(reference) and row["size"] >= MIN_MATCHED:
+        if host and host != rank_hosts.get(reference) and row["size"] >= Clocks.active().min_matched:
             per_host.setdefault(host, []).append(-float(row["median"]) / 1e6)
     found = {host: float(pd.Series(values).median()) for host, values in per_host.items()}
     return {rank_hosts[reference]: 0.0, **found} if rank_hosts.get(reference) else found

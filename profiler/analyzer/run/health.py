@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from diagtrain.profiler.analyzer.run.clocks import UNNAMED_HOST
 from diagtrain.profiler.analyzer.rank.result import RankResult
+from diagtrain.profiler.analyzer.run.clocks import UNNAMED_HOST, Clocks
 from diagtrain.profiler.analyzer.run.tables import Tables
 
 # Checks that say some of the traced time is in no number: a report must not call such a run clean.
 UNCOUNTED_CHECKS = ("unclassified", "device_time_unknown")
-CLOCK_SKEW_MS = 50.0  # ProfilerStep#N starting this far apart on different ranks: clocks disagree
 
 
 def check(tables: Tables, results: list[RankResult]) -> list[dict]:
@@ -58,7 +57,7 @@ def check(tables: Tables, results: list[RankResult]) -> list[dict]:
             note("hosts", f"host {host.get('name')}'s record never ended: its wrapper is gone (last seen {when}); "
                  "what it collected until then is analyzed")
     skew = _clock_skew(tables)
-    if skew is not None and skew > CLOCK_SKEW_MS:
+    if skew is not None and skew > Clocks.active().skew_ms:
         note("clocks", f"the same profiled step starts up to {skew:.0f} ms apart across ranks: clocks may not line up")
     return notes
 
