@@ -218,7 +218,7 @@ def _origin(steps: pd.DataFrame, timeline: dict[str, Any], analysis: Path) -> fl
         except (OSError, ValueError, KeyError):
             continue
         if len(spans):
-            firsts.append((float(spans["start_us"].min()) + float(info.get("clock_shift_us") or 0.0)) / 1e6)
+            firsts.append(float(spans["start_us"].min()) / 1e6)
     return min(firsts, default=0.0)
 
 
@@ -238,8 +238,8 @@ def _read_spans(analysis: Path, info: dict[str, Any] | None, t0: float) -> Spans
     try:
         table = pq.read_table(path)
     except (OSError, ValueError, KeyError, pa.ArrowException):
-        return None  # the cache was removed after the analysis: the lane shows step blocks only
-    return _spans_of(table, info, t0)
+        return None  # the spans were removed after the analysis: the lane shows step blocks only
+    return _spans_of(table, t0)
 
 
 def _read_many_spans(analysis: Path, infos: dict[int, Any], t0: float) -> dict[int, Spans | None]:
@@ -257,17 +257,16 @@ def _read_many_spans(analysis: Path, infos: dict[int, Any], t0: float) -> dict[i
         return found | {rank: _read_spans(analysis, infos[rank], t0) for rank in readable.values()}
     for path, rank in readable.items():
         parts = batches.get(path)
-        found[rank] = _spans_of(pa.Table.from_batches(parts), infos[rank], t0) if parts else None
+        found[rank] = _spans_of(pa.Table.from_batches(parts), t0) if parts else None
     return found
 
 
-def _spans_of(table: pa.Table, info: dict[str, Any], t0: float) -> Spans:
-    """A spans table (start_us, end_us, kind, name) as per-kind arrays in seconds since t0."""
-    offset = info.get("clock_shift_us", 0.0)
+def _spans_of(table: pa.Table, t0: float) -> Spans:
+    """A spans table (start_us, end_us, kind, name; on the run's clock) as per-kind arrays in seconds since t0."""
     kinds = _strings(table.column("kind"))
     names = _strings(table.column("name"))
-    starts = (table.column("start_us").to_numpy().astype(np.float64) + offset) / 1e6 - t0
-    ends = (table.column("end_us").to_numpy().astype(np.float64) + offset) / 1e6 - t0
+    starts = table.column("start_us").to_numpy().astype(np.float64) / 1e6 - t0
+    ends = table.column("end_us").to_numpy().astype(np.float64) / 1e6 - t0
     start, end, name = {}, {}, {}
     for kind in SPAN_KINDS:
         rows = kinds == kind

@@ -339,7 +339,7 @@ class RunFiles:
         info = (index.get("ranks") or {}).get(str(rank))
         if not info or "spans" not in info:
             return None
-        return read_spans(self.path / "analysis" / info["spans"], float(info.get("clock_shift_us") or 0.0))
+        return read_spans(self.path / "analysis" / info["spans"])  # published on the run's clock
 
 
 ANALYSIS_FILES = ("report.json", "analysis/steps.parquet")

@@ -22,7 +22,7 @@ from diagtrain.profiler.util.bounded_read import display
 from diagtrain.profiler.util.parquet import write_parquet, write_parquet_pieces
 
 CACHE_VERSION = 9  # bump when what the cache holds changes
-SPANS_FILE = "spans.parquet"  # the rank's timeline spans, which the judge and the dashboard read back
+SPANS_FILE = "spans.parquet"  # the rank's timeline spans on its own clock, which the judge reads back (published: report/outputs.py)
 
 
 def spans_path(cache_root: Path, result: RankResult) -> Path:

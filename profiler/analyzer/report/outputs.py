@@ -6,12 +6,17 @@ these files and report.json; nothing downstream reads the raw traces or logs aga
 
 from __future__ import annotations
 
+import os
+import shutil
 import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from diagtrain.profiler.analyzer.read import flight_records
 from diagtrain.profiler.analyzer.judge.detectors.hang import blocked_in_order
@@ -21,6 +26,7 @@ from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.run_dir import SCHEMA_VERSION, write_json_atomic
 from diagtrain.profiler.util.parquet import write_parquet
 
+SPANS_DIR = "spans"  # analysis/spans/rank<N>.parquet: each rank's timeline spans on the run's clock
 FLIGHT_RECORDER_TAIL = 32  # collectives per group in the cross-rank table: the hang is at the end
 
 
@@ -47,15 +53,37 @@ def write(analysis_dir: Path, tables: Tables, doc: dict[str, Any], results: list
 
 
 def timeline_index(analysis_dir: Path, tables: Tables, results: list[RankResult]) -> dict[str, Any]:
-    """Per rank: its spans file (relative to ``analysis_dir``) and the µs that line up its clock."""
+    """Per rank: its published spans file (relative to ``analysis_dir``, on the run's clock) and its host."""
     ranks = {}
+    published = analysis_dir / SPANS_DIR
+    shutil.rmtree(published, ignore_errors=True)  # a previous analysis' ranks
     for result in results:
         path = spans_path(analysis_dir / "cache", result)
         if path.exists():
-            ranks[str(result.rank)] = {"spans": str(path.relative_to(analysis_dir)),
-                                       "clock_shift_us": tables.clock_shifts_us.get(result.rank, 0.0),
+            out = published / f"rank{result.rank}.parquet"
+            _publish_spans(path, out, tables.clock_shifts_us.get(result.rank, 0.0))
+            ranks[str(result.rank)] = {"spans": str(out.relative_to(analysis_dir)),
                                        "host": tables.rank_hosts.get(result.rank) or result.host_name}
     return {"schema_version": SCHEMA_VERSION, "ranks": ranks}
+
+
+def _publish_spans(cached: Path, out: Path, shift_us: float) -> None:
+    """A rank's spans as its loader cached them (on its own clock), moved onto the run's clock at ``out``: one
+    place adds the shift, and the dashboard never reads the analysis' cache."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not shift_us:
+        try:
+            os.link(cached, out)  # the same bytes: no copy of a large rank's spans
+            return
+        except OSError:
+            pass  # another file system, or links refused: a copy
+    table = pq.read_table(cached)
+    for column in ("start_us", "end_us"):
+        moved = pc.add(table.column(column), pa.scalar(shift_us, table.schema.field(column).type))
+        table = table.set_column(table.schema.get_field_index(column), column, moved)
+    tmp = out.with_suffix(".tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, out)
 
 
 def hang_document(tables: Tables) -> dict[str, Any]:
