@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.util.settings import section, setting
-from diagtrain.profiler.analyzer.judge.detectors.base import steady
+from diagtrain.profiler.analyzer.judge.detectors.base import profiled_steps, steady
 from diagtrain.profiler.analyzer.judge.cost import INTERMITTENT
 from diagtrain.profiler.analyzer.judge.quantities import SlowCause
 from diagtrain.profiler.analyzer.judge.findings import UPPER_BOUND, Finding
@@ -283,7 +283,7 @@ def _not_own_work(finding: Finding, tables: Tables, s: Contention, growing: set[
         excess = finding.metrics["observed_ms"] - finding.metrics["expected_ms"]
     else:
         return None
-    steps = finding.steps or _profiled_steps(tables.steps)
+    steps = finding.steps or profiled_steps(tables.steps)
     if not (excess and steps):
         return None
     rank = finding.ranks[0]
@@ -379,7 +379,3 @@ def _ratio_to_peers(rows: pd.DataFrame, rank: int, column: str) -> float | None:
     """``rank``'s median ``column`` over its peers' (None where unknown or zero)."""
     medians = _medians(rows, rank, column)
     return medians[0] / medians[1] if medians and medians[1] else None
-
-
-def _profiled_steps(steps: pd.DataFrame) -> list[int]:
-    return sorted(int(s) for s in steps.loc[steps["profiled"].astype(bool), "step"].unique()) if "profiled" in steps else []

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady
+from diagtrain.profiler.analyzer.judge.detectors.base import Steady, profiled_steps, steady
 from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, UPPER_BOUND, Finding
 from diagtrain.profiler.analyzer.judge.own_time import SOURCE as COUNTERS
 from diagtrain.profiler.analyzer.judge.quantities import CAUSE_OF, Measure, Quantity, SlowCause
@@ -313,13 +313,8 @@ def _window_only(f: Finding, t: Tables) -> bool:
     records, its phases and counters, cover every step)."""
     if f.metrics.get("source") in RECORDS or not f.steps:
         return False
-    profiled = _profiled_steps(t)
+    profiled = set(profiled_steps(t.steps))
     return bool(profiled) and set(f.steps) <= profiled and len(profiled) < t.steps["step"].nunique()
-
-
-def _profiled_steps(t: Tables) -> set[int]:
-    """The steps with traces (none where the step table does not say)."""
-    return set(t.steps.loc[t.steps["profiled"].astype(bool), "step"]) if "profiled" in t.steps else set()
 
 
 def _seen_pattern(f: Finding, main: Cause, mine: list[Cause], t: Tables, c: Cost) -> dict[str, Any]:
@@ -409,7 +404,7 @@ def _cost_metrics(mine: list[Cause], totals: dict[str, Any], t: Tables, main: Ca
 def _profiled_saving(t: Tables, rank: int, parts: list[str]) -> float | None:
     """The ledger's mean saving over the profiled steps, for this rank's parts: what the critical path
     prices from the traces of the same steps."""
-    profiled = _profiled_steps(t)
+    profiled = set(profiled_steps(t.steps))
     if not profiled:
         return None
     rows = t.ledger[t.ledger["step"].isin(profiled)]

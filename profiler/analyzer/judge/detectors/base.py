@@ -55,6 +55,13 @@ def informative_phases(phases: list[str]) -> list[str]:
     return [] if set(phases) <= UNINFORMATIVE_PHASES else list(phases)
 
 
+def profiled_steps(steps: pd.DataFrame) -> list[int]:
+    """The steps with traces, in order (none where the step table does not say)."""
+    if "profiled" not in steps:
+        return []
+    return sorted(int(s) for s in steps.loc[steps["profiled"].astype(bool), "step"].unique())
+
+
 def steady(steps: pd.DataFrame, at_least: int | None = None) -> pd.DataFrame:
     """The steps after warm-up; all of them if fewer than ``at_least`` (default ``steady.min_steady_steps``,
     what comparing ranks needs) would be left. The run's model takes one steady step (judge/measured.py)."""
