@@ -45,6 +45,10 @@ def _set(key: str, value: object) -> Callable[[dict], None]:
     return lambda e: e.__setitem__(key, value)
 
 
+def _set_arg(key: str, value: object) -> Callable[[dict], None]:
+    return lambda e: e.__setitem__("args", {**(e.get("args") or {}), key: value})
+
+
 # Damage to one duration event (in place), and what the health notes call it.
 DAMAGES: dict[str, tuple[Callable[[dict], None], str]] = {
     "null name": (_set("name", None), "name is null"),
@@ -56,6 +60,17 @@ DAMAGES: dict[str, tuple[Callable[[dict], None], str]] = {
     "missing key": (lambda e: e.pop("ts"), "ts missing"),
     "string dur": (_set("dur", "12"), "dur is a string"),
     "not JSON": (lambda e: e.__setitem__("garble", True), "not valid JSON"),
+    # A number that does not fit its field, in every numeric field the reader keeps (issue 51).
+    "ts of 400 digits": (_set("ts", 10**400), "ts does not fit a number"),
+    "dur of 400 digits": (_set("dur", 10**400), "dur does not fit a number"),
+    "huge tid": (_set("tid", 10**30), "tid does not fit a 64-bit integer"),
+    "infinite tid": (_set("tid", math.inf), "tid does not fit a 64-bit integer"),
+    "huge stream": (_set_arg("stream", 1e308), "args.stream does not fit a 64-bit integer"),
+    "negative huge correlation": (_set_arg("correlation", -(10**25)), "args.correlation does not fit a 64-bit integer"),
+    "NaN correlation": (_set_arg("correlation", math.nan), "args.correlation does not fit a 64-bit integer"),
+    "negative elements": (_set_arg("In msg nelems", -5), "args.In msg nelems is out of range"),
+    "infinite elements": (_set_arg("In msg nelems", math.inf), "args.In msg nelems is out of range"),
+    "huge group size": (_set_arg("Group size", 10**30), "args.Group size is out of range"),
 }
 
 

@@ -2,7 +2,9 @@
 
 A duration event needs a string name (or none), a numeric ``ts`` and ``dur``, thread and process ids
 that are numbers or strings, and an object of arguments; its times must be finite, its duration
-neither negative nor longer than a week, its start within a few thousand years of 1970. Other events
+neither negative nor longer than a week, its start within a few thousand years of 1970. A number must
+fit its field: ids (thread, stream, correlation) a 64-bit integer, counts (elements, group size) from
+0 to 2**53. Other events
 are never read past their phase. An event that fails is left out and counted by reason, with the first
 few places it was found, for the health check.
 """
@@ -25,6 +27,10 @@ _IDS = {int, float, str, type(None)}  # real traces write thread and process ids
 _TYPES = (("ts", {int, float}), ("dur", {int, float}), ("name", {str}), ("cat", {str, type(None)}), ("tid", _IDS),
           ("pid", _IDS), ("args", {dict}))
 _SHOWN_PLACES = 3  # places named per reason
+INT64 = (-(2**63), 2**63 - 1)  # what an id must fit: the tables hold ids as int64
+MAX_COUNT = 2**53  # elements or ranks beyond this are corrupt (and no longer exact as floats)
+_ID_ARGS = ("stream", "correlation")
+_COUNT_ARGS = ("In msg nelems", "Group size")
 
 
 def problem(event: Any) -> str | None:
@@ -37,7 +43,7 @@ def problem(event: Any) -> str | None:
         return f"ph is {_kind(event['ph'])}"
     if event["ph"] != "X":  # never read further
         return None
-    return _field_problem(event) or _time_problem(event["ts"], event["dur"])
+    return _field_problem(event) or _time_problem(event["ts"], event["dur"]) or _range_problem(event)
 
 
 def _field_problem(event: dict) -> str | None:
@@ -51,6 +57,9 @@ def _field_problem(event: dict) -> str | None:
 
 
 def _time_problem(ts: float, dur: float) -> str | None:
+    for key, value in (("ts", ts), ("dur", dur)):
+        if not fits_float(value):
+            return f"{key} does not fit a number"
     if not math.isfinite(ts):
         return "ts is not finite"
     if not math.isfinite(dur):
@@ -62,6 +71,45 @@ def _time_problem(ts: float, dur: float) -> str | None:
     if abs(ts) > MAX_TIME_US:
         return "ts is out of range"
     return None
+
+
+def _range_problem(event: dict) -> str | None:
+    """An id or a count that does not fit its field (a number, not a name: names are kept as they are)."""
+    args = event.get("args") or {}
+    ids = [("tid", event.get("tid"))] + [(f"args.{k}", args.get(k)) for k in _ID_ARGS]
+    for key, value in ids:
+        if _number(value) and not fits_int64(value):
+            return f"{key} does not fit a 64-bit integer"
+    for key in _COUNT_ARGS:
+        value = args.get(key)
+        if unfit_count(value):
+            return f"args.{key} is out of range"
+    return None
+
+
+def _number(value: Any) -> bool:
+    return type(value) in (int, float)
+
+
+def unfit_count(value: Any) -> bool:
+    """Whether a count (elements, group size) is a number out of its range."""
+    return _number(value) and not (fits_float(value) and 0 <= value <= MAX_COUNT)
+
+
+def fits_float(value: Any) -> bool:
+    """Whether a JSON number converts to a float (an integer of 400 digits does not)."""
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
+
+
+def fits_int64(value: Any) -> bool:
+    """Whether a JSON number is a finite value that fits a 64-bit integer."""
+    if isinstance(value, float):
+        return math.isfinite(value) and INT64[0] <= value < 2.0**63
+    return INT64[0] <= value <= INT64[1]
 
 
 def usable_times(ts: np.ndarray, dur: np.ndarray) -> np.ndarray:

@@ -32,7 +32,7 @@ from diagtrain.profiler.analyzer.read.dialects import (  # noqa: F401 - the even
     COMM, COMM_HOST_OP, COMPUTE, CPU, MARKER, MEMORY, P2P_CALL, STEP_ANNOTATION, STREAMLESS_LANE, SYNC, UNCLASSIFIED,
     classify, format_us, kind_in, name_matches,
 )
-from diagtrain.profiler.analyzer.read.event_checks import Damage, problem
+from diagtrain.profiler.analyzer.read.event_checks import Damage, fits_int64, problem, unfit_count
 from diagtrain.profiler.analyzer.read.flops import MATMULS
 from diagtrain.profiler.analyzer.read.inputs import MAX_TRACE_BYTES
 from diagtrain.profiler.analyzer.read.tolerant import UNPARSED, Cut, Element, Salvage
@@ -205,7 +205,7 @@ def read_trace(path: Path) -> TraceFile:
     try:
         try:
             header, columns = _read_in_blocks(path)
-        except (msgspec.DecodeError, _NotCut, Truncated):
+        except (msgspec.DecodeError, _NotCut, Truncated, _Unfit):
             header, columns, salvaged = _read_whole(path)
     except InputError as e:  # not a regular file, over its size limit, a gzip bomb (util/bounded_read.py)
         raise TraceError(f"{display(path)}: cannot read: {e.reason}") from None
@@ -506,6 +506,10 @@ class _Columns:
         self.parts["tid"].append(_narrow(_integers(list(map(attrgetter("tid"), events)))))
         for column in ("correlation", "stream"):
             self.parts[column].append(_narrow(_integers(list(map(attrgetter(column), args)))))
+        for column in ("in_nelems", "group_size"):  # on any event, as the event-by-event read checks them
+            given = [v for v in map(attrgetter(column), args) if v is not None]  # most events have none
+            if given and any(map(unfit_count, given)):
+                raise _Unfit
         names = self.names.encode(list(map(attrgetter("name"), events)))
         self.parts["name"].append(names)
         self.parts["cat"].append(self.categories.encode(list(map(attrgetter("cat"), events))))
@@ -649,11 +653,17 @@ class _Dictionary:
         return np.fromiter(map(self.codes.__getitem__, strings), code_dtype(len(self.values)), len(strings))
 
 
+class _Unfit(Exception):
+    """A number that does not fit its field: the file is read again event by event, and that event left out."""
+
+
 def _integers(values: list[Any]) -> np.ndarray:
     """Stream or correlation ids as int64, -1 where there is none or it is not a number."""
     try:
         return np.fromiter(values, np.int64, len(values))
     except (TypeError, ValueError, OverflowError):  # a null, or a string that is not a number
+        if any(type(v) in (int, float) and not fits_int64(v) for v in values):
+            raise _Unfit from None
         return np.array([_int(v, -1) for v in values], dtype=np.int64)
 
 
@@ -675,19 +685,23 @@ def _peer(concrete_inputs: msgspec.Raw) -> float:
         return np.nan
     try:
         return float(int(msgspec.json.decode(concrete_inputs)[2]))
-    except (msgspec.DecodeError, IndexError, KeyError, TypeError, ValueError):
+    except (msgspec.DecodeError, IndexError, KeyError, TypeError, ValueError, OverflowError):
         return np.nan  # a tracer that wrote no peer: the call still counts, without one
 
 
 def _int(value: Any, default: int | None = None) -> int | None:
     try:
-        return int(value)
+        found = int(value)
     except (TypeError, ValueError, OverflowError):
         return default
+    return found if fits_int64(found) else default
 
 
 def _float(value: Any) -> float:
     try:
         return float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return np.nan
+
+
+
