@@ -157,6 +157,23 @@ def test_baseline_runs_wider_apart_than_one_run_is_assumed_to_be_decide_nothing(
     assert c.verdict == "inconclusive"
 
 
+def test_one_run_never_calls_a_change_beyond_the_threshold_unchanged_and_says_how_many_runs_would_decide():
+    # Rank 1's forward +27%, its steps too noisy for the per-step statistics to vouch for it (60% spread): from one
+    # baseline run that is no "unchanged" (the old verdict) but inconclusive, exit 3, with the runs it would take.
+    base, new = summary("b1", 100.0, 20.0, 10), summary("new", 100.0, 25.4, 40)
+    noisy = steps(20.0, 13, 0.6)
+    base["per_rank"]["1"]["forward"], new["per_rank"]["1"]["forward"] = noisy, [1.27 * x for x in reversed(noisy)]
+    forward = by_key(c := regression.compare([base], new, 5.0))[("forward", "rank 1")]
+    assert forward.change_pct > 5 and forward.p_value > 0.01, forward
+    assert forward.verdict == "inconclusive" and "add baseline runs (at least 3 to decide" in forward.reason, forward.reason
+    assert EXIT_CODES[c.verdict] == 3
+    # Inside --threshold it is unchanged; from three runs the band is measured and decides.
+    assert by_key(regression.compare(BASE[:1], summary("new", 100.0, 20.4, 40), 5.0))[("forward", "rank 1")].verdict \
+        == "unchanged"
+    assert by_key(regression.compare(BASE, new, 5.0))[("forward", "rank 1")].verdict != "inconclusive"
+    assert [noise.runs_needed(r) for r in (1.27, 1.05, 1.0)] == [3, 9, None]
+
+
 def test_from_one_run_a_phase_must_also_grow_by_a_quarter_of_a_step():
     base = [summary("b1", 100.0, 5.0, 10)]
     small = by_key(regression.compare(base, summary("new", 100.0, 16.0, 40), 5.0))[("forward", "rank 1")]

@@ -68,6 +68,15 @@ def t_quantile(df: int) -> float:
         raise ValueError("t needs at least one degree of freedom")
     return stats.t_quantile(1 - CompareSettings.active().between_runs_alpha, df)
 
+def runs_needed(ratio: float, most: int = 50) -> int | None:
+    """The fewest baseline runs whose band could place a change of ``ratio`` outside it, were their paces as
+    close as the smallest spread the band takes (``min_spread_pct``): a lower bound; None past ``most`` or for
+    no change."""
+    change = abs(math.log(ratio)) if ratio > 0 and math.isfinite(ratio) else 0.0
+    spread = CompareSettings.active().min_log_spread
+    return next((k for k in range(2, most + 1) if t_quantile(k - 1) * spread * math.sqrt(1 + 1 / k) < change), None)
+
+
 def typical(values: list[float]) -> float:
     """The geometric mean of the positive values (NaN without any): a typical run's pace."""
     logs = np.log([v for v in values if v > 0 and math.isfinite(v)])

@@ -272,6 +272,13 @@ class _Judge:
                 if position != worse_side else \
                 f"+{r.new_value - r.base_value:.1f} ms is under {s.one_run_step_share:.0%} of a step"
             return "inconclusive", f"the steps differ, but {why}"
+        if not band.measured and self._beyond(r, True, r.metric in HIGHER_IS_BETTER):
+            # One run cannot measure the noise, nor can its steps vouch for the change: never "unchanged".
+            needed = noise.runs_needed(r.new_value / r.base_value if r.base_value else math.nan)
+            return "inconclusive", (f"{r.change_pct:+.0f}% is within the x{ceiling:g} two clean runs can differ by, and "
+                                    "the steps do not say it beyond their own noise: add baseline runs"
+                                    + (f" (at least {needed} to decide a change this size, if clean runs of this job "
+                                       "agree closely; more if they spread more)" if needed else ""))
         if worse and band.high > ceiling:  # the baseline's runs knew no better than one run would
             return "inconclusive", (f"the steps differ, but the {band.runs} baseline runs differ so much (noise band "
                                     f"{r.noise_band}) that no change below x{band.high:.1f} can be told from it; "
