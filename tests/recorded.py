@@ -32,6 +32,9 @@ RECORDINGS: dict[str, list[str]] = {
     # Live judgement against the final analysis (tests/test_live_replay.py): step records only, no traces.
     "data-stall": ["--profile-steps", "none", "--", sys.executable, "-m", "diagtrain.profiler.cli", "train",
                    *COMPARE_TRAINER, "--inject", f"dataloader_stall:rank=1,ms={STRAGGLER_MS}"],
+    # Two independent hangs (tests/test_hang_origins.py): rank 1 and rank 3 stop, one in each data-parallel group.
+    "two-hangs": ["--hang-timeout", "3", "--", sys.executable, "-m", "torch.distributed.run", "--standalone",
+                  "--nproc-per-node=4", str(REPO / "tests" / "scripts" / "two_hangs.py")],
     "leak": ["--profile-steps", "none", "--", sys.executable, "-m", "torch.distributed.run", "--standalone",
              "--nproc-per-node=2", str(REPO / "benchmarks" / "user_scripts" / "ddp_loader.py"), "--steps", "30",
              "--leak-rank", "1", "--leak-mb", "16"],

@@ -15,6 +15,7 @@ before a collective).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from diagtrain.profiler.analyzer.read import flight_records as fr
@@ -53,7 +54,7 @@ def detect(tables: Tables) -> list[Finding]:
     if status not in STOPPED:
         # Dumps without a run record (a folder of NCCL's dumps): how the job ended is theirs to say.
         if status is None and (blocked := blocked_in_order(tables, entries)):
-            findings.append(_hang_in_collective(tables, blocked[0], later=blocked[1:]))
+            findings += _hangs_in_collectives(tables, blocked)
         return findings
     findings += _mismatch_in_logs(tables)
     blocked = blocked_in_order(tables, entries)
@@ -63,7 +64,7 @@ def detect(tables: Tables) -> list[Finding]:
     if cause is None or (stalled_s is not None and stalled_s >= s.stuck_before_stop_s):
         # No rank died, or the run was stopped after a long time without a step: what held it?
         if blocked:
-            findings.append(_hang_in_collective(tables, blocked[0], stalled_s, blocked[1:]))
+            findings += _hangs_in_collectives(tables, blocked, stalled_s)
         elif status == "hung" and (finding := _hang_in_user_code(tables)):
             findings.append(finding)
         elif cause is not None:
@@ -123,16 +124,78 @@ def _step_entered(tables: Tables, b: fr.Blocked) -> float:
     return min(found, default=0.0)
 
 
+@dataclass
+class Origin:
+    """A collective blocked because ranks that wait in no blocked collective never came: a fault of its own, with
+    the blocked collectives that follow from it."""
+
+    first: fr.Blocked
+    roots: frozenset[int]  # its missing ranks that wait in no blocked collective: stopped elsewhere
+    consequences: list[fr.Blocked] = field(default_factory=list)
+
+
+def origins(blocked: list[fr.Blocked]) -> list[Origin]:
+    """The independent origins of a hang, in the order blocked (everything-waits-on-first first). A rank missing
+    from a collective because it waits in another blocked one is no origin; a collective whose missing ranks an
+    earlier origin already names is a consequence, as is one whose missing ranks wait behind an origin. Where every
+    missing rank waits somewhere (ranks waiting for each other: collectives issued in different orders), the first
+    blocked collective is the one origin, as before."""
+    waiting = {r for b in blocked for r in b.waiting}
+    found: list[Origin] = []
+    unexplained: list[fr.Blocked] = []
+    for b in blocked:
+        roots = frozenset(r for r in b.missing if r not in waiting)
+        named = next((o for o in found if roots and roots <= o.roots), None)
+        if named is not None:
+            named.consequences.append(b)
+        elif roots:
+            found.append(Origin(b, roots))
+        else:
+            unexplained.append(b)
+    if not found:
+        return [Origin(blocked[0], frozenset(blocked[0].missing), blocked[1:])]
+    for b in unexplained:  # ranks waiting behind an origin: under the origin they wait for
+        _behind(b, blocked, found).consequences.append(b)
+    for o in found:
+        o.consequences.sort(key=blocked.index)
+    return found
+
+
+def _behind(b: fr.Blocked, blocked: list[fr.Blocked], found: list[Origin]) -> Origin:
+    """The origin a blocked collective waits behind: followed through the collectives its missing ranks wait in."""
+    seen, todo = set(), [b]
+    while todo:
+        at = todo.pop(0)
+        for o in found:
+            if o.first is at or at in o.consequences:
+                return o
+        seen.add(id(at))
+        todo += [c for c in blocked if id(c) not in seen and set(c.waiting) & set(at.missing)]
+    return found[0]
+
+
+def _hangs_in_collectives(tables: Tables, blocked: list[fr.Blocked], stalled_s: float | None = None) -> list[Finding]:
+    """One finding per independent origin of the hang, each with the consequences that follow from it."""
+    found = origins(blocked)
+    others = [o.first for o in found]
+    return [_hang_in_collective(tables, o.first, stalled_s, o.consequences,
+                                [b for b in others if b is not o.first]) for o in found]
+
+
 def _hang_in_collective(tables: Tables, b: fr.Blocked, stalled_s: float | None = None,
-                        later: list[fr.Blocked] = ()) -> Finding:
+                        later: list[fr.Blocked] = (), besides: list[fr.Blocked] = ()) -> Finding:
     where = "; ".join(f"rank {r} {_where_in(tables, r, b)}" for r in b.missing)
     group = b.pg_desc or b.pg.split(":")[0]
     stopped = f" The run was interrupted after {stalled_s:.0f} s without a finished step." if stalled_s else ""
     stopped += _wavefront(b, list(later))
+    if besides:  # faults of their own: ranks not waiting for this one, in groups it does not hold up
+        stopped += (" Independently, " + "; ".join(f"rank{'s' if len(x.missing) > 1 else ''} {_list(x.missing)} never "
+                                                    f"entered {_op(x.op)} #{x.seq} on {_group(x)}" for x in besides)
+                    + " (a finding of its own): more than one rank stopped.")
     return Finding(
         kind="hang", severity="critical", ranks=b.missing,
         explanation=(f"rank{'s' if len(b.missing) > 1 else ''} {_list(b.missing)} never entered {_op(b.op)} #{b.seq} "
-                     f"on the {group} group; rank{'s' if len(b.waiting) > 1 else ''} {_list(b.waiting)} "
+                     f"on {_group(b)}; rank{'s' if len(b.waiting) > 1 else ''} {_list(b.waiting)} "
                      f"{'have' if len(b.waiting) > 1 else 'has'} waited in it since {_clock(b.since_ns)}; {where}."
                      f"{stopped}"),
         suggestion=_stuck_on_device(tables, b) or (
@@ -141,9 +204,18 @@ def _hang_in_collective(tables: Tables, b: fr.Blocked, stalled_s: float | None =
             "blocks before it. Every rank must issue the same collectives in the same order."),
         metrics={"group": group, "seq": b.seq, "op": b.op, "waiting": b.waiting, "missing": b.missing,
                  "later_blocked": [{"group": x.pg_desc or x.pg, "seq": x.seq, "op": x.op, "missing": x.missing}
-                                   for x in later][:20]},
+                                   for x in later][:20],
+                 "independent_origins": len(besides) + 1},
         evidence=_evidence(tables, b),
     )
+
+
+def _group(b: fr.Blocked) -> str:
+    """The group in words: its description, else its members (a group made without one: torch says "undefined")."""
+    if b.pg_desc and b.pg_desc != "undefined":
+        return f"the {b.pg_desc} group"
+    members = b.pg.partition(":")[2]
+    return f"the group of ranks {members}" if members else f"group {b.pg}"
 
 
 def _stuck_on_device(tables: Tables, b: fr.Blocked) -> str | None:
