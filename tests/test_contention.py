@@ -6,12 +6,15 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 import psutil
 import pytest
 
-from diagtrain.profiler.analyzer.judge.contention import own_work_only
+from conftest import diagtrain_run, torchrun
+from diagtrain.profiler.analyzer.analyze import analyze
+from diagtrain.profiler.analyzer.judge.contention import hidden_work, more_work, own_work_only
 from diagtrain.profiler.analyzer.judge.findings import Finding
 from diagtrain.profiler.analyzer.judge.pipeline import run_detectors, judge
 from diagtrain.profiler.analyzer.judge.verdict import applied
@@ -290,3 +293,38 @@ def test_other_processes_on_the_host_are_named_with_their_cpu(monkeypatch):
                 child.kill()
             proc.kill()
             proc.wait()
+
+
+def test_more_work_on_a_crowded_host_is_named_with_its_cost_on_a_cpu_per_rank():
+    # Rank 1 burns 90 ms of CPU a step to rank 0's 60 for 3x the samples, on a host of 1 CPU for 2 ranks: its step
+    # time hides it (rank 0 waits for the CPU as long). With a CPU per rank it would cost ~30 ms a step (33%).
+    tables = run_of(extra_cpu=30.0, samples=(32, 96))
+    tables.hosts = [{"name": "h", "cpus": 1}]
+    [extra] = more_work(tables)
+    assert (extra.rank, extra.estimate_ms, round(extra.share, 2)) == (1, 30.0, 0.33)
+    [f] = applied([], hidden_work([], tables))
+    assert f.kind == "straggler" and f.ranks == [1] and f.severity == "error"
+    assert "1.50x their CPU time per step (90.0 vs 60.0 ms) for 3.0x their samples" in f.explanation
+    assert f.metrics["estimate_ms_per_step_with_a_cpu_per_rank"] == 30.0
+    # The same CPU for the same samples is no more work (an allocator's churn is judged apart); a CPU per rank
+    # shows its cost in the step times, where the ledger prices it.
+    same_samples = run_of(extra_cpu=30.0, samples=(32, 32))
+    same_samples.hosts = [{"name": "h", "cpus": 1}]
+    assert more_work(same_samples) == []
+    roomy = run_of(extra_cpu=30.0, samples=(32, 96))
+    roomy.hosts = [{"name": "h", "cpus": 2}]
+    assert more_work(roomy) == []
+
+
+@pytest.mark.jobs
+def test_four_ranks_on_two_cores_one_with_three_times_the_batch(tmp_path):
+    # The issue's case, a real job: the host's contention evens out the step times, the rank is named anyway.
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "user_scripts" / "ddp_loader.py"
+    run = tmp_path / "run"
+    diagtrain_run(run, "--profile-steps", "none", "--no-analyze", "--", *torchrun(4), str(script), "--steps", "16",
+                  "--batch-rank", "2", "--batch-scale", "3", check=False)  # torch's teardown may crash: the steps stand
+    found = [f for f in analyze(run, run, ["json"], workers=1)["findings"]
+             if f["kind"] == "straggler" and f["severity"] in ("warning", "error", "critical")]
+    assert [f["ranks"] for f in found] == [[2]], found
+    assert "with a CPU per rank it would make the others wait" in found[0]["explanation"]
+    assert found[0]["metrics"]["samples_per_step"] == 3 * found[0]["metrics"]["peer_samples_per_step"]

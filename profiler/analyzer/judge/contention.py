@@ -25,13 +25,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from diagtrain.profiler.util.settings import section, setting
-from diagtrain.profiler.analyzer.judge.detectors.base import profiled_steps, steady
-from diagtrain.profiler.analyzer.judge.cost import INTERMITTENT
+from diagtrain.profiler.analyzer.judge.cost import EVERY_STEP, INTERMITTENT, Cost, severity as cost_severity
+from diagtrain.profiler.analyzer.judge.detectors.base import Steady, profiled_steps, steady
+from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, UPPER_BOUND, Finding
 from diagtrain.profiler.analyzer.judge.quantities import SlowCause
-from diagtrain.profiler.analyzer.judge.findings import UPPER_BOUND, Finding
-from diagtrain.profiler.analyzer.judge.verdict import HOST, LEAK_TIME, Assessed, Assessment
+from diagtrain.profiler.analyzer.judge.verdict import HOST, LEAK_TIME, MORE_WORK, Assessed, Assessment
+from diagtrain.profiler.analyzer.run.ledger import crowded_hosts
 from diagtrain.profiler.analyzer.run.tables import Tables, unix_seconds
+from diagtrain.profiler.util.settings import section, setting, values
 
 @section("contention")
 class Contention:
@@ -62,6 +63,11 @@ class Contention:
                                 "kept, a leak's cost in time, not churn")
     more_samples_ratio: float = setting(1.05, "a rank loading this share more samples per step than its peers does "
                                         "more work")
+    # Clean ranks of one job on 2 shared cores burnt within ~15% of each other's CPU time per step; a rank given
+    # 3x the batch burnt 1.5x.
+    more_work_ratio: float = setting(1.3, "on a host with more ranks than CPUs, a rank burning this many times its "
+                                     "peers' CPU time per step does more work, whatever its step time shows (where "
+                                     "the steps count samples or tokens, more of them and more CPU time say it)")
     # A busy host's pauses made clean ranks slow in 2 of 3 and 5 of 9 steps; a rank sleeping every
     # step was missed in 1 of 9.
     steadily_slow_share: float = setting(0.8, "a rank slow in this share of the steps it was seen in is steadily "
@@ -257,6 +263,109 @@ def own_work_only(findings: list[Finding], tables: Tables) -> Assessed:
             charged[leak] = charged.get(leak, findings[leak].impact_ms or 0.0) + f.impact_ms
             out.add(leak, _leak_time(f, charged[leak]))
     return out
+
+
+@dataclass
+class MoreWork:
+    """A rank on a crowded host that does more work than its peers, and what that would cost with a CPU per rank."""
+
+    rank: int
+    cpu_ms: float  # its CPU time per step (median over the steady steps)
+    peer_cpu_ms: float  # its peers' (the median of theirs)
+    load: tuple[str, float, float] | None  # (samples or tokens, its per step, its peers') where recorded
+    host_ranks: int
+    host_cpus: int
+
+    @property
+    def estimate_ms(self) -> float:
+        """The step time it would cost with a CPU per rank: there a rank's step lasts at least its CPU time."""
+        return self.cpu_ms - self.peer_cpu_ms
+
+    @property
+    def share(self) -> float:
+        """... as a share of such a host's step (its own CPU time)."""
+        return self.estimate_ms / self.cpu_ms if self.cpu_ms > 0 else 0.0
+
+
+def more_work(tables: Tables) -> list[MoreWork]:
+    """The ranks on hosts with more ranks than CPUs that burn ``more_work_ratio`` times their peers' CPU time per
+    step, for more samples or tokens where the steps count them: their peers wait for a CPU as long as for them, so
+    the step times hide what they cost (the same work done more slowly is churn's, not theirs)."""
+    s, crowded, warm = Contention.active(), crowded_hosts(tables), Steady.active()
+    # Past warm-up only, and enough of it: a short run's first steps burn start-up CPU unevenly between ranks.
+    steps = tables.steps[tables.steps["step"] > warm.warmup_steps]
+    if not crowded or "cpu_ms" not in steps or steps["cpu_ms"].isna().all() \
+            or steps["step"].nunique() < warm.min_steady_steps:
+        return []
+    per_rank = steps.groupby("rank")[[c for c in ("cpu_ms", "samples", "tokens") if c in steps]].median()
+    found = []
+    for group in tables.structure.peer_groups(sorted(int(r) for r in per_rank.index)):
+        for rank in group:
+            host = tables.rank_hosts.get(rank)
+            peers = per_rank.loc[[r for r in group if r != rank]]
+            if host not in crowded or peers.empty or not peers["cpu_ms"].median() > 0:
+                continue
+            mine, theirs = float(per_rank.loc[rank, "cpu_ms"]), float(peers["cpu_ms"].median())
+            load = _load(per_rank, rank, peers)
+            # Counted work decides where the steps count it (ranks waiting in gloo burn CPU too, which narrows the
+            # ratio of CPU times); else only a CPU time far above the peers' own spread.
+            more = mine > theirs and load[1] >= s.more_samples_ratio * load[2] if load else mine >= s.more_work_ratio * theirs
+            if not more or mine - theirs < Cost.active().min_saving_ms:  # jitter, not work
+                continue
+            found.append(MoreWork(rank, mine, theirs, load, *crowded[host]))
+    return found
+
+
+def _load(per_rank: pd.DataFrame, rank: int, peers: pd.DataFrame) -> tuple[str, float, float] | None:
+    """(what the steps count, the rank's per step, its peers') for tokens, else samples; None where not counted."""
+    for column in ("tokens", "samples"):
+        if column in per_rank and pd.notna(per_rank.loc[rank, column]) and peers[column].notna().any():
+            return column, float(per_rank.loc[rank, column]), float(peers[column].median())
+    return None
+
+
+def hidden_work(findings: list[Finding], tables: Tables) -> Assessed:
+    """A rank doing more work on a crowded host, named with that evidence and the severity its cost with a CPU per
+    rank deserves (said as an estimate for such a host): its straggler finding assessed, or a new one."""
+    out = Assessed()
+    for extra in more_work(tables):
+        words = _more_work_words(extra)
+        severity = cost_severity(extra.share, EVERY_STEP, Cost.active())
+        metrics = {"cpu_ms_per_step": round(extra.cpu_ms, 3), "peer_cpu_ms_per_step": round(extra.peer_cpu_ms, 3),
+                   "estimate_ms_per_step_with_a_cpu_per_rank": round(extra.estimate_ms, 3),
+                   "estimate_share_with_a_cpu_per_rank": round(extra.share, 4),
+                   "host_ranks": extra.host_ranks, "host_cpus": extra.host_cpus,
+                   **({f"{extra.load[0]}_per_step": extra.load[1], f"peer_{extra.load[0]}_per_step": extra.load[2]}
+                      if extra.load else {})}
+        mine = next((i for i, f in enumerate(findings) if f.kind == "straggler" and f.ranks == [extra.rank]), None)
+        if mine is not None:  # it can only raise the finding: what the step times measured stands
+            raised = max(findings[mine].severity, severity, key=SEVERITIES.index)
+            out.add(mine, Assessment(MORE_WORK, severity=raised, metrics=metrics, words=" " + words))
+        elif severity != "info":
+            out.new.append(_more_work_finding(extra, severity, metrics, words, tables))
+    return out
+
+
+def _more_work_words(extra: MoreWork) -> str:
+    load = (f" for {extra.load[1] / extra.load[2]:.1f}x their {extra.load[0]} ({extra.load[1]:,.0f} vs "
+            f"{extra.load[2]:,.0f} a step)" if extra.load and extra.load[2] > 0 else "")
+    return (f"Rank {extra.rank} does more work than its peers: {extra.cpu_ms / extra.peer_cpu_ms:.2f}x their CPU time "
+            f"per step ({extra.cpu_ms:.1f} vs {extra.peer_cpu_ms:.1f} ms){load}. Its host runs {extra.host_ranks} ranks "
+            f"on {extra.host_cpus} CPUs, where every rank waits for a CPU and that hides the cost; with a CPU per rank "
+            f"it would make the others wait ~{extra.estimate_ms:.1f} ms a step ({extra.share:.0%} of a step), an "
+            "estimate for such a host.")
+
+
+def _more_work_finding(extra: MoreWork, severity: str, metrics: dict, words: str, tables: Tables) -> Finding:
+    others = sorted(r for r in tables.rank_hosts if r != extra.rank)
+    return Finding(
+        kind="straggler", severity=severity, ranks=[extra.rank], explanation=words,
+        suggestion=(f"Give rank {extra.rank} the same share of the work as its peers (its batch, its data shard, its "
+                    "layers), or do the extra work (logging, evaluation) off the training loop."),
+        metrics={**metrics, "source": "counters", "observed_ms": extra.cpu_ms, "expected_ms": extra.peer_cpu_ms,
+                 "excess_ms": extra.estimate_ms, "others": others},
+        steps=sorted(int(s) for s in steady(tables.steps)["step"].unique()),
+        impact_ms=None, settings=values(Contention.active()))
 
 
 def _leak_time(straggler: Finding, total_ms: float) -> Assessment:

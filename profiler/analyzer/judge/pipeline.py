@@ -61,6 +61,9 @@ ASSESSMENTS: tuple[tuple[str, Callable[[list[Finding], Context], Assessed]], ...
     # A rank slowed by other processes on its host, or by its allocator's memory churn, is information and
     # said so: it is not a straggler or a late rank.
     ("host contention", lambda found, c: contention.own_work_only(found, c.tables)),
+    # A rank doing more work than its peers on a host with fewer CPUs than ranks, which the step times hide:
+    # named with the severity its cost with a CPU per rank deserves, as an estimate.
+    ("more work", lambda found, c: contention.hidden_work(found, c.tables)),
     # A late arrival that a straggler explains says nothing new.
     ("explained", lambda found, c: explained(found)),
     # Where a priced rank's excess went in its traced steps.

@@ -26,7 +26,8 @@ from diagtrain.profiler.analyzer.run import clocks, device_time, ledger
 from diagtrain.profiler.analyzer.run.live_traces import LiveTraces
 from diagtrain.profiler.analyzer.run.structure import infer as infer_structure
 from diagtrain.profiler.analyzer.run.tables import COUNTER_COLUMNS, Tables, clock_measurements, join_telemetry
-from diagtrain.profiler.run_dir import ANALYSIS_CACHE, HOST_RECORD, HOSTS_DIR, PROFILE_WINDOWS_FILE, RankIndex, read_json
+from diagtrain.profiler.run_dir import (ANALYSIS_CACHE, HOST_RECORD, HOSTS_DIR, PROFILE_WINDOWS_FILE, RankIndex,
+                                        read_hosts, read_json)
 from diagtrain.profiler.util.bounded_read import InputError
 from diagtrain.profiler.util.step_ranges import parse_step_ranges
 
@@ -62,6 +63,7 @@ class LiveSteps:
         self.cached: dict[int, int] = {}  # rank -> lines of its steps.jsonl in the final analysis' cache
         self._next_cached = 0  # the rank whose turn it is to be cached
         self.groups: dict[int, dict] = {}  # rank -> its process groups (process_groups.json, written at its first step)
+        self._hosts: list[dict[str, Any]] | None = None  # the hosts' records (host.json), once every rank's is read
 
     def read(self) -> int:
         """Read what every rank and host appended since the last call; the number of new step records."""
@@ -175,7 +177,7 @@ class LiveSteps:
         p2p = {r: p2p_from_step_records(t.found.p2p) for r, t in tails.items() if t.found.p2p}
         traced = self.traces.collectives.copy() if self.traces is not None else pd.DataFrame()
         tables = Tables(steps=steps, ranks=pd.DataFrame(), collectives=traced, phases=self.phases(),
-                        trainer=self.trainer or None, world_size=world, rank_hosts=self.rank_hosts(),
+                        trainer=self.trainer or None, world_size=world, rank_hosts=self.rank_hosts(), hosts=self.hosts(),
                         on_gpu=self.traces is not None and self.traces.on_gpu,
                         structure=infer_structure(groups, {}, [], p2p, {}, self.trainer or None, world))
         if not traced.empty:  # the profiled windows' collectives, on one clock as in the final analysis
@@ -184,6 +186,12 @@ class LiveSteps:
         tables.telemetry = join_telemetry(self._recent_telemetry(float(steps["start"].min())), steps)
         tables.ledger = ledger.build(tables)
         return tables
+
+    def hosts(self) -> list[dict[str, Any]]:
+        """The hosts' records (their CPUs: a crowded host hides a rank's extra work), read until every rank's is."""
+        if self._hosts is None or {h for h in self.rank_hosts().values() if h} - {h.get("name") for h in self._hosts}:
+            self._hosts = read_hosts(self.run_dir)
+        return self._hosts
 
     def process_groups(self) -> dict[int, dict]:
         """rank -> its process groups, read once each (a DeviceMesh's subgroups share a name: members key them)."""
