@@ -154,18 +154,23 @@ def on_training(findings: list[dict]) -> list[dict]:
 
 
 def died_in_teardown(run: Run) -> bool:
-    """Every rank's script ended with code 0 and a rank then died in C++ as Python shut down: the rare
+    """A rank's script ended with code 0 and the rank then died in C++ as Python shut down, the others ending
+    with code 0 too or stopped by the launcher for it, every rank having recorded the same last step: the rare
     teardown crash of torch's gloo threads (pytorch/pytorch#179291), not a failure of what a test checks."""
     try:
         exits = run.manifest["rank_exits"]
         world = run.manifest["world_size"]
-    except (OSError, KeyError, ValueError):
+        last = {int(r): run.steps(int(r))[-1]["step"] for r in exits}
+    except (OSError, KeyError, ValueError, IndexError):
         return False
-    if len(exits) != world or any(e.get("code") != 0 for e in exits.values()):
+    ended = [e.get("code") == 0 for e in exits.values()]
+    stopped = [e.get("code") == 0 or e.get("reason") == "terminated" for e in exits.values()]
+    if len(exits) != world or not any(ended) or not all(stopped) or len(set(last.values())) != 1:
         return False
     try:  # the analyzer's own reading of a rank's last words (libstdc++'s, faulthandler's)
         return any(e.kind in PROCESS_DEATHS
-                   for r in exits for e in parse_errors(run.text(int(r), "stderr.log").splitlines()))
+                   for r, x in exits.items() if x.get("code") == 0
+                   for e in parse_errors(run.text(int(r), "stderr.log").splitlines()))
     except OSError:
         return False
 

@@ -25,6 +25,7 @@ STAGES = {
     "diagtrain.profiler.collect": "collect",
     "diagtrain.profiler.analyzer": "analyzer",
     "diagtrain.profiler.compare": "compare",
+    "diagtrain.profiler.export": "export",
     "diagtrain.profiler.model": "model",
     "diagtrain.profiler.plan": "plan",
     "diagtrain.profiler.cli": "cli",
@@ -42,11 +43,12 @@ MAY_IMPORT = {
     "collect": set(),
     "analyzer": {"model", "plan"},  # holds every run against the cost model and the plan's count of its layout
     "compare": set(),
+    "export": set(),  # reads the analysis' published outputs (files), as the dashboard does
     "model": set(),  # the cost model the planner and the analyzer share: pure formulas over numbers
     "plan": {"model"},  # the planner: pure functions over model and cluster descriptions
     "dashboard": {"analyzer", "compare", "model", "plan"},  # reads the analysis and compares two of them
     "trainers": {"rank"},  # a user of the public in-rank API (StepRecorder)
-    "cli": {"rank", "collect", "analyzer", "compare", "model", "plan", "dashboard", "trainers"},
+    "cli": {"rank", "collect", "analyzer", "compare", "export", "model", "plan", "dashboard", "trainers"},
     "package": set(),
 }
 # The in-rank code runs inside the user's job: besides the standard library it may load torch,

@@ -21,12 +21,13 @@ def build_parser() -> argparse.ArgumentParser:
         "which rank, which step, which operation.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    from diagtrain.profiler.cli import analyze, compare, dashboard, plan, run
+    from diagtrain.profiler.cli import analyze, compare, dashboard, export, plan, run
     from diagtrain.reference_trainers import launch
 
     run.add_parser(subparsers)
     analyze.add_parser(subparsers)
     dashboard.add_parser(subparsers)
+    export.add_parser(subparsers)
     compare.add_parsers(subparsers)
     plan.add_parser(subparsers)
     launch.add_parser(subparsers)

@@ -1,0 +1,1 @@
+"""Writing a run for other tools: one trace of every rank for Perfetto."""
