@@ -32,6 +32,7 @@ STAGES = {
     "diagtrain.profiler": "package",  # the package's own __init__
     "diagtrain.dashboard": "dashboard",
     "diagtrain.reference_trainers": "trainers",
+    "diagtrain": "api",  # `import diagtrain` and diagtrain.notebook (api/): the Python API for notebooks
 }
 SHARED = {"contract", "util"}
 # What each stage may import besides itself and the shared parts. Only the CLI calls across
@@ -50,6 +51,7 @@ MAY_IMPORT = {
     "trainers": {"rank"},  # a user of the public in-rank API (StepRecorder)
     "cli": {"rank", "collect", "analyzer", "compare", "export", "model", "plan", "dashboard", "trainers"},
     "package": set(),
+    "api": {"analyzer", "dashboard"},  # analyzes where needed, reads the published analysis, draws the dashboard's figures
 }
 # The in-rank code runs inside the user's job: besides the standard library it may load torch,
 # and nothing that would change the job's imports or start-up (pandas, pyarrow, dash, rich...).

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from diagtrain.profiler.analyzer import SCHEDULER_ENV, default_workers
+from diagtrain.profiler.analyzer import SCHEDULER_ENV, analysis_home, default_workers, holds_dumps, holds_inputs
 from diagtrain.profiler.analyzer.rank.jobs import MixedJobs
 from diagtrain.profiler.run_dir import check_writable, is_run_dir
 from diagtrain.profiler.util.bounded_read import display
@@ -85,13 +85,13 @@ def run_analyze(args: argparse.Namespace, argv: list[str]) -> int:
     fr_dir = Path(args.flight_recorder) if args.flight_recorder else None
     if fr_dir is not None and not fr_dir.is_dir():
         return _usage(err, f"--flight-recorder {fr_dir}: no such directory")
-    if not _has_inputs(path):
-        if fr_dir is None and _holds_dumps(path):
+    if not holds_inputs(path):
+        if fr_dir is None and holds_dumps(path):
             fr_dir = path  # a folder of flight-recorder dumps alone, as a hung job leaves them
         elif fr_dir is None:
             return _usage(err, f"{display(path)}: nothing to analyze: no diagtrain run there (ranks/, manifest.json), "
                           "no PyTorch Profiler traces (*.json, *.json.gz) and no flight-recorder dumps")
-    out = Path(args.out) if args.out else default_out(path)
+    out = Path(args.out) if args.out else analysis_home(path)
     made_out = not out.exists()
     try:
         check_writable(out / "analysis")
@@ -128,14 +128,6 @@ def print_settings(fmt: str) -> int:
     rows = settings.describe()
     print(json.dumps(rows, indent=2) if fmt == "json" else settings.markdown(rows), end="" if fmt == "md" else "\n")
     return EXIT_OK
-
-
-def default_out(path: Path) -> Path:
-    """Where the analysis goes without ``--out``: into a run directory, beside any other folder."""
-    if is_run_dir(path):
-        return path
-    folder = path.resolve()  # "." has no name of its own
-    return folder.with_name(f"{folder.name}-diagtrain")
 
 
 def analyze_and_print(path: Path, out: Path, formats: list[str], workers: int, err: Console, quiet: bool = False,
@@ -214,24 +206,6 @@ class _CtrlC:
         signal.signal(signal.SIGINT, self.previous)
         if exc_type is None:
             self.check()
-
-
-def _has_inputs(path: Path) -> bool:
-    """Whether ``path`` holds anything the analyzer reads: a run's files, or trace files."""
-    try:
-        return any(p.name in ("ranks", "manifest.json") or p.name.endswith((".json", ".json.gz")) for p in path.iterdir())
-    except OSError:
-        return True  # let the analysis say what it cannot read
-
-
-def _holds_dumps(path: Path) -> bool:
-    """Whether ``path`` holds flight-recorder dumps (files that start as a pickle or a dump's JSON)."""
-    from diagtrain.profiler.analyzer.read.flight_records import looks_like_dump
-
-    try:
-        return any(looks_like_dump(p) for p in path.iterdir() if p.is_file())
-    except OSError:
-        return False
 
 
 def _usage(err: Console, message: str) -> int:
