@@ -212,7 +212,8 @@ def _collectives(rm: RunModel, coll: pd.DataFrame, tables: Tables, exact: bool) 
     if coll.empty:
         return []
     calls = run_measured.with_steps(coll, tables.steps)
-    calls = calls[[_modeled(d) or op in ("send", "recv") for d, op in zip(calls["pg_desc"], calls["op"])]]
+    named = any(str(d or "") not in UNNAMED for d in calls["pg_desc"])
+    calls = calls[[_modeled(d, named) or op in ("send", "recv") for d, op in zip(calls["pg_desc"], calls["op"])]]
     calls = calls[calls["bytes"].notna()]
     if calls.empty:
         return []
@@ -280,10 +281,15 @@ def _model_ms(key: tuple[str, int], cs: list[Collective], row: dict[str, Any] | 
     return ring_time(op, whole, n, bandwidth) * 1e3
 
 
-def _modeled(desc: Any) -> bool:
-    """A group the model knows: a DeviceMesh dimension, the default group, or one not named."""
+UNNAMED = ("", "None", "nan", "?")  # a collective whose trace event names no group
+
+
+def _modeled(desc: Any, run_names_groups: bool) -> bool:
+    """A group the model knows: a DeviceMesh dimension, the default group, or, where the run's traces name no
+    group, one not named. Among named calls an unnamed one is an event that lost its arguments (one all-gather of
+    an 8-rank 3D job's rank 0, once in several runs), no evidence of communication the layout lacks."""
     text = str(desc or "")
-    return text.startswith("mesh_") or text in ("", "default_pg", "None", "nan", "?")
+    return text.startswith("mesh_") or text == "default_pg" or (text in UNNAMED and not run_names_groups)
 
 
 # -- pipeline and step -------------------------------------------------------------------------------
