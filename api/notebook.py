@@ -144,10 +144,11 @@ class Run:
         spans = pd.read_parquet(self.path / "analysis" / name, columns=["start_us", "end_us", "kind", "name"])
         if steps is None:
             return spans
+        from diagtrain.profiler.util import intervals as iv
+
         chosen = self.steps[(self.steps["rank"] == rank) & self.steps["step"].isin(list(steps))]
-        inside = pd.Series(False, index=spans.index)
-        for start, end in zip(chosen["start"], chosen["end"]):
-            inside |= (spans["end_us"] > start * 1e6) & (spans["start_us"] < end * 1e6)
+        windows = (chosen["start"].to_numpy() * 1e6, chosen["end"].to_numpy() * 1e6)
+        inside = iv.overlapping(spans["start_us"].to_numpy(), spans["end_us"].to_numpy(), windows)
         return spans[inside].reset_index(drop=True)
 
     # -- reports and figures -----------------------------------------------------------------------------

@@ -20,9 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
+from diagtrain.profiler.util import intervals as iv
 from diagtrain.profiler.util.text import ranges
 
 # One thread (lane) per kind of slice, in this order under each rank.
@@ -114,18 +116,20 @@ def _call_times(path: Path, steps: pd.DataFrame) -> dict[tuple[str, int, int], t
     found = {}
     for rank, calls in table.groupby("rank"):
         mine = steps[steps["rank"] == rank]
-        inside = _inside(calls["ts"], zip(mine["start"], mine["end"]))
+        inside = _inside(calls["ts"], list(zip(mine["start"], mine["end"])))
         for g, q, t, d in zip(calls["group"][inside], calls["seq"][inside], calls["ts"][inside], calls["dur"][inside]):
             found[(str(g), int(q), int(rank))] = (float(t), float(t) + float(d))
     return found
 
 
-def _inside(ts_us: pd.Series, windows) -> pd.Series:
+def _inside(ts_us: pd.Series, windows: list[tuple[float, float]]) -> np.ndarray:
     """Which of the times (Unix µs) fall inside one of the windows (Unix s)."""
-    inside = pd.Series(False, index=ts_us.index)
-    for start, end in windows:
-        inside |= (ts_us >= float(start) * 1e6) & (ts_us < float(end) * 1e6)
-    return inside
+    return iv.within(ts_us.to_numpy(), _us(windows))
+
+
+def _us(windows: list[tuple[float, float]]) -> iv.Intervals:
+    """Windows in Unix s as (starts, ends) in Unix µs."""
+    return (np.array([w[0] for w in windows], dtype=float) * 1e6, np.array([w[1] for w in windows], dtype=float) * 1e6)
 
 
 def _rank_events(rank: int, steps: pd.DataFrame, info: dict[str, Any], analysis: Path, collectives: Path,
@@ -184,9 +188,7 @@ def _spans(rank: int, info: dict[str, Any], analysis: Path, windows: list[tuple[
         return
     spans = pd.read_parquet(path, columns=["start_us", "end_us", "kind", "name"])
     spans = spans[spans["kind"].isin(list(SPAN_LANES))]
-    inside = pd.Series(False, index=spans.index)
-    for start, end in windows:
-        inside |= (spans["end_us"] > start * 1e6) & (spans["start_us"] < end * 1e6)
+    inside = iv.overlapping(spans["start_us"].to_numpy(), spans["end_us"].to_numpy(), _us(windows))
     for row in spans[inside].itertuples(index=False):
         yield _slice(rank, SPAN_LANES[str(row.kind)], str(row.name), row.start_us / 1e6, row.end_us / 1e6, origin)
 

@@ -163,3 +163,21 @@ class RunningUnion:
         s, e, opened_by = self._open
         self._open = None
         return (s, e), opened_by
+
+
+def overlapping(starts: np.ndarray, ends: np.ndarray, windows: Intervals) -> np.ndarray:
+    """Which pieces [start, end) overlap one of ``windows`` (any order; a step's windows, say): one search, not a
+    pass per window."""
+    lo, hi = merge(np.asarray(windows[0], dtype=float), np.asarray(windows[1], dtype=float))
+    ends = np.asarray(ends, dtype=float)
+    before = np.searchsorted(lo, ends, side="left") - 1  # the last window that starts before the piece ends
+    return (before >= 0) & (hi[np.clip(before, 0, None)] > np.asarray(starts, dtype=float)) if len(lo) else \
+        np.zeros(len(ends), dtype=bool)
+
+
+def within(points: np.ndarray, windows: Intervals) -> np.ndarray:
+    """Which points fall inside one of ``windows`` [lo, hi) (any order)."""
+    lo, hi = merge(np.asarray(windows[0], dtype=float), np.asarray(windows[1], dtype=float))
+    points = np.asarray(points, dtype=float)
+    at = np.searchsorted(lo, points, side="right") - 1  # the last window that starts at or before the point
+    return (at >= 0) & (hi[np.clip(at, 0, None)] > points) if len(lo) else np.zeros(len(points), dtype=bool)

@@ -90,25 +90,37 @@ class Assessed:
 
 
 class Judged:
-    """Candidates and their assessments as judgement goes: each step sees the findings as decided so far."""
+    """Candidates and their assessments as judgement goes: each step sees the findings as decided so far (a
+    finding's verdict made again only when a step assessed it)."""
 
     def __init__(self, candidates: list[Finding]) -> None:
-        self.entries: list[tuple[Finding, list[Assessment]]] = [(c, []) for c in candidates]
+        self.entries: list[_Entry] = [_Entry(c) for c in candidates]
 
     def findings(self) -> list[Finding]:
         """The verdicts so far (those another finding explains left out)."""
-        return [f for f, _ in self._live()]
+        return [e.finding for e in self._standing()]
 
     def take(self, assessed: Assessed) -> None:
         """Add a step's assessments (by position in :meth:`findings`) and its new candidates."""
-        live = self._live()
+        standing = self._standing()
         for position, made in assessed.of.items():
-            live[position][1].extend(made)
-        self.entries += [(c, []) for c in assessed.new]
+            standing[position].add(made)
+        self.entries += [_Entry(c) for c in assessed.new]
 
-    def _live(self) -> list[tuple[Finding, list[Assessment]]]:
-        found = [(verdict(c, a), a) for c, a in self.entries]
-        return [(f, a) for f, a in found if f is not None]
+    def _standing(self) -> list[_Entry]:
+        return [e for e in self.entries if e.finding is not None]
+
+
+class _Entry:
+    """One candidate, its assessments, and the verdict they make."""
+
+    def __init__(self, candidate: Finding) -> None:
+        self.candidate, self.assessments = candidate, []
+        self.finding: Finding | None = verdict(candidate, [])
+
+    def add(self, made: list[Assessment]) -> None:
+        self.assessments += made
+        self.finding = verdict(self.candidate, self.assessments)
 
 
 def applied(findings: list[Finding], assessed: Assessed) -> list[Finding]:
