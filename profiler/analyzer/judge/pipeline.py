@@ -99,12 +99,10 @@ def judge(t: Tables, spans_of: Callable[[int], pd.DataFrame | None], progress: C
     status = (lambda _: None) if live else progress
     status("running the detectors")
     judged = Judged(run_detectors(t, progress, notes, only=[d for d in DETECTORS if d not in NOT_LIVE] if live else None))
-    context = Context(t, spans_of)
-    path_section: dict[str, Any] = {}
+    status("tracing the critical path")  # from the tables alone: its replay assesses the findings below
+    paths, path_section = trace_critical_path(t, progress)
+    context = Context(t, spans_of, paths)
     for name, assess in ASSESSMENTS:
-        if name == "critical path":
-            status("tracing the critical path")
-            context.paths, path_section = trace_critical_path(t, progress)
         try:
             judged.take(assess(judged.findings(), context))
         except Exception as e:  # noqa: BLE001 - the findings stand as they were
