@@ -8,7 +8,7 @@ new lines parsed), for each ``N`` in turn. Each grown run is also analyzed into 
 no cache is (cold again), and its step records read the way they were read before the cache
 (``read_step_records`` without one: the old full read). Every analysis is the whole ``diagtrain
 analyze`` pipeline in this process (report formats json); its stages are timed from its progress
-messages, and the step-reading stage directly (``tables.read_step_records``, wall and CPU).
+messages, and the step-reading stage directly (``run_read.read_step_records``, wall and CPU).
 
 With ``--after-live``, each run is also grown the way a running job grows under ``diagtrain run``:
 ``--steps-per-judgement`` steps at a time, each followed by a live judgement (judge/live.py, default
@@ -36,20 +36,20 @@ from live_cost import SyntheticJob  # noqa: E402
 from diagtrain.profiler.analyzer.analyze import analyze  # noqa: E402
 from diagtrain.profiler.analyzer.judge.live import LiveJudge  # noqa: E402
 from diagtrain.profiler.analyzer.read.inputs import Inputs  # noqa: E402
-from diagtrain.profiler.analyzer.run import tables  # noqa: E402
+from diagtrain.profiler.analyzer.read import run_read  # noqa: E402
 
 STAGES = {"building the tables": "load", "running the detectors": "tables", "writing the results": "judge"}
 
 
 class Timed:
-    """``tables.read_step_records`` and ``tables.read_steps_cached`` wrapped: the stage's wall and CPU
+    """``run_read.read_step_records`` and ``run_read.read_steps_cached`` wrapped: the stage's wall and CPU
     seconds and the lines parsed, per analysis."""
 
     def __init__(self) -> None:
         self.wall = self.cpu = 0.0
         self.parsed = 0
-        self.read_records, self.read_cached = tables.read_step_records, tables.read_steps_cached
-        tables.read_step_records, tables.read_steps_cached = self._records, self._cached
+        self.read_records, self.read_cached = run_read.read_step_records, run_read.read_steps_cached
+        run_read.read_step_records, run_read.read_steps_cached = self._records, self._cached
 
     def _records(self, *args: Any) -> Any:
         wall, cpu = time.perf_counter(), time.process_time()
@@ -85,7 +85,7 @@ class Timed:
         """Wall seconds of the step records read as before the cache: every line, no cache."""
         inputs = Inputs()
         started = time.perf_counter()
-        self.read_records(tables.rank_folders(run, inputs), inputs, [], None)
+        self.read_records(run_read.rank_folders(run, inputs), inputs, [], None)
         return round(time.perf_counter() - started, 3)
 
 

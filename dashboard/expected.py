@@ -6,7 +6,7 @@ from typing import Any
 
 from diagtrain.dashboard.data import RunData
 from diagtrain.dashboard.figures import empty
-from diagtrain.profiler.analyzer.judge.expected import model_line, unknown_words
+from diagtrain.profiler.analyzer.report.sections import model_line, unknown_words
 from diagtrain.profiler.util.units import MIB
 
 MODEL_FINDINGS = ("state_mismatch", "unexpected_communication", "bubble_above_model", "memory_above_model",

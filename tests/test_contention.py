@@ -16,6 +16,7 @@ from conftest import diagtrain_run, torchrun
 from diagtrain.profiler.analyzer.analyze import analyze
 from diagtrain.profiler.analyzer.judge.contention import hidden_work, more_work, own_work_only
 from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.report.wording import explanation
 from diagtrain.profiler.analyzer.judge.pipeline import run_detectors, judge
 from diagtrain.profiler.analyzer.judge.verdict import applied
 from diagtrain.profiler.analyzer.run import ledger
@@ -68,6 +69,11 @@ def busy_host_telemetry() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def said(f: Finding) -> str:
+    """The finding's whole explanation, as the report words it."""
+    return explanation(f)
+
+
 def checked(findings: list[Finding], tables: Tables) -> list[Finding]:
     """The findings as the host-contention assessment leaves them."""
     return applied(findings, own_work_only(findings, tables))
@@ -80,7 +86,7 @@ def by_kind(tables: Tables) -> dict:
 def test_a_rank_starved_of_a_cpu_is_not_a_straggler():
     found = by_kind(run_of(extra_runq=EXCESS_MS - 2))
     assert found["straggler"].ranks == [1] and found["straggler"].severity == "info"
-    assert "waited 38.0 ms per step longer than its peers for a CPU" in found["straggler"].explanation
+    assert "waited 38.0 ms per step longer than its peers for a CPU" in said(found["straggler"])
     assert found["straggler"].metrics["starved"] is True
     # The ranks wait ~20 ms of ~115 ms steps for a CPU: contention, said once, as information.
     contention = found["host_contention"]
@@ -104,7 +110,7 @@ def test_what_a_starved_rank_still_ran_beyond_its_peers_is_its_own():
 def test_a_rank_that_did_more_work_or_slept_is_a_straggler_on_a_busy_host_too(extra_cpu, why):
     found = by_kind(run_of(extra_cpu=extra_cpu, telemetry=busy_host_telemetry()))
     assert found["straggler"].ranks == [1] and found["straggler"].severity == "warning", why
-    assert "hog (pid 4242) 90%" in found["host_contention"].explanation
+    assert "hog (pid 4242) 90%" in said(found["host_contention"])
 
 
 def test_a_rank_that_churns_memory_for_the_same_samples_is_not_a_straggler():
@@ -112,8 +118,8 @@ def test_a_rank_that_churns_memory_for_the_same_samples_is_not_a_straggler():
     found = by_kind(run_of(extra_cpu=EXCESS_MS, faults=(20, 3_060), samples=(32, 32)))
     straggler = found["straggler"]
     assert straggler.ranks == [1] and straggler.severity == "info" and straggler.metrics["memory_churn"] is True
-    assert "3,040 more page faults per step than they took (3,060 vs 20, 12 MiB)" in straggler.explanation
-    assert "the same work done more slowly" in straggler.explanation
+    assert "3,040 more page faults per step than they took (3,060 vs 20, 12 MiB)" in said(straggler)
+    assert "the same work done more slowly" in said(straggler)
 
 
 def test_a_leaking_rank_s_page_faults_are_the_leak_s_cost_not_churn():
@@ -126,11 +132,11 @@ def test_a_leaking_rank_s_page_faults_are_the_leak_s_cost_not_churn():
     assert straggler.ranks == [1] and straggler.severity == "info" and straggler.metrics["leak_cost"] is True
     assert "memory_churn" not in straggler.metrics
     assert "faulting in 12 MiB a step more than they did while its resident memory grew 8.0 MiB a step" \
-        in straggler.explanation
+        in said(straggler)
     # The leak's finding carries that time: fixing it saves it.
     leak = found["memory_growth"]
     assert straggler.impact_ms > 30 and leak.impact_ms == pytest.approx(straggler.impact_ms)
-    assert f"It also costs the job {straggler.impact_ms:.1f} ms a step" in leak.explanation
+    assert f"It also costs the job {straggler.impact_ms:.1f} ms a step" in said(leak)
     # Without a memory_growth finding beside it (a run too short to show one), the time stays a straggler's.
     [alone] = checked([f for f in run_detectors(run_of(extra_cpu=EXCESS_MS, faults=(20, 3_060), samples=(32, 32),
                                                        leak_mib=8.0), lambda _: None) if f.kind == "straggler"],
@@ -180,7 +186,7 @@ def test_a_rank_slow_in_some_steps_only_is_a_straggler_on_a_quiet_host_not_on_a_
     busy = by_kind(slow_from_step_5(busy_host_telemetry()))["straggler"]
     assert busy.severity == "info" and busy.metrics["busy_host"] is True
     assert "slow in only 6 of the 9 steps it was seen in, on a host whose CPUs other processes kept busy " \
-           "(hog (pid 4242) 90%)" in busy.explanation
+           "(hog (pid 4242) 90%)" in said(busy)
     # Slow in all but one of 9 steps is steady: a pause of the busy host does not make that.
     steady = by_kind(slow_from_step_5(busy_host_telemetry(), first=3))["straggler"]
     assert steady.severity == "error" and steady.steps == list(range(3, STEPS + 1)) and "busy_host" not in steady.metrics
@@ -229,13 +235,13 @@ def test_a_data_stall_that_was_a_wait_for_a_cpu_is_information():
     assert by_kind(tables)["dataloader_stall"].severity == "warning"  # a slow batch: the rank did not wait for a CPU
     tables.steps.loc[stalled, "runq_ms"] += 28.0
     stall = by_kind(tables)["dataloader_stall"]
-    assert stall.severity == "info" and "for a CPU" in stall.explanation
+    assert stall.severity == "info" and "for a CPU" in said(stall)
 
 
 def test_without_run_queue_counters_a_host_saturated_by_others_lowers_the_straggler():
     found = by_kind(run_of(counters=False, telemetry=busy_host_telemetry()))
     assert found["straggler"].severity == "info"
-    assert "saturated by other processes then (hog (pid 4242) 90%)" in found["straggler"].explanation
+    assert "saturated by other processes then (hog (pid 4242) 90%)" in said(found["straggler"])
     assert by_kind(run_of(counters=False))["straggler"].severity == "warning"  # a quiet host: no excuse
 
 
@@ -258,7 +264,7 @@ def test_a_job_shorter_than_the_sampling_interval_is_judged_by_the_sample_after_
     tables.steps["start"] = 1000.0 + tables.steps["step"] * 0.04
     tables.steps["end"] = tables.steps["start"] + 0.04
     contention = by_kind(tables)["host_contention"]
-    assert contention.ranks == [0, 1] and "hog (pid 4242) 90%" in contention.explanation
+    assert contention.ranks == [0, 1] and "hog (pid 4242) 90%" in said(contention)
 
 
 @pytest.mark.jobs
@@ -304,7 +310,7 @@ def test_more_work_on_a_crowded_host_is_named_with_its_cost_on_a_cpu_per_rank():
     assert (extra.rank, extra.estimate_ms, round(extra.share, 2)) == (1, 30.0, 0.33)
     [f] = applied([], hidden_work([], tables))
     assert f.kind == "straggler" and f.ranks == [1] and f.severity == "error"
-    assert "1.50x their CPU time per step (90.0 vs 60.0 ms) for 3.0x their samples" in f.explanation
+    assert "1.50x their CPU time per step (90.0 vs 60.0 ms) for 3.0x their samples" in said(f)
     assert f.metrics["estimate_ms_per_step_with_a_cpu_per_rank"] == 30.0
     # The same CPU for the same samples is no more work (an allocator's churn is judged apart); a CPU per rank
     # shows its cost in the step times, where the ledger prices it.

@@ -28,7 +28,7 @@ from diagtrain.profiler.analyzer.read import flight_records as fr
 from diagtrain.profiler.analyzer.read.discover import RankInput
 from diagtrain.profiler.analyzer.read.nccl_log import parse_nccl_log
 from diagtrain.profiler.analyzer.read.trace_file import TraceError, TraceFile, read_trace
-from diagtrain.profiler.analyzer.run.tables import _dump_and_problems
+from diagtrain.profiler.analyzer.read.run_read import dump_and_problems
 from diagtrain.profiler.util.bounded_read import InputError
 from public_fixtures import NVRX_GPU_ERROR_1ST, PUBLIC
 
@@ -341,7 +341,7 @@ def test_a_json_dump_cut_short_keeps_the_entries_before_the_cut(tmp_path):
     dump, text = _json_dump(tmp_path)
     cut = text.index('"record_id"', text.index('"entries"') + 2000)
     path = write(tmp_path / "dump_0", text[:cut + 5])
-    read, problems = _dump_and_problems(path)
+    read, problems = dump_and_problems(path)
     complete = text[:cut].count('"record_id"')
     assert 0 < len(read["entries"]) == complete and read["malformed_entries"] == 0
     assert any("ends early in $.entries[" in p for p in problems)

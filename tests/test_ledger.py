@@ -12,6 +12,7 @@ import pytest
 from diagtrain.profiler.analyzer.analyze import analyze
 from diagtrain.profiler.analyzer.judge.findings import UPPER_BOUND, saving_text
 from diagtrain.profiler.analyzer.judge.verdict import applied
+from diagtrain.profiler.analyzer.report.wording import finding_json
 from diagtrain.profiler.run_dir import write_json_atomic
 
 T0 = 1_790_000_000.0
@@ -207,16 +208,15 @@ def priced_straggler(run: Path, seen: list[int], severity: str, profiled: tuple[
     from diagtrain.profiler.analyzer.judge.findings import Finding
     from diagtrain.profiler.analyzer.rank import load
     from diagtrain.profiler.analyzer.read.discover import discover
-    from diagtrain.profiler.analyzer.run import ledger, tables
+    from diagtrain.profiler.analyzer.run import tables
 
     inputs, _ = discover(run)
     t = tables.build(run, load.load(inputs, run / "analysis" / "cache", workers=1)[0])
-    t.ledger = ledger.build(t)
     t.steps["profiled"] = t.steps["step"].isin(profiled)  # as the traces of those steps mark them
     detected = Finding(kind="straggler", severity=severity, explanation="rank 2 is a straggler.", suggestion="",
                        ranks=[2], steps=seen, metrics={"excess_ms": 30.0}, impact_ms=30.0)
     [f] = [f for f in applied([detected], cost.priced([detected], t)) if f.ranks == [2]]
-    return f.to_json()
+    return finding_json(f)  # as report.json has it
 
 
 def test_how_often_a_cause_came_is_judged_from_the_ledger_and_the_detector_together(tmp_path):

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from diagtrain.profiler.analyzer.rank import load
-from diagtrain.profiler.analyzer.read import step_cache
+from diagtrain.profiler.analyzer.read import run_read, step_cache
 from diagtrain.profiler.analyzer.read.discover import discover
 from diagtrain.profiler.analyzer.read.inputs import Inputs
 from diagtrain.profiler.analyzer.read.run_files import read_steps
@@ -74,7 +74,7 @@ def same_as_full(path: Path, cache: Path, rank: int = 0) -> int:
 def step_tables(run: Path, cache_root: Path | None) -> tuple:
     """read_step_records' table, phases, point-to-point calls, skipped inputs and health notes."""
     inputs, notes = Inputs(), []
-    frame, phases, p2p = tables.read_step_records(tables.rank_folders(run, inputs), inputs, notes, cache_root)
+    frame, phases, p2p = run_read.read_step_records(run_read.rank_folders(run, inputs), inputs, notes, cache_root)
     return frame, phases, p2p, inputs.skipped, notes
 
 

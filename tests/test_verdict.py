@@ -3,11 +3,18 @@ candidate nothing edits and the assessments of it."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.judge.live import LiveEvent, LiveVerdict
+from diagtrain.profiler.analyzer.report.wording import PHRASES, explanation, finding_json, worded
 from diagtrain.profiler.analyzer.judge.verdict import (DISPUTE, EXPLAINED, HOST, LEAK_TIME, LEDGER, REPLAY, Assessed,
                                                        Assessment, Judged, verdict)
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def candidate(**fields) -> Finding:
@@ -31,11 +38,18 @@ def test_a_price_of_none_is_a_say_and_a_missing_price_is_none():
 
 
 def test_host_contention_makes_it_information_whatever_the_ledger_said():
-    made = [Assessment(LEDGER, severity="error", words=" It cost 30%."),
-            Assessment(HOST, severity="info", words=" But it waited for a CPU.", metrics={"starved": True})]
+    nothing = {"says": "ledger_charged_nothing", "rank": 1, "charged_above_ms": 2.5}
+    starved = {"says": "not_own_work", "cause": "starved", "rank": 1, "reason": "it waited 9.0 ms for a CPU"}
+    made = [Assessment(LEDGER, severity="error", says=nothing),
+            Assessment(HOST, severity="info", says=starved, metrics={"starved": True})]
     f = verdict(candidate(), made)
     assert f.severity == "info" and f.metrics["starved"] is True
-    assert f.explanation == "rank 1 is slow. It cost 30%. But it waited for a CPU."
+    # The remarks are data, in the order made; the report words them after the detector's own.
+    assert f.explanation == "rank 1 is slow." and f.remarks == [nothing, starved]
+    assert explanation(f) == ("rank 1 is slow. But the ledger of every step charged rank 1 nothing above this run's "
+                              "noise (2.5 ms a step): seen in profiled steps alone, it cost the job nothing measurable. "
+                              "But it waited 9.0 ms for a CPU: that is host contention (see host_contention), not "
+                              "rank 1's own work.")
 
 
 def test_a_leaks_time_is_added_to_its_own_and_an_explained_finding_is_gone():
@@ -48,9 +62,10 @@ def test_a_leaks_time_is_added_to_its_own_and_an_explained_finding_is_gone():
 def test_the_candidate_is_never_edited():
     c = candidate()
     verdict(c, [Assessment(LEDGER, severity="error", impact_ms=99.0, prices=True, metrics={"excess_ms": 1.0},
-                           words=" More.", settings={"cost.min_steps": 2})])
-    assert (c.severity, c.impact_ms, c.metrics, c.explanation, c.settings) == \
-        ("warning", 12.0, {"excess_ms": 12.0}, "rank 1 is slow.", {})
+                           says={"says": "leak_time", "impact_ms": 1.0, "rank": 1, "phase": "step"},
+                           settings={"cost.min_steps": 2})])
+    assert (c.severity, c.impact_ms, c.metrics, c.explanation, c.settings, c.remarks) == \
+        ("warning", 12.0, {"excess_ms": 12.0}, "rank 1 is slow.", {}, [])
 
 
 def test_each_step_sees_the_findings_as_decided_so_far_and_new_candidates_join_after():
@@ -70,3 +85,20 @@ def test_each_step_sees_the_findings_as_decided_so_far_and_new_candidates_join_a
 def test_an_assessment_with_an_unknown_severity_is_refused():
     with pytest.raises(ValueError, match="severity"):
         Assessment(LEDGER, severity="bad")
+
+
+def test_every_remark_judgement_makes_has_its_words():
+    judge_source = "".join(p.read_text() for p in (REPO / "profiler" / "analyzer" / "judge").rglob("*.py"))
+    said = set(re.findall(r'"says": "(\w+)"', judge_source))
+    assert len(said) >= 6 and said == set(PHRASES)
+
+
+def test_the_live_verdict_is_worded_as_the_report():
+    remark = {"says": "leak_time", "impact_ms": 6.25, "rank": 1, "phase": "backward"}
+    f = verdict(candidate(), [Assessment(LEAK_TIME, extra_impact_ms=6.25, says=remark)])
+    record = f.to_json()  # as live judgement keeps it: the detector's words and the remarks as data
+    live = worded(LiveVerdict(events=[LiveEvent(dict(record), None)], active=[dict(record)], step=3, latest={}))
+    expected = ("rank 1 is slow. It also costs the job 6.2 ms a step: the pages it faults in hold up rank 1's backward "
+                "(its straggler finding).")
+    assert live.events[0].record["explanation"] == live.active[0]["explanation"] == finding_json(f)["explanation"] \
+        == expected

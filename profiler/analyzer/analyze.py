@@ -19,7 +19,7 @@ from diagtrain.profiler.analyzer.rank.cache import spans_path
 from diagtrain.profiler.analyzer.rank.result import RankResult
 from diagtrain.profiler.analyzer.read.discover import discover
 from diagtrain.profiler.analyzer.report import document, outputs
-from diagtrain.profiler.analyzer.run import health, ledger, tables
+from diagtrain.profiler.analyzer.run import health, tables
 from diagtrain.profiler.analyzer.run.spans import read_spans
 from diagtrain.profiler.run_dir import ANALYSIS_CACHE
 from diagtrain.profiler.util.heap import arrow_on_the_c_heap
@@ -45,7 +45,6 @@ def analyze(path: Path, out: Path, formats: list[str], workers: int,
     t = tables.build(path, results, flight_recorder, cache)
     skipped += t.skipped
     notes = health.check(t, results)
-    t.ledger = ledger.build(t)
     with settings.overriding(overrides or {}):
         verdict = pipeline.judge(t, spans_reader(t, results, cache), progress, notes)
         doc = document.build(path, t, verdict.findings, notes, [asdict(s) for s in skipped])

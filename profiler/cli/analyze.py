@@ -13,7 +13,7 @@ from rich.console import Console
 
 from diagtrain.profiler.analyzer import SCHEDULER_ENV, analysis_home, default_workers, holds_dumps, holds_inputs
 from diagtrain.profiler.analyzer.rank.jobs import MixedJobs
-from diagtrain.profiler.run_dir import check_writable, is_run_dir
+from diagtrain.profiler.run_dir import check_writable
 from diagtrain.profiler.util.bounded_read import display
 from diagtrain.profiler.util.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from diagtrain.profiler.util.heap import arrow_on_the_c_heap

@@ -131,8 +131,10 @@ def live_diagnosis(out: Path, host: str, metrics: LiveMetrics | None) -> LiveDia
     analyzer's imports take a second that the job's start should not wait for)."""
     def make() -> tuple:
         from diagtrain.profiler.analyzer.judge.live import Live, LiveJudge
+        from diagtrain.profiler.analyzer.report.wording import worded
 
-        return LiveJudge(out).judge, Live.active().interval_s
+        judge = LiveJudge(out)
+        return lambda: worded(judge.judge()), Live.active().interval_s
     return LiveDiagnosis(out, host, make, metrics)
 
 

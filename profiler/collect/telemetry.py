@@ -8,7 +8,6 @@ host become ``telemetry.parquet`` at the end.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time

@@ -20,7 +20,7 @@ processes. One whose excess is memory churn is reported as info and says so.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -256,8 +256,9 @@ def own_work_only(findings: list[Finding], tables: Tables) -> Assessed:
         why = _not_own_work(f, tables, s, set(growing))
         if why is None:
             continue
-        reason, meaning, marker = why
-        out.add(i, Assessment(HOST, severity="info", words=f" But {reason}: {meaning}.", metrics={marker: True}))
+        reason, marker = why
+        out.add(i, Assessment(HOST, severity="info", metrics={marker: True},
+                              says={"says": "not_own_work", "cause": marker, "rank": f.ranks[0], "reason": reason}))
         if marker == "leak_cost" and f.impact_ms:
             leak = growing[f.ranks[0]]
             charged[leak] = charged.get(leak, findings[leak].impact_ms or 0.0) + f.impact_ms
@@ -329,7 +330,7 @@ def hidden_work(findings: list[Finding], tables: Tables) -> Assessed:
     rank deserves (said as an estimate for such a host): its straggler finding assessed, or a new one."""
     out = Assessed()
     for extra in more_work(tables):
-        words = _more_work_words(extra)
+        remark = {"says": "more_work", **asdict(extra), "estimate_ms": extra.estimate_ms, "share": extra.share}
         severity = cost_severity(extra.share, EVERY_STEP, Cost.active())
         metrics = {"cpu_ms_per_step": round(extra.cpu_ms, 3), "peer_cpu_ms_per_step": round(extra.peer_cpu_ms, 3),
                    "estimate_ms_per_step_with_a_cpu_per_rank": round(extra.estimate_ms, 3),
@@ -340,26 +341,16 @@ def hidden_work(findings: list[Finding], tables: Tables) -> Assessed:
         mine = next((i for i, f in enumerate(findings) if f.kind == "straggler" and f.ranks == [extra.rank]), None)
         if mine is not None:  # it can only raise the finding: what the step times measured stands
             raised = max(findings[mine].severity, severity, key=SEVERITIES.index)
-            out.add(mine, Assessment(MORE_WORK, severity=raised, metrics=metrics, words=" " + words))
+            out.add(mine, Assessment(MORE_WORK, severity=raised, metrics=metrics, says=remark))
         elif severity != "info":
-            out.new.append(_more_work_finding(extra, severity, metrics, words, tables))
+            out.new.append(_more_work_finding(extra, severity, metrics, remark, tables))
     return out
 
 
-def _more_work_words(extra: MoreWork) -> str:
-    load = (f" for {extra.load[1] / extra.load[2]:.1f}x their {extra.load[0]} ({extra.load[1]:,.0f} vs "
-            f"{extra.load[2]:,.0f} a step)" if extra.load and extra.load[2] > 0 else "")
-    return (f"Rank {extra.rank} does more work than its peers: {extra.cpu_ms / extra.peer_cpu_ms:.2f}x their CPU time "
-            f"per step ({extra.cpu_ms:.1f} vs {extra.peer_cpu_ms:.1f} ms){load}. Its host runs {extra.host_ranks} ranks "
-            f"on {extra.host_cpus} CPUs, where every rank waits for a CPU and that hides the cost; with a CPU per rank "
-            f"it would make the others wait ~{extra.estimate_ms:.1f} ms a step ({extra.share:.0%} of a step), an "
-            "estimate for such a host.")
-
-
-def _more_work_finding(extra: MoreWork, severity: str, metrics: dict, words: str, tables: Tables) -> Finding:
+def _more_work_finding(extra: MoreWork, severity: str, metrics: dict, remark: dict, tables: Tables) -> Finding:
     others = sorted(r for r in tables.rank_hosts if r != extra.rank)
     return Finding(
-        kind="straggler", severity=severity, ranks=[extra.rank], explanation=words,
+        kind="straggler", severity=severity, ranks=[extra.rank], explanation="", remarks=[remark],
         suggestion=(f"Give rank {extra.rank} the same share of the work as its peers (its batch, its data shard, its "
                     "layers), or do the extra work (logging, evaluation) off the training loop."),
         metrics={**metrics, "source": "counters", "observed_ms": extra.cpu_ms, "expected_ms": extra.peer_cpu_ms,
@@ -374,14 +365,13 @@ def _leak_time(straggler: Finding, total_ms: float) -> Assessment:
     return Assessment(LEAK_TIME, extra_impact_ms=straggler.impact_ms,
                       metrics={"time_cost_ms_per_step": total_ms,
                                **({UPPER_BOUND: True} if straggler.metrics.get(UPPER_BOUND) else {})},
-                      words=(f" It also costs the job {straggler.impact_ms:.1f} ms a step: the pages it faults in hold "
-                             f"up rank {straggler.ranks[0]}'s {straggler.metrics.get('phase', 'step')} (its straggler "
-                             "finding)."))
+                      says={"says": "leak_time", "impact_ms": straggler.impact_ms, "rank": straggler.ranks[0],
+                            "phase": straggler.metrics.get("phase", "step")})
 
 
-def _not_own_work(finding: Finding, tables: Tables, s: Contention, growing: set[int]) -> tuple[str, str, str] | None:
-    """(the reason in words, what that is, the metric that marks it), or None for the rank's own work
-    (``growing``: the ranks a memory_growth finding names)."""
+def _not_own_work(finding: Finding, tables: Tables, s: Contention, growing: set[int]) -> tuple[str, str] | None:
+    """(the reason in words, the metric that marks what that is: report/wording.py says what it means), or None for
+    the rank's own work (``growing``: the ranks a memory_growth finding names)."""
     if finding.severity == "info" or len(finding.ranks) != 1:
         return None
     if finding.kind == "straggler":
@@ -398,15 +388,14 @@ def _not_own_work(finding: Finding, tables: Tables, s: Contention, growing: set[
     rank = finding.ranks[0]
     # The ledger compares running time, CPU starvation taken out: a pattern it priced is the rank's own.
     if not _ledger_pattern(finding) and (reason := starvation(tables, rank, steps, excess, _stretch(finding))):
-        return reason, f"that is host contention (see host_contention), not rank {rank}'s own work", "starved"
+        return reason, "starved"
     faults = faulting(tables, rank, *_priced_steps(finding, steps, excess)) if finding.kind == "straggler" else None
     if faults is not None and (reason := churn(faults)):
-        return (reason, "the same work done more slowly, not more work (a steady allocator, e.g. jemalloc or "
-                "tcmalloc, or MALLOC_MMAP_THRESHOLD_ set high, keeps the memory)", "memory_churn")
+        return reason, "memory_churn"
     if faults is not None and rank in growing and (reason := leak_cost(faults)):
-        return reason, "the time its memory growth costs: fixing that (see memory_growth) saves this too", "leak_cost"
+        return reason, "leak_cost"
     if finding.kind == "straggler" and (reason := _intermittent_on_busy_host(tables, finding, s)):
-        return reason, "pauses a busy host gives any rank, not a rank slower at every step", "busy_host"
+        return reason, "busy_host"
     return None
 
 

@@ -163,10 +163,9 @@ def priced(findings: list[Finding], t: Tables) -> Assessed:
             out.add(i, _price(f, mine, totals, c, t))
             covered |= {(x.rank, x.part) for x in mine}
         elif _charged_nothing(f, found, t):
-            out.add(i, Assessment(LEDGER, severity="info", metrics={"ledger_charged_nothing": True}, words=(
-                f" But the ledger of every step charged rank {f.ranks[0]} nothing above this run's noise "
-                f"({totals['charged_above_ms']:.1f} ms a step): seen in profiled steps alone, it cost the job nothing "
-                "measurable.")))
+            out.add(i, Assessment(LEDGER, severity="info", metrics={"ledger_charged_nothing": True},
+                                  says={"says": "ledger_charged_nothing", "rank": f.ranks[0],
+                                        "charged_above_ms": totals["charged_above_ms"]}))
     out.new = [_finding(cause, totals, c, t) for cause in found
                if (cause.rank, cause.part) not in covered and severity(cause.share, cause.pattern, c) != "info"]
     return out
@@ -280,25 +279,22 @@ def _price(f: Finding, mine: list[Cause], totals: dict[str, Any], c: Cost, t: Ta
             if main.pattern == INTERMITTENT and not _window_only(f, t) else ruled
     if any(x.part in (DEVICE_BUSY, DEVICE_IDLE) for x in mine):
         metrics["impact_time_source"] = "device"  # the others' waits measured on their devices, not their hosts
-    crowded, crowded_metrics = _crowded(f.ranks, t)
-    metrics.update(crowded_metrics)
+    metrics.update(_crowded(f.ranks, t))
     return Assessment(LEDGER, metrics=metrics, severity=ruled, impact_ms=impact, prices=True, settings=values(c),
-                      words=" " + _cost_words(main, lost, share, totals) + _bound_words(metrics) + crowded)
+                      says=_price_remark(main, lost, share, totals, metrics))
 
 
-def _crowded(ranks: list[int], t: Tables) -> tuple[str, dict[str, Any]]:
-    """On a host with more ranks than CPUs the ledger's price is a bound: said why, and the metrics that mark it."""
+def _crowded(ranks: list[int], t: Tables) -> dict[str, Any]:
+    """On a host with more ranks than CPUs the ledger's price is a bound: the metrics that mark it (none elsewhere)."""
     crowded = crowded_hosts(t)
     host = next((t.rank_hosts[r] for r in ranks if t.rank_hosts.get(r) in crowded), None)
     if host is None:
-        return "", {}
+        return {}
     # A rank held up there frees a CPU its peers then use; without the cause it takes one back. What that
     # saves depends on the scheduler: 8 ranks on 2 CPUs (benchmarks/impact.py's 3D case) saved 68 ms and
     # then ~0 against a price of 126-164 ms, with a CPU for every rank the price holds.
     ranks_there, cpus = crowded[host]
-    return (f" Its host ran {ranks_there} ranks on {cpus} CPUs: removing the cause saves at most this much there, and "
-            "how much less depends on how the ranks share the CPUs it holds up or frees.",
-            {UPPER_BOUND: True, "host_ranks": ranks_there, "host_cpus": cpus})
+    return {UPPER_BOUND: True, "host_ranks": ranks_there, "host_cpus": cpus}
 
 
 def _charged_nothing(f: Finding, found: list[Cause], t: Tables) -> bool:
@@ -344,13 +340,12 @@ def _bounded(mine: list[Cause], totals: dict[str, Any], c: Cost) -> tuple[float,
     return bounded / steps, {"ledger_impact_ms": lost / steps, "cpu_bound_ms": bounded / steps}
 
 
-def _bound_words(metrics: dict[str, Any]) -> str:
-    if "cpu_bound_ms" not in metrics:
-        return ""
-    return (f" Its host had fewer free CPUs than ranks, and the job's CPU work fills most of those steps: while this "
-            f"rank is held up its peers use its CPU, so removing the cause would save at most "
-            f"{metrics['cpu_bound_ms']:.1f} ms per step here (with a CPU for every rank, "
-            f"{metrics['ledger_impact_ms']:.1f} ms).")
+def _price_remark(main: Cause, lost_ms: float, share: float, totals: dict[str, Any], metrics: dict[str, Any]) -> dict:
+    """The ledger's price as a remark (report/wording.py): what it cost, when, and what bounds the saving."""
+    return {"says": "ledger_price", "lost_ms": lost_ms, "share": share, "job_s": totals["job_s"],
+            "steady_steps": totals["steady_steps"], "pattern": main.pattern, "periodic": bool(main.period),
+            "step_ranges": ranges(main.steps),
+            **{k: metrics[k] for k in ("cpu_bound_ms", "ledger_impact_ms", "host_ranks", "host_cpus") if k in metrics}}
 
 
 def _finding(cause: Cause, totals: dict[str, Any], c: Cost, t: Tables) -> Finding:
@@ -369,7 +364,7 @@ def _finding(cause: Cause, totals: dict[str, Any], c: Cost, t: Tables) -> Findin
                      f"{when}; rank{'s' if len(others) > 1 else ''} {ranges(others)} wait{'' if len(others) > 1 else 's'} "
                      "for it at the next collective"
                      + (" (measured on the device: CUDA events and NCCL's collective timing)" if device_cause else "")
-                     + ". " + _cost_words(cause, cause.lost_ms, cause.share, totals)),
+                     + "."),
         suggestion=(f"Make rank {cause.rank}'s data loading keep up: more DataLoader workers, prefetching, or a "
                     "faster dataset (__getitem__) on that rank." if data else
                     f"Look at what rank {cause.rank} does in its {part} {when} that its peers do not: a checkpoint, "
@@ -382,9 +377,8 @@ def _finding(cause: Cause, totals: dict[str, Any], c: Cost, t: Tables) -> Findin
         settings=values(c),
     )
     f.impact_ms, bound = _bounded([cause], totals, c)
-    crowded, crowded_metrics = _crowded(f.ranks, t)
-    f.metrics.update({**bound, **crowded_metrics})
-    f.explanation += _bound_words(f.metrics) + crowded
+    f.metrics.update({**bound, **_crowded(f.ranks, t)})
+    f.remarks.append(_price_remark(cause, cause.lost_ms, cause.share, totals, f.metrics))
     return f
 
 
@@ -414,39 +408,9 @@ def _profiled_saving(t: Tables, rank: int, parts: list[str]) -> float | None:
     return float(mine["lost_ms"].sum()) / rows["step"].nunique()
 
 
-def _cost_words(cause: Cause, lost_ms: float, share: float, totals: dict[str, Any]) -> str:
-    when = ("in every step" if cause.pattern == EVERY_STEP else
-            f"{cause.pattern} (steps {ranges(cause.steps)})" if cause.period else f"in steps {ranges(cause.steps)}")
-    return (f"Over the run it cost the job {lost_ms / 1e3:.2f} s of {totals['job_s']:.2f} s ({share:.0%}), "
-            f"{lost_ms / totals['steady_steps']:.1f} ms per step on average, {when}.")
-
-
 def ledger_section(t: Tables) -> dict[str, Any] | None:
     """The report's ledger section: the run's totals and every cause with its cost (None without a ledger)."""
     found, totals = causes(t)
     if not totals:
         return None
     return {**totals, "causes": [x.to_json() for x in found]}
-
-
-def markdown(ledger_section: dict[str, Any] | None) -> list[str]:
-    """The report's "Where the time went" lines."""
-    if not ledger_section:
-        return []
-    s = ledger_section
-    lines = ["### Where the time went", "",
-             f"{s['steady_steps']} steady steps, {s['job_s']:.2f} s of job time; the ranks spent {s['waiting_s']:.2f} s "
-             "blocked in collectives and point-to-point calls in all"
-             + (f" ({s['device_steps']} of the steps timed on the devices: CUDA events and NCCL's collective timing)"
-                if s.get("device_steps") else "")
-             + (f", and {s['starved_s']:.2f} s waiting for a CPU" if s.get("starved_s") else "")
-             + f". Steps are charged to a cause above {s['charged_above_ms']:.1f} ms (this run's noise: "
-             f"{s['noise_ms']:.1f} ms).", ""]
-    if not s["causes"]:
-        return lines + ["No rank made the others wait beyond the noise.", ""]
-    lines += ["| cause | when | lost | per step | share of the run |", "| --- | --- | ---: | ---: | ---: |"]
-    for x in s["causes"][:10]:
-        when = x["pattern"] if x["pattern"] != INTERMITTENT else f"steps {ranges(x['steps'])}"
-        lines.append(f"| rank {x['rank']}, {x['part']} | {when} | {x['lost_s']:.2f} s | {x['per_step_ms']:.1f} ms | "
-                     f"{x['share']:.0%} |")
-    return lines + [""]

@@ -659,20 +659,3 @@ def _ledger_excess(ledger: pd.DataFrame | None, rank: int) -> dict[int, float]:
         return {}
     mine = ledger[ledger["rank"] == rank]
     return dict(zip(mine["step"].astype(int), mine["excess_ms"].astype(float) * 1e3))
-
-
-def markdown(section: dict[str, Any] | None) -> list[str]:
-    """The report's critical-path lines: the median and the worst step, one line of hops each."""
-    if not section or not section.get("available"):
-        return []
-    lines = ["### Critical path", ""]
-    for name in ("median_step", "worst_step"):
-        p = section[name]
-        a = p["attribution_ms"]
-        spent = ", ".join(f"{c.replace('_', ' ')} {a[c]:.1f}" for c in CATEGORIES if a.get(c))
-        lines += [f"- {name.replace('_', ' ')} (step {p['step']}, {p['length_ms']:.1f} ms; {spent} ms): {p['line']}"]
-    if section.get("top"):
-        over = f"summed over the {len(section.get('steps') or [])} profiled steps"
-        pairs = ", ".join(f"rank {t['rank']} {t['op']} {t['ms']:.1f} ms" for t in section["top"])
-        lines += [f"- most critical time ({over}): {pairs}"]
-    return lines + [""]

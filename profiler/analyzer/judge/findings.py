@@ -34,6 +34,9 @@ class Finding:
     evidence: list[dict[str, Any]] = field(default_factory=list)
     impact_ms: float | None = None
     settings: dict[str, Any] = field(default_factory=dict)  # "section.name" -> value it was judged with
+    # What later judgements said of it, as data ({"says": <what>, ...its values}), in the order made: report/wording.py
+    # words them after ``explanation`` (in report.json the explanation already holds those words).
+    remarks: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:

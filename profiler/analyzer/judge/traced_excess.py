@@ -51,19 +51,16 @@ class TracedExcess:
         return {"traced_steps": self.steps, "traced_ops_ms": {op: round(ms, 3) for op, ms in self.ops},
                 "traced_outside_ops_ms": round(self.outside_ops_ms, 3)}
 
-    def words(self) -> str:
-        """One sentence for the finding's explanation, the largest part first ("" when it says nothing)."""
+    def remark(self) -> dict | None:
+        """Where the excess went, largest part first, as a remark (report/wording.py); None when it says nothing:
+        the operators shown and the time outside any, each above the settings' share of the excess."""
         s = TracedExcessSettings.active()
-        parts = [(ms, f"in {op} (+{ms:.1f} ms)") for op, ms in self.ops[:s.shown_ops]]
+        parts = [{"op": op, "ms": ms} for op, ms in self.ops[:s.shown_ops]]
         if self.outside_ops_ms >= s.min_share * self.excess_ms:
-            parts.append((self.outside_ops_ms, f"outside any operator (+{self.outside_ops_ms:.1f} ms: a sleep, I/O, "
-                                               "a lock, or Python between operators)"))
+            parts.append({"op": None, "ms": self.outside_ops_ms})  # outside any operator
         if not parts:
-            return ""
-        where = [text for _, text in sorted(parts, key=lambda x: -x[0])]
-        steps = f"traced step {self.steps[0]}" if len(self.steps) == 1 else f"{len(self.steps)} traced steps"
-        listed = where[0] if len(where) == 1 else ", ".join(where[:-1]) + " and " + where[-1]
-        return f" In its {steps}, the traces put its excess over its peers, per step, {listed}."
+            return None
+        return {"says": "traced_operators", "steps": self.steps, "parts": sorted(parts, key=lambda p: -p["ms"])}
 
 
 def refine(findings: list[Finding], t: Tables, spans_of: SpansOf) -> Assessed:
@@ -77,8 +74,8 @@ def refine(findings: list[Finding], t: Tables, spans_of: SpansOf) -> Assessed:
         # A cause in every step is there in the steps under the ledger's bar too (on a busy host, often
         # the profiled ones, which profiling slows on every rank).
         found = traced_excess(t, spans_of, f.ranks[0], None if f.metrics.get("pattern") == EVERY_STEP else steps)
-        if found is not None and (words := found.words()):
-            out.add(i, Assessment(TRACED, metrics=found.to_metrics(), words=words,
+        if found is not None and (remark := found.remark()):
+            out.add(i, Assessment(TRACED, metrics=found.to_metrics(), says=remark,
                                   settings=values(TracedExcessSettings.active())))
     return out
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, Finding
 
-# The assessments, by name (``Assessment.by``), in the order they are made and their words are read.
+# The assessments, by name (``Assessment.by``), in the order they are made and their remarks are read.
 LEDGER = "ledger"  # what the cause cost the job over every step (judge/cost.py)
 HOST = "host_contention"  # the rank's excess was not its own work (judge/contention.py)
 MORE_WORK = "more_work"  # the rank does more work than its peers, which a crowded host hides (judge/contention.py)
@@ -34,12 +34,12 @@ SEVERITY_FROM = (MORE_WORK, HOST, LEDGER)
 
 @dataclass(frozen=True)
 class Assessment:
-    """One judgement of a candidate: what it adds to the finding's metrics and words, and its say (if any) on
+    """One judgement of a candidate: what it adds to the finding's metrics and remarks, and its say (if any) on
     the finding's severity and impact."""
 
     by: str  # one of the names above
     metrics: dict[str, Any] = field(default_factory=dict)
-    words: str = ""  # appended to the explanation, as written (its own leading space)
+    says: dict[str, Any] | None = None  # its remark on the finding, as data (report/wording.py words it)
     settings: dict[str, Any] = field(default_factory=dict)  # "section.name" -> value it judged with
     severity: str | None = None  # None: no say
     impact_ms: float | None = None  # ... and with ``prices``, the impact it decides (None: no saving)
@@ -53,7 +53,7 @@ class Assessment:
 
 
 def verdict(candidate: Finding, assessments: list[Assessment]) -> Finding | None:
-    """The finding: the candidate's fields, each assessment's metrics, settings and words in the order made,
+    """The finding: the candidate's fields, each assessment's metrics, settings and remarks in the order made,
     severity and impact from the first in ``SEVERITY_FROM`` and ``IMPACT_FROM`` that has a say; None when
     another finding explains it."""
     if any(a.drop for a in assessments):
@@ -62,7 +62,8 @@ def verdict(candidate: Finding, assessments: list[Assessment]) -> Finding | None
     for a in assessments:
         f.metrics.update(a.metrics)
         f.settings.update(a.settings)
-        f.explanation += a.words
+        if a.says is not None:
+            f.remarks.append(a.says)
     said = next((a for by in SEVERITY_FROM for a in assessments if a.by == by and a.severity is not None), None)
     if said is not None:
         f.severity = said.severity

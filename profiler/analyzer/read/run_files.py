@@ -314,6 +314,8 @@ def _step_row(record: Any, rank: int | None) -> dict[str, Any] | str:
 # record or by the run's last line (docs/run-directory.md) ----------------------------------------------------
 
 DEVICE_LISTS = ("device_steps", "device_colls")
+# A record of the device's timings: its rank, its device_steps and its device_colls (lists, or None).
+DeviceRecord = tuple[int, Any, Any]
 MAX_DEVICE_ENTRIES = 100_000  # per record: a step of more collectives than this is a corrupt record
 # Each list's fields and their kinds: a step and a sequence number are counts, the rest are strings or ms.
 DEVICE_FIELDS: dict[str, dict[str, str]] = {

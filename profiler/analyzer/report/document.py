@@ -8,8 +8,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from diagtrain.profiler.analyzer.judge import cost, critical_path, expected
 from diagtrain.profiler.analyzer.judge.findings import Finding, saving_text
+from diagtrain.profiler.analyzer.report.sections import critical_path_lines, expected_lines, ledger_lines
+from diagtrain.profiler.analyzer.report.wording import finding_json
 from diagtrain.profiler.analyzer.run.health import UNCOUNTED_CHECKS
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.run_dir import SCHEMA_VERSION, write_bytes_atomic
@@ -32,7 +33,7 @@ def build(run: Path, tables: Tables, findings: list[Finding], health: list[dict]
                 "on_gpu": tables.on_gpu, "phases": tables.phases, "dumps": len(tables.dumps)},
         "structure": tables.structure.to_json(),
         "ranks": [_clean(r) for r in tables.ranks.to_dict("records")],
-        "findings": [f.to_json() for f in findings],
+        "findings": [finding_json(f) for f in findings],
         "health": health,
         "skipped": skipped,
     }
@@ -80,10 +81,10 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [f"{i}. **{f['severity'].upper()} {f['kind']}**{impact}: {f['explanation']}",
                   f"   - *What to do:* {f['suggestion']}",
                   f"   - *Thresholds:* {_thresholds(f['metrics'])}", ""]
-    lines += cost.markdown(report.get("ledger"))
-    lines += critical_path.markdown(report.get("critical_path"))
+    lines += ledger_lines(report.get("ledger"))
+    lines += critical_path_lines(report.get("critical_path"))
     lines += _rank_table(report["ranks"])
-    lines += expected.markdown(report.get("expected"))
+    lines += expected_lines(report.get("expected"))
     if report["health"]:
         lines += ["### Trace health", ""] + [f"- {h['severity']}: {h['message']}" for h in report["health"]] + [""]
     if report["skipped"]:

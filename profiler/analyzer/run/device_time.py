@@ -24,15 +24,13 @@ import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.analyzer.read.flight_records import Entry
-from diagtrain.profiler.analyzer.read.run_files import DEVICE_LISTS
+from diagtrain.profiler.analyzer.read.run_files import DEVICE_LISTS, DeviceRecord
 from diagtrain.profiler.run_dir import group_key
 
 DEVICE, HOST = "device", "host"  # the values of ``time_source``
 DEVICE_COLUMNS = ("device_step_ms", "device_idle_ms", "device_comm_wait_ms", "last_arrivals")
 STEP_FIELDS = ["rank", "step", "step_ms", "idle_before_ms"]
 COLL_FIELDS = ["rank", "step", "group", "seq", "op", "ms"]
-# A record of the device's timings: its rank, its device_steps and its device_colls (lists, or None).
-DeviceRecord = tuple[int, Any, Any]
 
 
 def records_of(steps: pd.DataFrame) -> list[DeviceRecord]:

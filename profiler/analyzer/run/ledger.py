@@ -39,14 +39,16 @@ judge's (judge/cost.py).
 from __future__ import annotations
 
 from collections.abc import MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.analyzer.run.device_time import DEVICE
-from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.util.groups import median_of_others, positions_by
+
+if TYPE_CHECKING:  # the tables are built with the ledger in them (tables.assemble)
+    from diagtrain.profiler.analyzer.run.tables import Tables
 
 OUTSIDE = "outside phases"  # the label of work the rank did outside every recorded phase
 # The parts of a step timed on the device: its own work there, and its idle time before the step (its host late).

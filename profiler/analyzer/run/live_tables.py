@@ -3,9 +3,9 @@
 Live judgement (judge/live.py) calls :meth:`LiveSteps.tables` every few seconds: each rank's
 steps.jsonl and each host's telemetry.jsonl are read from where the last call stopped
 (read/step_tail.py), and the tables hold the last steps that every rank has finished, in the same
-columns the final analysis gives the detectors (tables.build): the step records' phases,
-always-on counters and device timings (run/device_time.py), the run's structure from the counted point-to-point calls and trainer.json,
-and the ranks' telemetry joined to their steps. There are no traces, flight records or logs: what
+columns the final analysis gives the detectors, through the same :func:`tables.assemble`: the step
+records' phases, always-on counters and device timings (run/device_time.py), the run's structure from
+the counted point-to-point calls and trainer.json, and the ranks' telemetry joined to their steps. There are no traces, flight records or logs: what
 needs them waits for the final report.
 """
 
@@ -22,14 +22,12 @@ from diagtrain.profiler.analyzer.read import run_files as rf
 from diagtrain.profiler.analyzer.read.step_cache import cache_dir, extend_cache
 from diagtrain.profiler.analyzer.read.step_tail import JsonlTail, StepTail
 from diagtrain.profiler.analyzer.rank.p2p import from_step_records as p2p_from_step_records
-from diagtrain.profiler.analyzer.run import clocks, device_time, ledger
+from diagtrain.profiler.analyzer.read.run_read import clock_measurements, requested_profile_steps
+from diagtrain.profiler.analyzer.run import device_time
 from diagtrain.profiler.analyzer.run.live_traces import LiveTraces
-from diagtrain.profiler.analyzer.run.structure import infer as infer_structure
-from diagtrain.profiler.analyzer.run.tables import COUNTER_COLUMNS, Tables, clock_measurements, join_telemetry
-from diagtrain.profiler.run_dir import (ANALYSIS_CACHE, HOST_RECORD, HOSTS_DIR, PROFILE_WINDOWS_FILE, RankIndex,
-                                        read_hosts, read_json)
+from diagtrain.profiler.analyzer.run.tables import Tables, assemble, step_table
+from diagtrain.profiler.run_dir import ANALYSIS_CACHE, HOSTS_DIR, RankIndex, read_hosts
 from diagtrain.profiler.util.bounded_read import InputError
-from diagtrain.profiler.util.step_ranges import parse_step_ranges
 
 TELEMETRY_MARGIN_S = 5.0  # telemetry kept from this long before the window's first step: its first sample
 
@@ -142,13 +140,9 @@ class LiveSteps:
         """Whether a profiled window became complete since ``last`` was built (its traces are then loaded)."""
         return self.traces is not None and last.finished is not None and self.traces.update(last.finished)
 
-    def steps_table(self, steps: pd.DataFrame) -> pd.DataFrame:
-        """Step rows as the final analysis has them (tables.build): sorted, profiled steps marked, no
-        column for a counter no record carried."""
-        steps = steps.sort_values(["rank", "step"], ignore_index=True)
-        # Profiled steps carry the profiler's own cost (its buffers grow RSS): the detectors know them.
-        steps["profiled"] = steps["step"].isin(self._profiled_steps())
-        return steps.drop(columns=[c for c in steps.columns if c in COUNTER_COLUMNS and steps[c].isna().all()])
+    def profiled_steps(self) -> set[int]:
+        """The steps the ranks were asked to profile (their traces are the final analysis' to read)."""
+        return requested_profile_steps(self.run_dir)
 
     def phases(self) -> list[str]:
         """The phases the ranks' step records named, in the order they were first seen."""
@@ -169,23 +163,17 @@ class LiveSteps:
         # A step's device timings come in later records: the held rows from the window's first step on are read,
         # not only the window's (the ones before carry the timings of steps before it).
         first = min(row["step"] for row in rows)
-        held = [d for r, t in tails.items()
-                for d in device_time.records_of_rows(r, (row for s, row in t.rows.items() if s >= first), t.found.device)]
-        groups = self.process_groups()
-        steps = device_time.add_device_time(self.steps_table(pd.DataFrame(rows)), held, groups=groups)
-        world = self.world_size()
+        device = [d for r, t in tails.items()
+                  for d in device_time.records_of_rows(r, (row for s, row in t.rows.items() if s >= first), t.found.device)]
         p2p = {r: p2p_from_step_records(t.found.p2p) for r, t in tails.items() if t.found.p2p}
-        traced = self.traces.collectives.copy() if self.traces is not None else pd.DataFrame()
-        tables = Tables(steps=steps, ranks=pd.DataFrame(), collectives=traced, phases=self.phases(),
-                        trainer=self.trainer or None, world_size=world, rank_hosts=self.rank_hosts(), hosts=self.hosts(),
-                        on_gpu=self.traces is not None and self.traces.on_gpu,
-                        structure=infer_structure(groups, {}, [], p2p, {}, self.trainer or None, world))
-        if not traced.empty:  # the profiled windows' collectives, on one clock as in the final analysis
-            tables.host_clocks = clocks.host_clocks(traced, tables.rank_hosts, clock_measurements(self.run_dir))
-            clocks.align(tables)
-        tables.telemetry = join_telemetry(self._recent_telemetry(float(steps["start"].min())), steps)
-        tables.ledger = ledger.build(tables)
-        return tables
+        steps = step_table(pd.DataFrame(rows), profiled=self.profiled_steps())
+        tables = Tables(steps=steps, ranks=pd.DataFrame(), phases=self.phases(), trainer=self.trainer or None,
+                        # the profiled windows' collectives (live_traces.py), lined up across hosts as the final ones
+                        collectives=self.traces.collectives.copy() if self.traces is not None else pd.DataFrame(),
+                        world_size=self.world_size(), rank_hosts=self.rank_hosts(), hosts=self.hosts(),
+                        on_gpu=self.traces is not None and self.traces.on_gpu, process_groups=self.process_groups(),
+                        telemetry=self._recent_telemetry(float(steps["start"].min())))
+        return assemble(tables, device, p2p, clock_measurements(self.run_dir))
 
     def hosts(self) -> list[dict[str, Any]]:
         """The hosts' records (their CPUs: a crowded host hides a rank's extra work), read until every rank's is."""
@@ -209,22 +197,6 @@ class LiveSteps:
         """The telemetry samples of the window (older ones are dropped: the window only moves on)."""
         self.samples = [r for r in self.samples if r["time"] >= since - TELEMETRY_MARGIN_S]
         return samples_table(self.samples) if self.samples else None
-
-    def _profiled_steps(self) -> set[int]:
-        """The steps every rank profiles: the wrapper's requests (profile_windows.json, under
-        ``--profile-steps auto``) and the ranges given on the command line (host records)."""
-        ranges = []
-        windows = read_json(self.run_dir / PROFILE_WINDOWS_FILE)
-        if isinstance(windows, dict) and isinstance(windows.get("windows"), list):
-            ranges += [(w.get("first"), w.get("last")) for w in windows["windows"] if isinstance(w, dict)]
-        for path in self.run_dir.glob(f"{HOSTS_DIR}/*/{HOST_RECORD}"):
-            given = (read_json(path) or {}).get("profile_steps")
-            try:
-                ranges += [(r.first, r.last) for r in parse_step_ranges(given)] if isinstance(given, str) else []
-            except ValueError:
-                continue  # "auto" or "none": no ranges of its own
-        return {s for first, last in ranges if isinstance(first, int) and isinstance(last, int)
-                for s in range(first, min(last, first + 10_000) + 1)}
 
 
 def samples_table(samples: list[dict[str, Any]]) -> pd.DataFrame:

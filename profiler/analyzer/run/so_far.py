@@ -18,6 +18,7 @@ import pandas as pd
 
 from diagtrain.profiler.analyzer.read.run_files import DEVICE_LISTS
 from diagtrain.profiler.analyzer.run.live_tables import LiveSteps, samples_table
+from diagtrain.profiler.analyzer.run.tables import step_table
 from diagtrain.profiler.run_dir import ANALYSIS_CLAIM, read_hosts
 from diagtrain.profiler.util import processes
 
@@ -82,7 +83,7 @@ class RunSoFar:
             self._repeated = repeated
         if self.live.new_samples:
             self._telemetry = _appended(self._telemetry, samples_table(self.live.new_samples))
-        steps = self.live.steps_table(self._steps) if len(self._steps) else pd.DataFrame()
+        steps = step_table(self._steps, profiled=self.live.profiled_steps()) if len(self._steps) else pd.DataFrame()
         hosts = read_hosts(self.live.run_dir)
         command = hosts[0].get("command") if hosts else None
         return SoFar(steps=steps, telemetry=self._telemetry, phases=self.live.phases(),

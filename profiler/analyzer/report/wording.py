@@ -1,0 +1,101 @@
+"""A finding's explanation in words: what its detector saw, then what each later judgement said of it.
+
+Judgement (judge/verdict.py) leaves each assessment's remark as data on the finding (``Finding.remarks``:
+``{"says": <what>, ...its values}``); the sentences are written here, once, for report.json, report.md,
+the live verdict and the terminal alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from diagtrain.profiler.analyzer.judge.cost import EVERY_STEP
+from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.judge.live import LiveVerdict
+
+
+def explanation(finding: Finding) -> str:
+    """The finding's whole explanation: its own words, then its remarks' in the order they were made."""
+    return _composed(finding.explanation, finding.remarks)
+
+
+def finding_json(finding: Finding) -> dict[str, Any]:
+    """The finding's report.json record, with its whole explanation."""
+    return {**finding.to_json(), "explanation": explanation(finding)}
+
+
+def worded(verdict: LiveVerdict) -> LiveVerdict:
+    """A live judgement whose records (its events and the findings standing) carry their whole explanation."""
+    for record in [*(e.record for e in verdict.events), *verdict.active]:
+        record["explanation"] = _composed(record.get("explanation") or "", record.get("remarks") or [])
+    return verdict
+
+
+def _composed(own: str, remarks: list[dict[str, Any]]) -> str:
+    return " ".join(t for t in (own, *(PHRASES[r["says"]](r) for r in remarks)) if t)
+
+
+def _ledger_price(r: dict[str, Any]) -> str:
+    when = ("in every step" if r["pattern"] == EVERY_STEP else
+            f"{r['pattern']} (steps {r['step_ranges']})" if r["periodic"] else f"in steps {r['step_ranges']}")
+    words = (f"Over the run it cost the job {r['lost_ms'] / 1e3:.2f} s of {r['job_s']:.2f} s ({r['share']:.0%}), "
+             f"{r['lost_ms'] / r['steady_steps']:.1f} ms per step on average, {when}.")
+    if "cpu_bound_ms" in r:
+        words += (f" Its host had fewer free CPUs than ranks, and the job's CPU work fills most of those steps: while "
+                  f"this rank is held up its peers use its CPU, so removing the cause would save at most "
+                  f"{r['cpu_bound_ms']:.1f} ms per step here (with a CPU for every rank, {r['ledger_impact_ms']:.1f} ms).")
+    if "host_ranks" in r:
+        words += (f" Its host ran {r['host_ranks']} ranks on {r['host_cpus']} CPUs: removing the cause saves at most "
+                  "this much there, and how much less depends on how the ranks share the CPUs it holds up or frees.")
+    return words
+
+
+def _ledger_charged_nothing(r: dict[str, Any]) -> str:
+    return (f"But the ledger of every step charged rank {r['rank']} nothing above this run's noise "
+            f"({r['charged_above_ms']:.1f} ms a step): seen in profiled steps alone, it cost the job nothing measurable.")
+
+
+# What each kind of time that was not the rank's own work is (judge/contention.py names the kind).
+NOT_OWN_WORK = {
+    "starved": "that is host contention (see host_contention), not rank {rank}'s own work",
+    "memory_churn": "the same work done more slowly, not more work (a steady allocator, e.g. jemalloc or tcmalloc, "
+                    "or MALLOC_MMAP_THRESHOLD_ set high, keeps the memory)",
+    "leak_cost": "the time its memory growth costs: fixing that (see memory_growth) saves this too",
+    "busy_host": "pauses a busy host gives any rank, not a rank slower at every step",
+}
+
+
+def _not_own_work(r: dict[str, Any]) -> str:
+    return f"But {r['reason']}: {NOT_OWN_WORK[r['cause']].format(rank=r['rank'])}."
+
+
+def _more_work(r: dict[str, Any]) -> str:
+    load = r.get("load")
+    counted = (f" for {load[1] / load[2]:.1f}x their {load[0]} ({load[1]:,.0f} vs {load[2]:,.0f} a step)"
+               if load and load[2] > 0 else "")
+    return (f"Rank {r['rank']} does more work than its peers: {r['cpu_ms'] / r['peer_cpu_ms']:.2f}x their CPU time "
+            f"per step ({r['cpu_ms']:.1f} vs {r['peer_cpu_ms']:.1f} ms){counted}. Its host runs {r['host_ranks']} ranks "
+            f"on {r['host_cpus']} CPUs, where every rank waits for a CPU and that hides the cost; with a CPU per rank "
+            f"it would make the others wait ~{r['estimate_ms']:.1f} ms a step ({r['share']:.0%} of a step), an "
+            "estimate for such a host.")
+
+
+def _leak_time(r: dict[str, Any]) -> str:
+    return (f"It also costs the job {r['impact_ms']:.1f} ms a step: the pages it faults in hold up rank {r['rank']}'s "
+            f"{r['phase']} (its straggler finding).")
+
+
+def _traced_operators(r: dict[str, Any]) -> str:
+    where = [f"in {p['op']} (+{p['ms']:.1f} ms)" if p["op"] is not None else
+             f"outside any operator (+{p['ms']:.1f} ms: a sleep, I/O, a lock, or Python between operators)"
+             for p in r["parts"]]
+    steps = f"traced step {r['steps'][0]}" if len(r["steps"]) == 1 else f"{len(r['steps'])} traced steps"
+    listed = where[0] if len(where) == 1 else ", ".join(where[:-1]) + " and " + where[-1]
+    return f"In its {steps}, the traces put its excess over its peers, per step, {listed}."
+
+
+# What each remark says, by its "says" (the judge's remarks: tests/test_verdict.py holds every one to a sentence).
+PHRASES: dict[str, Callable[[dict[str, Any]], str]] = {
+    "ledger_price": _ledger_price, "ledger_charged_nothing": _ledger_charged_nothing, "not_own_work": _not_own_work,
+    "more_work": _more_work, "leak_time": _leak_time, "traced_operators": _traced_operators,
+}
