@@ -59,6 +59,8 @@ HOSTS_DIR = "hosts"
 HOST_RECORD = "host.json"
 HOST_HEARTBEAT = "heartbeat"
 CLOCK_RECORD = "clock.json"
+# Its ranks' step records, checked and appended by its wrapper as they come: live judgement reads one file per host.
+HOST_STEPS_SUMMARY = "steps_summary.jsonl"
 HOST_BEAT_S = 1.0  # a running wrapper rewrites its heartbeat this often
 # A heartbeat this old, by the reader's clock, means its wrapper is gone: far above a stalled
 # filesystem or a busy host's delays, and above any clock skew NTP leaves between hosts.

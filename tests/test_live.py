@@ -28,6 +28,8 @@ from diagtrain.profiler.analyzer.judge.live import NO_PROGRESS, LiveJudge
 from diagtrain.profiler.analyzer.read import step_cache
 from diagtrain.profiler.analyzer.read.run_files import read_steps
 from diagtrain.profiler.analyzer.read.step_tail import StepTail
+from diagtrain.profiler.analyzer.read.host_summary import HostReducer
+from diagtrain.profiler.analyzer.read.run_read import requested_profile_steps
 from diagtrain.profiler.analyzer.run.live_traces import LiveTraces
 from diagtrain.profiler.run_dir import clear_run, write_json_atomic
 
@@ -138,23 +140,30 @@ def test_a_clean_run_has_no_live_warning(clean_job):
 
 
 @pytest.mark.jobs
-def test_the_final_analysis_parses_only_what_live_judgement_had_not_cached(clean_job, tmp_path):
+@pytest.mark.parametrize("reduced", [False, True], ids=["read-by-the-judge", "reduced-by-its-host"])
+def test_the_final_analysis_parses_only_what_live_judgement_had_not_cached(clean_job, tmp_path, reduced):
     """The clean job's real step records appended again in pieces, as its ranks wrote them, and judged
-    after each as the wrapper judges: the judgements fill the final analysis' step cache."""
+    after each as the wrapper judges: the judgements (or, where a host reduces its ranks' records for the
+    judge, that host's wrapper) fill the final analysis' step cache."""
     out, job = clean_job
     job.wait(timeout=JOB_TIMEOUT_S)
     run = tmp_path / "run"
-    shutil.copytree(out, run, ignore=shutil.ignore_patterns("analysis", "live"))
+    shutil.copytree(out, run, ignore=shutil.ignore_patterns("analysis", "live", "steps_summary.jsonl"))
     records = {r: (run / "ranks" / str(r) / "steps.jsonl").read_text().splitlines(keepends=True) for r in (0, 1)}
     for r in records:
         (run / "ranks" / str(r) / "steps.jsonl").write_text("")
     with settings.overriding({"live": {"cache_lines": 30, "cache_cpu_s": 10.0}}):
+        [host] = [p.name for p in (run / "hosts").iterdir()]
+        reducer = HostReducer(run, host) if reduced else None
         judge = LiveJudge(run)
         for first in range(0, max(map(len, records.values())), 25):
             for r, lines in records.items():
                 with open(run / "ranks" / str(r) / "steps.jsonl", "a") as f:
                     f.writelines(lines[first:first + 25])
+            if reducer is not None:
+                reducer.reduce(30, 10.0)
             judge.judge()
+        assert bool(judge.steps.summaries) == reduced and bool(judge.steps.direct) != reduced
     for r, lines in records.items():
         path, cache = run / "ranks" / str(r) / "steps.jsonl", step_cache.cache_dir(run / "analysis" / "cache", r)
         state = json.loads((cache / step_cache.STATE_FILE).read_text())
@@ -189,13 +198,16 @@ def test_a_profiled_window_is_judged_live_with_the_final_analysis_loader(tmp_pat
 def test_a_window_s_traces_are_loaded_once_every_rank_is_past_it_and_within_the_size_allowed(user_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(user_run.out, run)  # steps 2-3 profiled, 6 steps
+    requested = requested_profile_steps(run)
+    assert requested == {2, 3}
     traces = LiveTraces(run, max_bytes=1e9)
-    assert not traces.update(finished=3) and traces.collectives.empty  # a rank may still be writing it
-    assert traces.update(finished=4)
+    assert not traces.update(finished=3, requested=requested) and traces.collectives.empty  # may still be writing it
+    assert traces.update(finished=4, requested=requested)
     assert set(traces.collectives["rank"]) == {0, 1} and traces.collectives["ranks_seen"].eq(2).all()
-    assert not traces.update(finished=5)  # loaded once
+    assert not traces.update(finished=5, requested=requested)  # loaded once
     small = LiveTraces(run, max_bytes=1000)
-    assert small.update(finished=4) and small.collectives.empty and "live.max_trace_mb" in small.problem
+    assert small.update(finished=4, requested=requested) and small.collectives.empty \
+        and "live.max_trace_mb" in small.problem
 
 
 @pytest.mark.jobs
@@ -298,7 +310,7 @@ def test_replace_removes_the_live_findings_of_the_run_it_replaces(tmp_path):
 def test_each_event_is_appended_and_said_and_warnings_stand_until_they_end(tmp_path):
     """The wrapper's side with a real judge on step records written as a job would: rank 1's forward
     takes 300 ms more than rank 0's in every step, rank 0 waits for it in the gradient all-reduce."""
-    from diagtrain.profiler.collect.live import LiveDiagnosis
+    from diagtrain.profiler.collect.live import LiveDiagnosis, LiveWork
 
     t0 = time.time() - 30
     for rank in (0, 1):
@@ -313,9 +325,12 @@ def test_each_event_is_appended_and_said_and_warnings_stand_until_they_end(tmp_p
                                     "comm_ms": 2.0 if rank else 300.0, "phase_comm_ms": {"backward": 2.0 if rank else 300.0}})
                         + "\n")
     said = []
-    live = LiveDiagnosis(tmp_path, "h", lambda: (LiveJudge(tmp_path).judge, 1.0))
-    (live.judge, live.interval_s), live._say = live.make(), said.append  # what its thread does first
+    live = LiveDiagnosis(tmp_path, "h", lambda: LiveWork(LiveJudge(tmp_path).judge, 1.0, HostReducer(tmp_path, "h").reduce))
+    work, live._say = live.make(), said.append  # what its thread does first
+    live.judge, live.interval_s, live.reduce = work.judge, work.interval_s, work.reduce
     live.round()
+    # The host reduced its ranks into its summary, and the judge read them from there, not from their files.
+    assert list(live.judge.__self__.steps.summaries) == ["h"] and not live.judge.__self__.steps.direct
     [event] = [e for e in events(tmp_path) if e["kind"] == "straggler"]
     assert event["event"] == "new" and event["ranks"] == [1] and event["severity"] in ACTIONABLE
     assert any("straggler on rank 1 since step" in line for line in said)

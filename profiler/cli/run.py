@@ -14,7 +14,7 @@ from rich.console import Console
 
 from diagtrain.profiler.collect import manifest, telemetry, watchdog
 from diagtrain.profiler.collect.launcher import Collection
-from diagtrain.profiler.collect.live import LiveDiagnosis
+from diagtrain.profiler.collect.live import LiveDiagnosis, LiveWork
 from diagtrain.profiler.collect.metrics import LiveMetrics
 from diagtrain.profiler.collect.metrics import serve as serve_metrics
 from diagtrain.profiler.rank import BOOTSTRAP_DIR
@@ -131,10 +131,12 @@ def live_diagnosis(out: Path, host: str, metrics: LiveMetrics | None) -> LiveDia
     analyzer's imports take a second that the job's start should not wait for)."""
     def make() -> tuple:
         from diagtrain.profiler.analyzer.judge.live import Live, LiveJudge
+        from diagtrain.profiler.analyzer.read.host_summary import HostReducer
         from diagtrain.profiler.analyzer.report.wording import worded
 
-        judge = LiveJudge(out)
-        return lambda: worded(judge.judge()), Live.active().interval_s
+        judge, reducer = LiveJudge(out), HostReducer(out, host)
+        return LiveWork(lambda: worded(judge.judge()), Live.active().interval_s,
+                        lambda: reducer.reduce(Live.active().cache_lines, Live.active().cache_cpu_s))
     return LiveDiagnosis(out, host, make, metrics)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -41,14 +42,24 @@ class Metrics(Protocol):
     def close(self) -> None: ...
 
 
-class LiveDiagnosis:
-    """Judges the job every few seconds in a daemon thread while it runs. ``make`` gives the judge and
-    the seconds between judgements; it is called in the thread (the analyzer takes a second to import)."""
+@dataclass
+class LiveWork:
+    """What the analyzer hands the wrapper's live thread (the CLI makes it)."""
 
-    def __init__(self, run_dir: Path, host: str, make: Callable[[], tuple[Callable[[], Verdict], float]],
-                 metrics: Metrics | None = None) -> None:
+    judge: Callable[[], Verdict]  # one judgement, on the wrapper that leads
+    interval_s: float  # seconds between rounds
+    reduce: Callable[[], int] | None = None  # every wrapper's share: its own ranks' records into its host's summary
+
+
+class LiveDiagnosis:
+    """Judges the job every few seconds in a daemon thread while it runs. ``make`` gives the judge, the
+    seconds between judgements and this host's reduction; it is called in the thread (the analyzer takes a
+    second to import)."""
+
+    def __init__(self, run_dir: Path, host: str, make: Callable[[], LiveWork], metrics: Metrics | None = None) -> None:
         self.run_dir, self.host, self.make, self.metrics = Path(run_dir), host, make, metrics
         self.judge: Callable[[], Verdict] | None = None
+        self.reduce: Callable[[], int] | None = None
         self.interval_s = 1.0
         self.ranks = RankIndex(run_dir)  # its own: the wrapper's is refreshed by the main thread
         self.events: JsonlAppender | None = None
@@ -81,7 +92,8 @@ class LiveDiagnosis:
 
     def _loop(self) -> None:
         try:
-            self.judge, self.interval_s = self.make()
+            work = self.make()
+            self.judge, self.interval_s, self.reduce = work.judge, work.interval_s, work.reduce
         except Exception as e:  # noqa: BLE001 - as below: the job goes on without live judgement
             self._fail(f"{type(e).__name__}: {e}")
             return
@@ -100,7 +112,13 @@ class LiveDiagnosis:
 
     def round(self) -> float:
         """One judgement: its events to live/findings.jsonl and the console, its snapshot to the metrics;
-        the seconds until the next."""
+        the seconds until the next. Every wrapper first reduces its own ranks' records (a failure there is said
+        once: the judge then reads those ranks' own files)."""
+        if self.reduce is not None:
+            try:
+                self.reduce()
+            except Exception as e:  # noqa: BLE001 - as in _loop: the judgement and the job go on
+                self._fail(f"reducing this host's step records: {type(e).__name__}: {e}")
         if not self._leads():
             return self.interval_s
         verdict = self.judge()

@@ -108,36 +108,59 @@ class HostLoad:
 
 
 def host_loads(tables: Tables, steps: pd.DataFrame | None = None) -> dict[str, HostLoad]:
-    """Per host of the run, its CPU load while its ranks ran ``steps`` (default: the steady ones)."""
-    hosts: dict[str, list[int]] = {}
-    for rank, host in tables.rank_hosts.items():
-        if host is not None:
-            hosts.setdefault(host, []).append(int(rank))
+    """Per host of the run, its CPU load while its ranks ran ``steps`` (default: the steady ones). Each
+    table is grouped by host once: 1,024 ranks are 128 hosts, and a pass per host cost a third of a second."""
     s = Contention.active()
     whole_run = steps is None
     steps = steady(tables.steps) if steps is None else steps
-    return {host: _host_load(tables, host, sorted(ranks), steps[steps["rank"].isin(ranks)], whole_run, s)
-            for host, ranks in hosts.items() if not steps[steps["rank"].isin(ranks)].empty}
+    hosts = pd.Series({int(r): h for r, h in tables.rank_hosts.items() if h is not None}, dtype=object)
+    steps = steps[steps["rank"].isin(hosts.index)]
+    if steps.empty:
+        return {}
+    host_of = steps["rank"].map(hosts).rename("host")
+    spans = steps.groupby(host_of).agg(start=("start", "min"), end=("end", "max"))
+    ranks_of = steps.groupby(host_of)["rank"].unique()
+    runq = _runq_by_host(steps, hosts)
+    telemetry = _host_telemetry(tables.telemetry)
+    loads = {}
+    for host, span in spans.iterrows():
+        load = HostLoad(str(host), sorted(int(r) for r in ranks_of[host]), 0, 0, None, None, None, None,
+                        time_range=(float(span["start"]), float(span["end"])))
+        if host in runq.index:
+            load.runq_ms, load.runq_share = float(runq.at[host, "runq_ms"]), float(runq.at[host, "share"])
+        if host in telemetry:
+            _add_telemetry(load, telemetry[host], whole_run, s)
+        loads[str(host)] = load
+    return loads
 
 
-def _host_load(tables: Tables, host: str, ranks: list[int], steps: pd.DataFrame, whole_run: bool,
-               s: Contention) -> HostLoad:
-    span = (float(steps["start"].min()), float(steps["end"].max()))
-    load = HostLoad(host, ranks, 0, 0, None, None, None, None, time_range=span)
-    if {"runq_ms", "wall_ms"} <= set(steps.columns) and steps["runq_ms"].notna().any():
-        per_rank = steps.dropna(subset=["runq_ms"]).groupby("rank")
-        load.runq_ms = float(per_rank["runq_ms"].median().median())
-        load.runq_share = float((per_rank["runq_ms"].median() / per_rank["wall_ms"].median()).median())
-    t = tables.telemetry
+def _runq_by_host(steps: pd.DataFrame, hosts: pd.Series) -> pd.DataFrame:
+    """Per host: the median over its ranks of each rank's median wait for a CPU (ms per step), and of that
+    wait's share of the rank's median step."""
+    if not {"runq_ms", "wall_ms"} <= set(steps.columns) or not steps["runq_ms"].notna().any():
+        return pd.DataFrame(columns=["runq_ms", "share"])
+    per_rank = steps.dropna(subset=["runq_ms"]).groupby("rank")[["runq_ms", "wall_ms"]].median()
+    per_rank = per_rank.assign(share=per_rank["runq_ms"] / per_rank["wall_ms"], host=per_rank.index.map(hosts))
+    return per_rank.groupby("host")[["runq_ms", "share"]].median()
+
+
+def _host_telemetry(t: pd.DataFrame | None) -> dict[str, pd.DataFrame]:
+    """The telemetry samples of each host (none without the other processes' CPU, an older run's)."""
     if t is None or t.empty or "others_cpu_percent" not in t or "host" not in t:
-        return load
-    t = t[t["host"] == host]
+        return {}
+    return {str(host): rows for host, rows in t.groupby("host")}
+
+
+def _add_telemetry(load: HostLoad, t: pd.DataFrame, whole_run: bool, s: Contention) -> None:
+    """What the host's samples while its ranks stepped say: how often other processes saturated its CPUs, and
+    which."""
     times = unix_seconds(t["time"])
     # A sample describes the interval before it. Some steps are judged by the samples inside them; the
     # whole run also by the one just after its last step (a run of a few hundred milliseconds of steps
     # has no sample inside them at 1 Hz).
     interval = float(times[t["kind"] == "host"].drop_duplicates().sort_values().diff().median())
     after = (interval if interval > 0 else s.default_interval_s) if whole_run else 0.0
+    span = load.time_range
     t = t[times.between(span[0], span[1] + after)]
     samples = t[(t["kind"] == "host") & t["others_cpu_percent"].notna()]
     contended = samples[(samples["cpu_percent"] >= s.saturated_percent)
@@ -151,7 +174,6 @@ def _host_load(tables: Tables, host: str, ranks: list[int], steps: pd.DataFrame,
         busiest = others.groupby(["pid", "name"])["cpu_percent"].agg(["median", "size", "sum"]).sort_values("sum", ascending=False)
         load.processes = [{"pid": int(pid), "name": str(name), "cpu_percent": float(row["median"]), "samples": int(row["size"])}
                           for (pid, name), row in busiest.head(s.named_processes).iterrows()]
-    return load
 
 
 def starvation(tables: Tables, rank: int, steps: list[int], excess_ms: float,

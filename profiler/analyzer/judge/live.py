@@ -56,6 +56,9 @@ class Live:
     max_trace_mb: float = setting(1024.0, "the profiled windows' traces (as written, compressed) are loaded while the job "
                                   "runs up to this size: a larger job's wait for the final report rather than take "
                                   "the host's memory from the job")
+    summary_silent_s: float = setting(30.0, "a host's step summary silent this long (its wrapper writes a beat every "
+                                      "10 s when it has nothing new) is a wrapper that stopped reducing: its "
+                                      "ranks' own files are read instead, and the verdict says so")
     cache_lines: int = setting(1000, "a rank's new step records go into the final analysis' cache once this many wait: "
                                "fewer would write many small files, and the final analysis parses no more a rank")
     cache_cpu_s: float = setting(0.05, "CPU a judgement may then spend on that cache (~1,000 records), paced with it by "
@@ -113,7 +116,8 @@ class LiveJudge:
 
     def __init__(self, run_dir: Path) -> None:
         self.settings = Live.active()
-        self.steps = LiveSteps(Path(run_dir), self.settings.window_steps, self.settings.max_trace_mb * 2**20)
+        self.steps = LiveSteps(Path(run_dir), self.settings.window_steps, self.settings.max_trace_mb * 2**20,
+                               self.settings.summary_silent_s)
         self.tracked: dict[tuple[str, tuple[int, ...]], Tracked] = {}
         self.judged_step: int | None = None
         self._judged: list[Finding] | None = None  # the detectors' findings of the last tables judged
@@ -127,6 +131,10 @@ class LiveJudge:
         first = self._judged is None
         now = time.time() if now is None else now
         window = self.steps.window()
+        for host in self.steps.silenced:
+            self._problem(f"host {host}'s wrapper wrote nothing to its step summary for over "
+                          f"{self.settings.summary_silent_s:g} s (hosts/{host}/steps_summary.jsonl): its ranks' own "
+                          "step records are read instead")
         step = max((int(s) for s in window.tables.steps["step"]), default=None) if window.tables is not None else None
         moved = step is not None and step != self.judged_step
         if window.tables is None:

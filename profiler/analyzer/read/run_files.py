@@ -225,6 +225,12 @@ class StepFile:
         """Records with impossible values left out, held or not."""
         return len(self.impossible) + self.impossible_dropped
 
+    def bound_problems(self) -> None:
+        """Hold the first few problems only (a reader of a long run's records), counting the others."""
+        self.bad_lines_dropped += max(0, len(self.bad_lines) - SHOWN_PROBLEMS)
+        self.impossible_dropped += max(0, len(self.impossible) - SHOWN_PROBLEMS)
+        del self.bad_lines[SHOWN_PROBLEMS:], self.impossible[SHOWN_PROBLEMS:]
+
 
 def read_steps(path: Path, rank: int | None) -> StepFile:
     """A rank's steps.jsonl: one row per step record; the cut last line of a killed run is ignored."""
@@ -310,6 +316,13 @@ def _step_row(record: Any, rank: int | None) -> dict[str, Any] | str:
             "_phases": list(phases), "_p2p": _p2p(record.get("p2p"))}
 
 
+# The columns every step row has (the others: <phase>_ms and <phase>_comm_wait_ms of the phases it recorded, and the
+# device timings' lists where it carried some).
+STEP_COLUMNS = ("rank", "step", "start", "end", "wall_ms", "peak_mem_bytes", "samples", "tokens", "comm_wait_ms",
+                "comm_calls", "cpu_ms", "runq_ms", "page_faults", "rss_bytes", "gpu_allocated_bytes",
+                "gpu_reserved_bytes", "gpu_peak_bytes", "gpu_peak_since")
+
+
 # -- device timings (CUDA events, NCCL's collective timing): the fields of an earlier step, carried by a later
 # record or by the run's last line (docs/run-directory.md) ----------------------------------------------------
 
@@ -391,6 +404,18 @@ def _p2p(value: Any) -> dict[str, Any] | None:
         if not all(0 <= peer < MAX_RANKS for peer in counts[kind]):
             return None
     return {"first": list(first), **counts}
+
+
+def p2p_to_json(calls: dict[str, Any]) -> dict[str, Any]:
+    """A step's point-to-point calls as JSON has them (peers as strings)."""
+    return {"first": calls["first"], **{kind: {str(peer): n for peer, n in per_peer.items()}
+                                        for kind, per_peer in calls.items() if kind != "first"}}
+
+
+def p2p_from_json(calls: dict[str, Any]) -> dict[str, Any]:
+    """:func:`p2p_to_json` read back: peers as ranks again."""
+    return {"first": calls["first"], **{kind: {int(peer): n for peer, n in per_peer.items()}
+                                        for kind, per_peer in calls.items() if kind != "first"}}
 
 
 # Memory at a step's end (bytes): the process's resident memory; on a GPU the caching allocator's

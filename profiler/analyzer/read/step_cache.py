@@ -22,15 +22,17 @@ import hashlib
 import io
 import json
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from diagtrain.profiler.analyzer.read.inputs import MAX_LINES_BYTES
-from diagtrain.profiler.analyzer.read.run_files import SHOWN_PROBLEMS, StepFile, add_last_step, add_step
+from diagtrain.profiler.analyzer.read.run_files import (SHOWN_PROBLEMS, StepFile, add_last_step, add_step, p2p_from_json,
+                                                         p2p_to_json)
 from diagtrain.profiler.run_dir import remove_quietly, replacing, write_json_atomic
-from diagtrain.profiler.util.bounded_read import MAX_LINE_CHARS, display, open_regular
+from diagtrain.profiler.util.bounded_read import MAX_LINE_CHARS, InputError, display, open_regular
 
 CACHE_VERSION = 3  # bump when what the cache holds, or how a record is read, changes
 STEPS_CACHE = "@steps"  # under analysis/cache: a trace's cache key never holds "@" (discover._key)
@@ -232,7 +234,7 @@ def _state(cache: Path, f: io.BufferedReader, st: os.stat_result, path: Path, ra
         found = StepFile(phases=list(state["phases"]), bad_lines=list(state["bad_lines"]), lines=state["lines"],
                          impossible=list(state["impossible"]), repeated=state["repeated"],
                          bad_lines_dropped=state["bad_lines_dropped"], impossible_dropped=state["impossible_dropped"],
-                         p2p={int(step): _p2p_from_json(calls) for step, calls in state["p2p"]},
+                         p2p={int(step): p2p_from_json(calls) for step, calls in state["p2p"]},
                          device={k: list(v) for k, v in state["device"].items()})
         return State(found, prefix, [Part(p["file"], p["rows"]) for p in state["parts"]], state.get("last_step"))
     except Exception:  # noqa: BLE001 - absent, damaged or of another version: the file is read whole
@@ -268,7 +270,7 @@ def _write(cache: Path, found: StepFile, parts: list[Part], prefix: Prefix, path
             "bad_lines": found.bad_lines[:SHOWN_PROBLEMS], "impossible": found.impossible[:SHOWN_PROBLEMS],
             "bad_lines_dropped": found.bad_count - len(found.bad_lines[:SHOWN_PROBLEMS]),
             "impossible_dropped": found.impossible_count - len(found.impossible[:SHOWN_PROBLEMS]),
-            "p2p": [[step, _p2p_to_json(calls)] for step, calls in found.p2p.items()],
+            "p2p": [[step, p2p_to_json(calls)] for step, calls in found.p2p.items()],
             "device": found.device})  # the end-of-run device line's timings: a few steps' worth
     except Exception:  # noqa: BLE001 - a read-only place, a full disk, a value Parquet cannot hold: no cache
         return
@@ -326,11 +328,32 @@ def _rows(path: Path, count: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _p2p_to_json(calls: dict[str, Any]) -> dict[str, Any]:
-    return {"first": calls["first"], **{kind: {str(peer): n for peer, n in per_peer.items()}
-                                        for kind, per_peer in calls.items() if kind != "first"}}
+class CacheFeeder:
+    """Puts ranks' new step records in the final analysis' cache while the job runs, a rank once ``min_lines``
+    wait, in turns, until a CPU budget is spent: the final analysis then parses only the lines after. Whoever
+    reads a rank's records live feeds its cache (the judging wrapper for the ranks it reads directly, each
+    host's wrapper for its own: host_summary.py)."""
 
+    def __init__(self, cache_root: Path) -> None:
+        self.cache_root = cache_root
+        self.cached: dict[int, int] = {}  # rank -> lines of its steps.jsonl in the cache
+        self._next = 0  # the rank whose turn it is
 
-def _p2p_from_json(calls: dict[str, Any]) -> dict[str, Any]:
-    return {"first": calls["first"], **{kind: {int(peer): n for peer, n in per_peer.items()}
-                                        for kind, per_peer in calls.items() if kind != "first"}}
+    def feed(self, files: dict[int, tuple[Path, int]], min_lines: int, cpu_s: float) -> int:
+        """``files``: rank -> (its steps.jsonl, the lines read of it so far). The lines parsed."""
+        started, parsed = time.thread_time(), 0
+        ranks = sorted(files)
+        for rank in ranks[self._next:] + ranks[:self._next]:
+            path, lines = files[rank]
+            if lines - self.cached.get(rank, 0) < min_lines:
+                continue
+            if time.thread_time() - started >= cpu_s:
+                break
+            try:
+                # Files of at least min_lines rows, none read back and written again: the wrapper's CPU is the job's.
+                parsed += extend_cache(path, rank, cache_dir(self.cache_root, rank), min_lines)
+            except (InputError, OSError):
+                pass  # not readable now: the final analysis reads it, and says why
+            self.cached[rank] = lines - 1  # a file's last line stays out of its cache
+            self._next = (ranks.index(rank) + 1) % len(ranks)
+        return parsed

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from diagtrain.profiler.analyzer.read.run_files import SHOWN_PROBLEMS, StepFile, add_step
+from diagtrain.profiler.analyzer.read.run_files import StepFile, add_step
 
 
 class JsonlTail:
@@ -50,35 +50,48 @@ class JsonlTail:
         return found
 
 
-class StepTail:
-    """One rank's step records as they are appended, read by the analyzer's own reader (run_files):
-    the same rows, phases and point-to-point counts as the final analysis, the same records refused.
-    Only the last ``keep`` steps are held (live judgement looks at recent steps); ``keep=None`` holds
-    every step (the dashboard shows the whole run so far)."""
+class RankSteps:
+    """One rank's recent step rows as they come, checked (run_files' rows): from its steps.jsonl
+    (:class:`StepTail`) or from its host's summary (host_summary.py). Only the last ``keep`` steps are held
+    (live judgement looks at recent steps); ``keep=None`` holds every step (the dashboard shows the whole run)."""
 
-    def __init__(self, path: Path, rank: int, keep: int | None) -> None:
-        self.tail, self.rank, self.keep = JsonlTail(path), rank, keep
-        self.found = StepFile()
+    def __init__(self, rank: int, keep: int | None) -> None:
+        self.rank, self.keep = rank, keep
+        self.found = StepFile()  # its phases, point-to-point calls, end-of-run device line, what was refused
         self.rows: dict[int, dict[str, Any]] = {}  # step -> its table row, the last ``keep`` steps
         self.added: dict[int, dict[str, Any]] = {}  # step -> its row, as the last read added (or replaced) it
 
-    def read(self) -> int:
-        """Read what was appended; the number of new step records."""
-        first = self.tail.lines + 1
-        before = self.found.lines
-        self.added = {}
-        for number, line in enumerate(self.tail.read(), first):
-            add_step(self.found, self.added, number, line, self.rank)
-        self.found.repeated += sum(step in self.rows for step in self.added)  # a step recorded again, read later
-        self.rows.update(self.added)
+    def take(self, added: dict[int, dict[str, Any]]) -> None:
+        """Hold the rows a read added (``self.found`` already has their phases and point-to-point calls)."""
+        self.added = added
+        self.found.repeated += sum(step in self.rows for step in added)  # a step recorded again, read later
+        self.rows.update(added)
         if self.keep is not None and len(self.rows) > self.keep:
             for step in sorted(self.rows)[:len(self.rows) - self.keep]:
                 del self.rows[step]
                 self.found.p2p.pop(step, None)
-        del self.found.bad_lines[SHOWN_PROBLEMS:], self.found.impossible[SHOWN_PROBLEMS:]  # bounded on a long run
-        return self.found.lines - before
+        self.found.bound_problems()
 
     @property
     def last_step(self) -> int | None:
         """The latest step this rank finished, as far as its records say."""
         return max(self.rows) if self.rows else None
+
+
+class StepTail(RankSteps):
+    """One rank's step records as they are appended to its steps.jsonl, read by the analyzer's own reader
+    (run_files): the same rows, phases and point-to-point counts as the final analysis, the same records refused."""
+
+    def __init__(self, path: Path, rank: int, keep: int | None) -> None:
+        super().__init__(rank, keep)
+        self.tail = JsonlTail(path)
+
+    def read(self) -> int:
+        """Read what was appended; the number of new step records."""
+        first = self.tail.lines + 1
+        before = self.found.lines
+        added: dict[int, dict[str, Any]] = {}
+        for number, line in enumerate(self.tail.read(), first):
+            add_step(self.found, added, number, line, self.rank)
+        self.take(added)
+        return self.found.lines - before

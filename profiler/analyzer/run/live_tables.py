@@ -19,8 +19,10 @@ from typing import Any
 import pandas as pd
 
 from diagtrain.profiler.analyzer.read import run_files as rf
-from diagtrain.profiler.analyzer.read.step_cache import cache_dir, extend_cache
-from diagtrain.profiler.analyzer.read.step_tail import JsonlTail, StepTail
+from diagtrain.profiler.analyzer.read.run_files import STEP_COLUMNS
+from diagtrain.profiler.analyzer.read.host_summary import HostSummary, summary_path
+from diagtrain.profiler.analyzer.read.step_cache import CacheFeeder
+from diagtrain.profiler.analyzer.read.step_tail import JsonlTail, RankSteps, StepTail
 from diagtrain.profiler.analyzer.rank.p2p import from_step_records as p2p_from_step_records
 from diagtrain.profiler.analyzer.read.run_read import clock_measurements, requested_profile_steps
 from diagtrain.profiler.analyzer.run import device_time
@@ -29,6 +31,7 @@ from diagtrain.profiler.analyzer.run.tables import Tables, assemble, step_table
 from diagtrain.profiler.run_dir import ANALYSIS_CACHE, HOSTS_DIR, RankIndex, read_hosts
 from diagtrain.profiler.util.bounded_read import InputError
 
+GROUPS_PATIENCE = 3  # reads of a rank's steps without its process_groups.json before it is taken to have none
 TELEMETRY_MARGIN_S = 5.0  # telemetry kept from this long before the window's first step: its first sample
 
 
@@ -46,33 +49,40 @@ class Window:
 class LiveSteps:
     """Every rank's step records and every host's telemetry, read as they are appended."""
 
-    def __init__(self, run_dir: Path, window_steps: int | None, max_trace_bytes: float = 0.0) -> None:
+    def __init__(self, run_dir: Path, window_steps: int | None, max_trace_bytes: float = 0.0,
+                 silent_s: float = float("inf")) -> None:
         """``window_steps=None`` keeps every step and gathers no samples (run/so_far.py takes them as read);
-        the profiled windows' traces are loaded up to ``max_trace_bytes`` (live_traces.py), never without a window."""
-        self.run_dir, self.window_steps = Path(run_dir), window_steps
+        the profiled windows' traces are loaded up to ``max_trace_bytes`` (live_traces.py), never without a window;
+        a host summary silent for ``silent_s`` is left for its ranks' own files (:meth:`silenced`)."""
+        self.run_dir, self.window_steps, self.silent_s = Path(run_dir), window_steps, silent_s
         self.ranks = RankIndex(run_dir)
-        self.steps: dict[int, StepTail] = {}
+        self.steps: dict[int, RankSteps] = {}  # every rank's recent rows, from either source below
+        self.summaries: dict[str, HostSummary] = {}  # host -> its wrapper's summary of its ranks (host_summary.py)
+        self.direct: dict[int, StepTail] = {}  # rank -> its own steps.jsonl, where no summary carries it
+        self.silenced: list[str] = []  # hosts whose summary fell silent at the last read
+        self.rows = HeldRows()  # the held step rows as a table, built from what each read added
         self.telemetry: dict[Path, JsonlTail] = {}
         self.samples: list[dict[str, Any]] = []  # telemetry rows of the ranks and hosts, recent ones
         self.new_samples: list[dict[str, Any]] = []  # the rows the last read added
         self.trainer: dict[str, Any] | None = None
         self._last: Window | None = None
         self.traces = LiveTraces(run_dir, max_trace_bytes) if window_steps is not None and max_trace_bytes > 0 else None
-        self.cached: dict[int, int] = {}  # rank -> lines of its steps.jsonl in the final analysis' cache
-        self._next_cached = 0  # the rank whose turn it is to be cached
+        self.cache = CacheFeeder(self.run_dir / ANALYSIS_CACHE)
         self.groups: dict[int, dict] = {}  # rank -> its process groups (process_groups.json, written at its first step)
+        self._groups_missing: dict[int, int] = {}  # rank -> reads of its steps that found no process groups
         self._hosts: list[dict[str, Any]] | None = None  # the hosts' records (host.json), once every rank's is read
 
     def read(self) -> int:
-        """Read what every rank and host appended since the last call; the number of new step records."""
-        infos = self.ranks.refresh()
-        new = 0
-        # Twice the window: a rank ahead of the slowest by up to a window keeps its steps in common.
-        keep = None if self.window_steps is None else 2 * self.window_steps
-        for rank in infos:
+        """Read what every host and rank appended since the last call; the number of new step records."""
+        for rank, info in self.ranks.refresh().items():
             if rank not in self.steps:
-                self.steps[rank] = StepTail(self.ranks.ranks_dir / str(rank) / "steps.jsonl", rank, keep)
-            new += self.steps[rank].read()
+                self._place(rank, info.get("host"))
+        self._leave_silent(time.time())
+        new = sum(summary.read() for summary in self.summaries.values())
+        new += sum(tail.read() for tail in self.direct.values())
+        if self.window_steps is not None:
+            self.rows.add([row for held in self.steps.values() for row in held.added.values()])
+            self.rows.trim(min((min(held.rows) for held in self.steps.values() if held.rows), default=0))
         self.new_samples = []
         for path in self.run_dir.glob(f"{HOSTS_DIR}/*/telemetry.jsonl"):
             tail = self.telemetry.setdefault(path, JsonlTail(path))
@@ -87,26 +97,34 @@ class LiveSteps:
                 self.trainer = {}  # not readable: the structure comes from the step records alone
         return new
 
+    def _place(self, rank: int, host: str | None) -> None:
+        """Read ``rank`` through its host's summary where its wrapper writes one, else from its own file: decided
+        once, when the rank has records (a summary is created before its wrapper's ranks start)."""
+        # Twice the window: a rank ahead of the slowest by up to a window keeps its steps in common.
+        keep = None if self.window_steps is None else 2 * self.window_steps
+        summary = self.summaries.get(host) if host else None
+        if summary is None and host and summary_path(self.run_dir, host).exists():
+            summary = self.summaries[host] = HostSummary(summary_path(self.run_dir, host), keep)
+        path = self.ranks.ranks_dir / str(rank) / "steps.jsonl"
+        if summary is not None:
+            self.steps[rank] = summary.ranks[rank] = RankSteps(rank, keep)
+        elif path.exists() and path.stat().st_size:  # no summary while it records: none will carry it
+            self.steps[rank] = self.direct[rank] = StepTail(path, rank, keep)
+
+    def _leave_silent(self, now: float) -> None:
+        """A summary silent past ``silent_s`` (its wrapper beats every host_summary.BEAT_S when it has nothing
+        new) is a wrapper that stopped reducing: its ranks are read from their own files from now on."""
+        self.silenced = [host for host, summary in self.summaries.items() if summary.silent_s(now) > self.silent_s
+                         and any(self.ranks.exit_record(r) is None for r in summary.ranks)]  # not a host that finished
+        for host in self.silenced:
+            keep = self.summaries.pop(host).keep
+            for rank in [r for r in self.steps if r not in self.direct and self.ranks.info.get(r, {}).get("host") == host]:
+                self.steps[rank] = self.direct[rank] = StepTail(self.ranks.ranks_dir / str(rank) / "steps.jsonl", rank, keep)
+
     def cache_steps(self, min_lines: int, cpu_s: float) -> int:
-        """Add the ranks' new step records to the final analysis' cache (analysis/cache, step_cache.py),
-        a rank once ``min_lines`` wait, in turns, until ``cpu_s`` of this thread's CPU is spent: the final
-        analysis then parses only the lines after. The lines parsed."""
-        started, parsed = time.thread_time(), 0
-        ranks = sorted(self.steps)
-        for rank in ranks[self._next_cached:] + ranks[:self._next_cached]:
-            tail = self.steps[rank].tail
-            if tail.lines - self.cached.get(rank, 0) < min_lines:
-                continue
-            if time.thread_time() - started >= cpu_s:
-                break
-            try:
-                # Files of at least min_lines rows, none read back and written again: the wrapper's CPU is the job's.
-                parsed += extend_cache(tail.path, rank, cache_dir(self.run_dir / ANALYSIS_CACHE, rank), min_lines)
-            except (InputError, OSError):
-                pass  # not readable now: the final analysis reads it, and says why
-            self.cached[rank] = tail.lines - 1  # a file's last line stays out of its cache
-            self._next_cached = (ranks.index(rank) + 1) % len(ranks)
-        return parsed
+        """Add the new step records of the ranks read directly to the final analysis' cache (step_cache.CacheFeeder;
+        each host's wrapper feeds its own ranks' through host_summary.py). The lines parsed."""
+        return self.cache.feed({r: (t.tail.path, t.tail.lines) for r, t in self.direct.items()}, min_lines, cpu_s)
 
     def window(self) -> Window:
         """Read what is new and build the tables of the last ``window_steps`` steps every rank finished
@@ -123,22 +141,25 @@ class LiveSteps:
         last_ends = {r: float(row["end"]) for r, row in latest.items()}
         if not tails:
             return Window(None, last_steps, last_ends, latest)
-        # A rank that has exited (it crashed, or did fewer steps) holds the others' window back no longer.
-        running = [s for r, s in last_steps.items() if self.ranks.exit_record(r) is None]
-        common = min(running or last_steps.values())
-        rows = [row for t in tails.values() for s, row in t.rows.items() if common - self.window_steps < s <= common]
-        if not rows:
+        # A rank that has exited (it crashed, or did fewer steps) holds the others' window back no longer; only a
+        # rank behind the others can (asking every rank for its exit record is a file a rank each judgement).
+        ahead = max(last_steps.values())
+        running = [s for r, s in last_steps.items() if s == ahead or self.ranks.exit_record(r) is None]
+        common = min(running)
+        rows = self.rows.between(common - self.window_steps, common)
+        if rows.empty:
             return Window(None, last_steps, last_ends, latest)
+        requested = self.profiled_steps()
         if self.traces is not None:
-            self.traces.update(common)
-        tables = self._tables(rows, tails)
+            self.traces.update(common, requested)
+        tables = self._tables(rows, tails, requested)
         timed = device_time.latest_timed(tables.steps)  # the metrics endpoint serves them beside the host's
         latest = {r: {**row, **timed.get(r, {})} for r, row in latest.items()}
         return Window(tables, last_steps, last_ends, latest, common)
 
     def _new_traces(self, last: Window) -> bool:
         """Whether a profiled window became complete since ``last`` was built (its traces are then loaded)."""
-        return self.traces is not None and last.finished is not None and self.traces.update(last.finished)
+        return self.traces is not None and last.finished is not None and self.traces.update(last.finished, self.profiled_steps())
 
     def profiled_steps(self) -> set[int]:
         """The steps the ranks were asked to profile (their traces are the final analysis' to read)."""
@@ -159,14 +180,14 @@ class LiveSteps:
         """rank -> the host folder of the wrapper that started it."""
         return {r: i.get("host") for r, i in self.ranks.info.items() if i.get("host")}
 
-    def _tables(self, rows: list[dict[str, Any]], tails: dict[int, StepTail]) -> Tables:
+    def _tables(self, rows: pd.DataFrame, tails: dict[int, RankSteps], requested: set[int]) -> Tables:
         # A step's device timings come in later records: the held rows from the window's first step on are read,
         # not only the window's (the ones before carry the timings of steps before it).
-        first = min(row["step"] for row in rows)
-        device = [d for r, t in tails.items()
-                  for d in device_time.records_of_rows(r, (row for s, row in t.rows.items() if s >= first), t.found.device)]
+        device = device_time.records_of(self.rows.since(int(rows["step"].min())))
+        device += [(r, t.found.device.get("device_steps"), t.found.device.get("device_colls"))
+                   for r, t in tails.items() if t.found.device]
         p2p = {r: p2p_from_step_records(t.found.p2p) for r, t in tails.items() if t.found.p2p}
-        steps = step_table(pd.DataFrame(rows), profiled=self.profiled_steps())
+        steps = step_table(rows, profiled=requested)
         tables = Tables(steps=steps, ranks=pd.DataFrame(), phases=self.phases(), trainer=self.trainer or None,
                         # the profiled windows' collectives (live_traces.py), lined up across hosts as the final ones
                         collectives=self.traces.collectives.copy() if self.traces is not None else pd.DataFrame(),
@@ -182,21 +203,61 @@ class LiveSteps:
         return self._hosts
 
     def process_groups(self) -> dict[int, dict]:
-        """rank -> its process groups, read once each (a DeviceMesh's subgroups share a name: members key them)."""
+        """rank -> its process groups, read once each (a DeviceMesh's subgroups share a name: members key them).
+        A rank writes them at its first step: one without them after GROUPS_PATIENCE reads of its steps has none."""
         for rank in self.steps.keys() - self.groups.keys():
+            if self._groups_missing.get(rank, 0) >= GROUPS_PATIENCE:
+                continue
             path = self.ranks.ranks_dir / str(rank) / "process_groups.json"
             try:
-                self.groups[rank] = rf.read_process_groups(path) if path.exists() else None
+                found = rf.read_process_groups(path) if path.exists() else None
             except (InputError, OSError):
-                self.groups[rank] = None  # the final analysis reports it; live judgement goes on without
-            if self.groups[rank] is None:
-                del self.groups[rank]  # not written yet: read again next time
+                found = None  # the final analysis reports it; live judgement goes on without
+            if found is not None:
+                self.groups[rank] = found
+            elif self.steps[rank].rows:
+                self._groups_missing[rank] = self._groups_missing.get(rank, 0) + 1
         return self.groups
 
     def _recent_telemetry(self, since: float) -> pd.DataFrame | None:
         """The telemetry samples of the window (older ones are dropped: the window only moves on)."""
         self.samples = [r for r in self.samples if r["time"] >= since - TELEMETRY_MARGIN_S]
         return samples_table(self.samples) if self.samples else None
+
+
+class HeldRows:
+    """The step rows live judgement holds, as tables made once per read from the rows it added: a window is cut
+    from them, not rebuilt from every row's dict at every judgement (20,000 rows at 1,024 ranks)."""
+
+    def __init__(self) -> None:
+        self.batches: list[pd.DataFrame] = []
+
+    def add(self, rows: list[dict[str, Any]]) -> None:
+        """The rows one read added."""
+        if rows:
+            self.batches.append(pd.DataFrame(rows))
+
+    def trim(self, oldest: int) -> None:
+        """Let go of the tables of steps before ``oldest`` only."""
+        self.batches = [b for b in self.batches if b["step"].max() >= oldest]
+
+    def between(self, after: int, last: int) -> pd.DataFrame:
+        """The rows of steps ``after`` < step <= ``last``, as one table built from all of them at once would be: a
+        step recorded again in its last record, a column only where a row of these steps has it."""
+        return self._cut(lambda b: (b["step"] > after) & (b["step"] <= last))
+
+    def since(self, first: int) -> pd.DataFrame:
+        """The rows of steps from ``first`` on."""
+        return self._cut(lambda b: b["step"] >= first)
+
+    def _cut(self, keep: Any) -> pd.DataFrame:
+        parts = [part for b in self.batches if len(part := b[keep(b)])]
+        if not parts:
+            return pd.DataFrame()
+        rows = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0].reset_index(drop=True)
+        rows = rows.drop_duplicates(["rank", "step"], keep="last", ignore_index=True).infer_objects()
+        # A phase's or the device timings' column that none of these rows has is no column of theirs.
+        return rows.drop(columns=[c for c in rows.columns if c not in STEP_COLUMNS and rows[c].isna().all()])
 
 
 def samples_table(samples: list[dict[str, Any]]) -> pd.DataFrame:

@@ -37,10 +37,17 @@ class LiveTraces:
         self.collectives = pd.DataFrame()
         self.on_gpu = False
         self.problem: str | None = None  # why the last load failed (the counters are judged without traces)
+        self._ended: frozenset[int] = frozenset()  # the requested windows' last steps looked for so far
 
-    def update(self, finished: int) -> bool:
+    def update(self, finished: int, requested: set[int]) -> bool:
         """Load the traces again if a window is newly complete (``finished``: the latest step every running
-        rank has finished); whether the collectives changed."""
+        rank has finished; ``requested``: the steps the ranks were asked to profile); whether the collectives
+        changed. The ranks' folders are listed only once a requested window ended (a listing of 1,024 folders
+        cost more than the rest of a judgement)."""
+        ended = frozenset(s for s in requested if s + 1 not in requested and s < finished)
+        if ended == self._ended:
+            return False
+        self._ended = ended
         inputs = [i for i in (self._complete(i, finished) for i in discover(self.run_dir)[0]) if i.files]
         files = frozenset(f for i in inputs for f in i.files)
         if files == self.loaded:

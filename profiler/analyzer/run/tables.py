@@ -260,6 +260,8 @@ def _step_stats(steps: pd.DataFrame) -> dict[str, dict]:
     if steps.empty:
         return {"steps": {}, "wall_ms": {}, "profiled": {}, "peak_mem_bytes": {}}
     by_rank = steps.groupby("rank")
+    # A column of records that carried no peak is of objects (None): numbers, or pandas takes it a row at a time.
+    peak = pd.to_numeric(steps["peak_mem_bytes"], errors="coerce") if "peak_mem_bytes" in steps else None
     return {"steps": by_rank.size().to_dict(), "wall_ms": by_rank["wall_ms"].median().to_dict(),
             "profiled": by_rank["profiled"].sum().to_dict() if "profiled" in steps else {},
-            "peak_mem_bytes": by_rank["peak_mem_bytes"].max().to_dict() if "peak_mem_bytes" in steps else {}}
+            "peak_mem_bytes": peak.groupby(steps["rank"]).max().to_dict() if peak is not None else {}}

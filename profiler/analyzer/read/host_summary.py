@@ -1,0 +1,164 @@
+"""One host's step records, reduced where they are made: live judgement reads one file per host.
+
+Every host's wrapper reads its own ranks' steps.jsonl as they are appended (run_files' reader: the rows,
+phases and point-to-point counts the final analysis takes, the same records refused) and appends what
+it read to ``hosts/<host>/steps_summary.jsonl``, one line a read with something new:
+
+    {"groups": [{"columns": ["rank", "step", "start", ...], "rows": [[5, 812, 1790000000.13, ...], ...]}],
+     "extra": {"5": {"phases": [<names first seen>], "p2p": {"<step>": <calls>},
+                     "device": {<the end-of-run device line's lists>}, "bad": <lines refused>,
+                     "impossible": [<records left out>]}}}
+
+(the column names once a line: a line of 8 ranks' steps is smaller than their own records),
+
+and a beat, ``{"beat": <unix s>}``, when it has had nothing to say for ``BEAT_S``: a summary silent longer
+than that is a wrapper that stopped reducing, not ranks without steps. The judging wrapper reads each
+host's summary from where it stopped (read/step_tail.py's rules: whole lines only, a damaged line left
+out), so a judgement opens one file per host, not one per rank, and parses no record twice.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from diagtrain.profiler.analyzer.read.run_files import StepFile, add_step, p2p_from_json, p2p_to_json
+from diagtrain.profiler.analyzer.read.step_cache import CacheFeeder
+from diagtrain.profiler.analyzer.read.step_tail import JsonlTail, RankSteps
+from diagtrain.profiler.run_dir import ANALYSIS_CACHE, HOST_STEPS_SUMMARY, HOSTS_DIR, JsonlAppender, RankIndex
+
+BEAT_S = 10.0  # a reducer with nothing new says it is alive this often: 360 short lines an hour
+
+
+def summary_path(run_dir: Path, host: str) -> Path:
+    """Where ``host``'s wrapper appends its ranks' step rows."""
+    return Path(run_dir) / HOSTS_DIR / host / HOST_STEPS_SUMMARY
+
+
+class HostReducer:
+    """A wrapper's reduction of its own ranks' step records into its host's summary (call :meth:`reduce` every
+    few seconds). Creating it creates the summary: the judge then knows this host's ranks come through it."""
+
+    def __init__(self, run_dir: Path, host: str) -> None:
+        self.run_dir, self.host = Path(run_dir), host
+        self.ranks = RankIndex(self.run_dir)
+        self.out = JsonlAppender(summary_path(self.run_dir, host))
+        self.tails: dict[int, JsonlTail] = {}
+        self.found: dict[int, StepFile] = {}  # rank -> what its file held so far (phases, problems)
+        self.said_at = time.time()
+        self.cache = CacheFeeder(self.run_dir / ANALYSIS_CACHE)
+
+    def reduce(self, cache_lines: int | None = None, cache_cpu_s: float = 0.0) -> int:
+        """Append what this host's ranks recorded since the last call (one line); the step rows appended. With
+        ``cache_lines``, their records also go into the final analysis' cache (step_cache.CacheFeeder)."""
+        rows: list[dict[str, Any]] = []
+        extra: dict[str, dict[str, Any]] = {}
+        for rank, info in sorted(self.ranks.refresh().items()):
+            if info.get("host") != self.host:
+                continue
+            if rank not in self.tails:
+                self.tails[rank] = JsonlTail(self.ranks.ranks_dir / str(rank) / "steps.jsonl")
+                self.found[rank] = StepFile()
+            added, more = self._read(rank)
+            rows += added
+            if more:
+                extra[str(rank)] = more
+        if rows or extra:
+            self.out.append({"groups": _columns(rows), "extra": extra})
+            self.said_at = time.time()
+        elif time.time() - self.said_at >= BEAT_S:
+            self.out.append({"beat": round(time.time(), 3)})
+            self.said_at = time.time()
+        if cache_lines is not None:
+            self.cache.feed({r: (t.path, t.lines) for r, t in self.tails.items()}, cache_lines, cache_cpu_s)
+        return len(rows)
+
+    def close(self) -> None:
+        """Close the summary (what was appended stays)."""
+        self.out.close()
+
+    def _read(self, rank: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """One rank's new step rows, and what else its new lines said (phases first seen, point-to-point calls, the
+        end-of-run device line, problems)."""
+        tail, found = self.tails[rank], self.found[rank]
+        phases, bad, impossible = len(found.phases), found.bad_count, found.impossible_count
+        first = tail.lines + 1
+        added: dict[int, dict[str, Any]] = {}
+        for number, text in enumerate(tail.read(), first):
+            add_step(found, added, number, text, rank)
+        fresh = found.impossible_count - impossible
+        more = {"phases": found.phases[phases:],
+                "p2p": {str(step): p2p_to_json(found.p2p.pop(step)) for step in added if step in found.p2p},
+                "device": found.device, "bad": found.bad_count - bad,
+                "impossible": found.impossible[len(found.impossible) - fresh:] if fresh else []}
+        found.device = {}
+        found.bound_problems()
+        return list(added.values()), {k: v for k, v in more.items() if v}
+
+
+class HostSummary:
+    """One host's summary as the judge reads it: each rank it carries, its recent rows (``RankSteps``)."""
+
+    def __init__(self, path: Path, keep: int | None) -> None:
+        self.tail, self.keep = JsonlTail(path), keep
+        self.ranks: dict[int, RankSteps] = {}  # the ranks read from here (others' rows are skipped)
+        self.heard_at = time.time()  # when its last line came, by this reader's clock
+
+    def read(self) -> int:
+        """Read what the host appended since; the number of new step records."""
+        added: dict[int, dict[int, dict[str, Any]]] = {}
+        for line in self.tail.read_json():
+            self.heard_at = time.time()
+            if not isinstance(line, dict):
+                continue  # a damaged line
+            for row in _rows(line.get("groups")):
+                if row.get("rank") in self.ranks and isinstance(row.get("step"), int):
+                    added.setdefault(row["rank"], {})[row["step"]] = row
+            for rank, more in (line.get("extra") or {}).items():
+                if rank.isdigit() and int(rank) in self.ranks and isinstance(more, dict):
+                    _found(self.ranks[int(rank)].found, more)
+        for rank, holder in self.ranks.items():
+            rows = added.get(rank, {})
+            holder.found.lines += len(rows)
+            holder.take(rows)
+        return sum(map(len, added.values()))
+
+    def silent_s(self, now: float) -> float:
+        """Seconds since its last line (beats included)."""
+        return now - self.heard_at
+
+
+def _columns(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows as columns and values, one group per set of keys (a phase first seen adds a key): the names once a
+    line, not once a row."""
+    groups: dict[tuple[str, ...], list[list[Any]]] = {}
+    for row in rows:
+        groups.setdefault(tuple(row), []).append(list(row.values()))
+    return [{"columns": list(keys), "rows": values} for keys, values in groups.items()]
+
+
+def _rows(groups: Any) -> list[dict[str, Any]]:
+    """:func:`_columns` read back: each row as its reader made it (a group that is not one is left out)."""
+    rows = []
+    for group in groups if isinstance(groups, list) else []:
+        columns = group.get("columns") if isinstance(group, dict) else None
+        if isinstance(columns, list) and isinstance(group.get("rows"), list):
+            rows += [dict(zip(columns, values)) for values in group["rows"]
+                     if isinstance(values, list) and len(values) == len(columns)]
+    return rows
+
+
+def _found(found: StepFile, more: dict[str, Any]) -> None:
+    """What a summary adds to its rank's record of its file besides rows: the phases, point-to-point calls, device
+    line and problems its host's reader found."""
+    found.lines += int(more.get("bad") or 0) + len(more.get("impossible") or [])
+    found.phases += [p for p in more.get("phases") or [] if isinstance(p, str) and p not in found.phases]
+    for step, calls in (more.get("p2p") or {}).items():
+        if step.isdigit() and isinstance(calls, dict):
+            found.p2p[int(step)] = p2p_from_json(calls)
+    for name, entries in (more.get("device") or {}).items():
+        if isinstance(entries, list):
+            found.device.setdefault(name, []).extend(entries)
+    found.bad_lines_dropped += int(more.get("bad") or 0)  # counted; the lines themselves are in the rank's file
+    found.impossible += [str(x) for x in more.get("impossible") or []]
