@@ -39,7 +39,7 @@ from common import machine, save  # noqa: E402
 
 from diagtrain.profiler.analyzer.judge.live import Live, LiveJudge  # noqa: E402
 from diagtrain.profiler.analyzer.read.host_summary import HostReducer  # noqa: E402
-from diagtrain.profiler.run_dir import write_json_atomic  # noqa: E402
+from diagtrain.profiler.run_dir import RankIndex, write_json_atomic  # noqa: E402
 
 T0 = 1_790_000_000.0
 RANKS_PER_HOST = 8
@@ -53,17 +53,18 @@ FIXED_INTERVALS_S = (2.0, 5.0)
 WAYS = {"reduced": "hosts reduce", "direct": "judge reads every rank"}
 
 
-def own_ms(rank: int, step: int) -> dict[str, float]:
+def own_ms(rank: int, step: int, straggler_from: int = 1) -> dict[str, float]:
     """One rank's own work in a step (ms): a little deterministic jitter, the straggler's extra forward."""
+    slow = rank == STRAGGLER and step >= straggler_from
     return {"data": 1.0 + 0.3 * ((rank + step) % 3), "forward": 20.0 + 0.4 * ((rank * step) % 3)
-            + (STRAGGLER_MS if rank == STRAGGLER else 0.0), "backward": 40.0, "optimizer": 5.0, "outside": 2.0}
+            + (STRAGGLER_MS if slow else 0.0), "backward": 40.0, "optimizer": 5.0, "outside": 2.0}
 
 
 class SyntheticJob:
     """Step records appended to ``root/ranks/<r>/steps.jsonl`` as a running synchronous job would."""
 
-    def __init__(self, root: Path, ranks: int) -> None:
-        self.root, self.ranks, self.step, self.clock = root, ranks, 0, T0
+    def __init__(self, root: Path, ranks: int, straggler_from: int = 1) -> None:
+        self.root, self.ranks, self.step, self.clock, self.straggler_from = root, ranks, 0, T0, straggler_from
         for r in range(ranks):
             folder = root / "ranks" / str(r)
             folder.mkdir(parents=True)
@@ -81,7 +82,7 @@ class SyntheticJob:
         lines: dict[int, list[str]] = {r: [] for r in range(self.ranks)}
         for _ in range(steps):
             self.step += 1
-            own = {r: own_ms(r, self.step) for r in range(self.ranks)}
+            own = {r: own_ms(r, self.step, self.straggler_from) for r in range(self.ranks)}
             slowest = max(sum(o.values()) for o in own.values())
             for r, mine in own.items():
                 wait = slowest - sum(mine.values()) + 1.0  # the all-reduce itself takes 1 ms on everyone
@@ -105,7 +106,8 @@ def measure(ranks: int, reps: int, profile: bool, reduced: bool = True) -> dict:
     settings = Live.active()
     with tempfile.TemporaryDirectory() as tmp:
         job = SyntheticJob(Path(tmp), ranks)
-        hosts = [HostReducer(Path(tmp), host_of(r)) for r in range(0, ranks, RANKS_PER_HOST)] if reduced else []
+        index = RankIndex(Path(tmp))  # one for all the hosts this process plays (each real one reads its own)
+        hosts = [HostReducer(Path(tmp), host_of(r), index) for r in range(0, ranks, RANKS_PER_HOST)] if reduced else []
         job.append(settings.window_steps)
         reduce_cpu = _reduce(hosts)
         judge = LiveJudge(Path(tmp))
@@ -145,6 +147,34 @@ def measure(ranks: int, reps: int, profile: bool, reduced: bool = True) -> dict:
             # The straggler is slow from step 1; live judgement starts once a window of steps is in.
             "straggler_found_at_step": found_at, "first_judgement_at_step": settings.window_steps,
             "warnings_found": sorted(f"{k} on {list(r)}" for k, r in kinds), "cpu_s": [round(c, 4) for c in cpu]}
+
+
+def time_to_finding(ranks: int, step_s: float = 1.0) -> dict:
+    """Steps from a straggler's first slow step to the live verdict naming it (warning or worse), every host
+    reducing and the judge judging after each step; and that in seconds for a job of ``step_s`` steps, plus a host's
+    reduce round and the judge's spacing at this cost (the most either can add)."""
+    settings = Live.active()
+    start = settings.window_steps + 5
+    with tempfile.TemporaryDirectory() as tmp:
+        job = SyntheticJob(Path(tmp), ranks, straggler_from=start)
+        index = RankIndex(Path(tmp))
+        hosts = [HostReducer(Path(tmp), host_of(r), index) for r in range(0, ranks, RANKS_PER_HOST)]
+        judge, cpu = LiveJudge(Path(tmp)), []
+        job.append(start - 1)
+        _reduce(hosts)
+        judge.judge(now=job.clock)
+        while job.step < start + 3 * settings.window_steps:
+            job.append()
+            _reduce(hosts)
+            began = time.process_time()
+            named = _straggler_named(judge.judge(now=job.clock).active)
+            cpu.append(time.process_time() - began)
+            if named:
+                break
+    steps = job.step - start + 1 if named else None
+    spacing = max(settings.interval_s, statistics.median(cpu) / settings.max_cpu_share)
+    return {"ranks": ranks, "straggler_from_step": start, "steps_to_finding": steps, "step_s": step_s,
+            "seconds_to_finding_at_most": round(steps * step_s + settings.interval_s + spacing, 1) if steps else None}
 
 
 def _reduce(hosts: list[HostReducer]) -> list[float]:
@@ -216,6 +246,20 @@ def markdown(sections: dict[str, list[dict]], facts: dict, settings: Live) -> st
     return "\n".join(lines) + "\n"
 
 
+def finding_markdown(found: list[dict]) -> str:
+    if not found:
+        return ""
+    lines = ["", "## From a straggler's first step to its live finding", "",
+             "Rank 1 turns slow (+60 ms forward) at the step shown; every host reduces and the judge judges after each "
+             "step. *Seconds, at most*: those steps at the step time shown, plus a host's reduce round "
+             "(live.interval_s) and the judge's spacing at its CPU per judgement (the most either can add).", "",
+             "| ranks | slow from step | steps to its finding | step time s | seconds, at most |",
+             "| ---: | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {r['ranks']} | {r['straggler_from_step']} | {r['steps_to_finding'] or 'not found'} | {r['step_s']:g} | "
+              f"{r['seconds_to_finding_at_most'] or '-'} |" for r in found]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[8, 64])
@@ -225,6 +269,8 @@ def main() -> None:
     parser.add_argument("--no-save", action="store_true")
     parser.add_argument("--before", type=Path, help="measure this older code too, in turns (see above)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--time-to-finding", type=int, nargs="*", default=[],
+                        help="also measure the steps from a straggler's first slow step to its live finding at these ranks")
     parser.add_argument("--ways", nargs="+", choices=list(WAYS), default=list(WAYS),
                         help="reduced: each host's wrapper summarizes its ranks, the judge reads one file a host; "
                              "direct: the judge reads every rank's steps.jsonl")
@@ -238,12 +284,16 @@ def main() -> None:
             for way in args.ways:
                 sections[WAYS[way]].append(measure(ranks, args.reps, ranks in args.profile, way == "reduced"))
                 print(json.dumps({k: v for k, v in sections[WAYS[way]][-1].items() if k != "cpu_s"}), flush=True)
+    found = [time_to_finding(n) for n in args.time_to_finding]
+    for row in found:
+        print(json.dumps(row), flush=True)
     facts = machine()
     if not args.no_save:
         save(args.name, {"machine": facts, "settings": {"interval_s": settings.interval_s,
                                                         "max_cpu_share": settings.max_cpu_share,
-                                                        "window_steps": settings.window_steps}, "results": sections},
-             markdown(sections, facts, settings))
+                                                        "window_steps": settings.window_steps}, "results": sections,
+                         "time_to_finding": found},
+             markdown(sections, facts, settings) + finding_markdown(found))
 
 
 if __name__ == "__main__":

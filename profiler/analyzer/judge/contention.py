@@ -117,17 +117,17 @@ def host_loads(tables: Tables, steps: pd.DataFrame | None = None) -> dict[str, H
     steps = steps[steps["rank"].isin(hosts.index)]
     if steps.empty:
         return {}
-    host_of = steps["rank"].map(hosts).rename("host")
-    spans = steps.groupby(host_of).agg(start=("start", "min"), end=("end", "max"))
-    ranks_of = steps.groupby(host_of)["rank"].unique()
-    runq = _runq_by_host(steps, hosts)
+    ranks_of: dict[str, list[int]] = {}
+    for rank, host in sorted(hosts.items()):
+        ranks_of.setdefault(host, []).append(rank)
+    spans = steps.groupby(steps["rank"].map(hosts).rename("host")).agg(start=("start", "min"), end=("end", "max"))
+    runq = _runq_by_host(steps, hosts).to_dict("index")
     telemetry = _host_telemetry(tables.telemetry)
     loads = {}
-    for host, span in spans.iterrows():
-        load = HostLoad(str(host), sorted(int(r) for r in ranks_of[host]), 0, 0, None, None, None, None,
-                        time_range=(float(span["start"]), float(span["end"])))
-        if host in runq.index:
-            load.runq_ms, load.runq_share = float(runq.at[host, "runq_ms"]), float(runq.at[host, "share"])
+    for host, start, end in zip(spans.index, spans["start"].tolist(), spans["end"].tolist()):
+        load = HostLoad(str(host), ranks_of[host], 0, 0, None, None, None, None, time_range=(float(start), float(end)))
+        if host in runq:
+            load.runq_ms, load.runq_share = float(runq[host]["runq_ms"]), float(runq[host]["share"])
         if host in telemetry:
             _add_telemetry(load, telemetry[host], whole_run, s)
         loads[str(host)] = load

@@ -29,6 +29,7 @@ from diagtrain.profiler.analyzer.read.step_tail import JsonlTail, RankSteps
 from diagtrain.profiler.run_dir import ANALYSIS_CACHE, HOST_STEPS_SUMMARY, HOSTS_DIR, JsonlAppender, RankIndex
 
 BEAT_S = 10.0  # a reducer with nothing new says it is alive this often: 360 short lines an hour
+RELIST_S = 10.0  # a rank that starts late (a restarted one) is found within this
 
 
 def summary_path(run_dir: Path, host: str) -> Path:
@@ -40,9 +41,12 @@ class HostReducer:
     """A wrapper's reduction of its own ranks' step records into its host's summary (call :meth:`reduce` every
     few seconds). Creating it creates the summary: the judge then knows this host's ranks come through it."""
 
-    def __init__(self, run_dir: Path, host: str) -> None:
+    def __init__(self, run_dir: Path, host: str, index: RankIndex | None = None) -> None:
+        """``index``: the run's ranks, where the caller keeps them already (one process playing many hosts)."""
         self.run_dir, self.host = Path(run_dir), host
-        self.ranks = RankIndex(self.run_dir)
+        self.ranks = index or RankIndex(self.run_dir)
+        self.listed_at = -float("inf")
+        self.mine: list[int] = []  # this host's ranks, as last listed
         self.out = JsonlAppender(summary_path(self.run_dir, host))
         self.tails: dict[int, JsonlTail] = {}
         self.found: dict[int, StepFile] = {}  # rank -> what its file held so far (phases, problems)
@@ -54,9 +58,7 @@ class HostReducer:
         ``cache_lines``, their records also go into the final analysis' cache (step_cache.CacheFeeder)."""
         rows: list[dict[str, Any]] = []
         extra: dict[str, dict[str, Any]] = {}
-        for rank, info in sorted(self.ranks.refresh().items()):
-            if info.get("host") != self.host:
-                continue
+        for rank in self._mine():
             if rank not in self.tails:
                 self.tails[rank] = JsonlTail(self.ranks.ranks_dir / str(rank) / "steps.jsonl")
                 self.found[rank] = StepFile()
@@ -73,6 +75,15 @@ class HostReducer:
         if cache_lines is not None:
             self.cache.feed({r: (t.path, t.lines) for r, t in self.tails.items()}, cache_lines, cache_cpu_s)
         return len(rows)
+
+    def _mine(self) -> list[int]:
+        """This host's ranks: the run's ranks folder listed again only every RELIST_S once it has some (thousands
+        of folders on a shared filesystem, listed by every host)."""
+        if not self.mine or time.time() - self.listed_at >= RELIST_S:
+            self.ranks.refresh()
+            self.listed_at = time.time()
+            self.mine = sorted(r for r, info in self.ranks.info.items() if info.get("host") == self.host)
+        return self.mine
 
     def close(self) -> None:
         """Close the summary (what was appended stays)."""

@@ -70,6 +70,7 @@ class LiveSteps:
         self.cache = CacheFeeder(self.run_dir / ANALYSIS_CACHE)
         self.groups: dict[int, dict] = {}  # rank -> its process groups (process_groups.json, written at its first step)
         self._groups_missing: dict[int, int] = {}  # rank -> reads of its steps that found no process groups
+        self._no_groups: set[int] = set()  # ranks taken to have none
         self._hosts: list[dict[str, Any]] | None = None  # the hosts' records (host.json), once every rank's is read
 
     def read(self) -> int:
@@ -205,9 +206,7 @@ class LiveSteps:
     def process_groups(self) -> dict[int, dict]:
         """rank -> its process groups, read once each (a DeviceMesh's subgroups share a name: members key them).
         A rank writes them at its first step: one without them after GROUPS_PATIENCE reads of its steps has none."""
-        for rank in self.steps.keys() - self.groups.keys():
-            if self._groups_missing.get(rank, 0) >= GROUPS_PATIENCE:
-                continue
+        for rank in self.steps.keys() - self.groups.keys() - self._no_groups:
             path = self.ranks.ranks_dir / str(rank) / "process_groups.json"
             try:
                 found = rf.read_process_groups(path) if path.exists() else None
@@ -217,6 +216,8 @@ class LiveSteps:
                 self.groups[rank] = found
             elif self.steps[rank].rows:
                 self._groups_missing[rank] = self._groups_missing.get(rank, 0) + 1
+                if self._groups_missing[rank] >= GROUPS_PATIENCE:
+                    self._no_groups.add(rank)
         return self.groups
 
     def _recent_telemetry(self, since: float) -> pd.DataFrame | None:
