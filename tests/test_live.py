@@ -28,7 +28,8 @@ from diagtrain.profiler.analyzer.judge.live import NO_PROGRESS, LiveJudge
 from diagtrain.profiler.analyzer.read import step_cache
 from diagtrain.profiler.analyzer.read.run_files import read_steps
 from diagtrain.profiler.analyzer.read.step_tail import StepTail
-from diagtrain.profiler.analyzer.read.host_summary import HostReducer
+from diagtrain.profiler.analyzer.read.host_summary import HostReducer, HostSummary
+from diagtrain.profiler.analyzer.read.step_tail import RankSteps
 from diagtrain.profiler.analyzer.read.run_read import requested_profile_steps
 from diagtrain.profiler.analyzer.run.live_traces import LiveTraces
 from diagtrain.profiler.run_dir import clear_run, write_json_atomic
@@ -137,6 +138,14 @@ def test_a_clean_run_has_no_live_warning(clean_job):
     assert live["failed"] is None and live["judgements"] >= 2, live
     assert live["last_step"] > steady.warmup_steps + steady.min_steady_steps, live
     assert "live: " not in stderr
+    # The wrapper reduced its ranks' step records into its host's summary as they came (what the judge read, up
+    # to the last step it judged; the steps after its last round are in the ranks' files only).
+    summary = HostSummary(host.parent / "steps_summary.jsonl", keep=None)
+    summary.ranks = {r: RankSteps(r, None) for r in (0, 1)}
+    summary.read()
+    for r, held in summary.ranks.items():
+        recorded = [row["step"] for row in read_steps(out / "ranks" / str(r) / "steps.jsonl", r).rows]
+        assert live["last_step"] <= len(held.rows) and sorted(held.rows) == recorded[:len(held.rows)]
 
 
 @pytest.mark.jobs
