@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 
 from diagtrain.profiler.analyzer.judge.live import LiveJudge
-from diagtrain.profiler.analyzer.read.host_summary import HostReducer, summary_path
+from diagtrain.profiler.analyzer.read.host_summary import HostReducer, HostSummary, set_aside, summary_path
+from diagtrain.profiler.analyzer.read.step_tail import RankSteps
 from diagtrain.profiler.analyzer.run.tables import step_table
 from diagtrain.profiler.run_dir import write_json_atomic
 from diagtrain.profiler.util import settings
@@ -140,3 +141,18 @@ def test_a_damaged_summary_line_is_left_out_and_beats_keep_a_quiet_host_heard(tm
     time.sleep(0.01)
     judge.steps.read()
     assert judge.steps.summaries["node-0"].heard_at > heard
+
+
+def test_a_full_summary_is_set_aside_and_its_reader_loses_no_line(tmp_path):
+    job = Job(tmp_path)
+    reducer = HostReducer(tmp_path, "node-2", max_bytes=3_000)  # a fresh summary every few steps' lines
+    summary = HostSummary(summary_path(tmp_path, "node-2"), keep=None)
+    summary.ranks = {r: RankSteps(r, None) for r in range(16, 24)}
+    for steps in (2, 3, 1, 4, 2, 5, 3):
+        job.append(steps)
+        reducer.reduce()
+        reducer.reduce()  # nothing new: no line
+        summary.read()
+    assert set_aside(summary_path(tmp_path, "node-2")).exists()
+    assert summary_path(tmp_path, "node-2").stat().st_size < 2 * 3_000  # bounded: a line past the size, at most
+    assert all(sorted(held.rows) == list(range(1, 21)) for held in summary.ranks.values())

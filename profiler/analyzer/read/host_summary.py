@@ -19,6 +19,7 @@ out), so a judgement opens one file per host, not one per rank, and parses no re
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,9 @@ from diagtrain.profiler.run_dir import ANALYSIS_CACHE, HOST_STEPS_SUMMARY, HOSTS
 
 BEAT_S = 10.0  # a reducer with nothing new says it is alive this often: 360 short lines an hour
 RELIST_S = 10.0  # a rank that starts late (a restarted one) is found within this
+# A summary this big is set aside (``.1``, replacing the one before) and a fresh one begun: a host's summaries
+# hold at most twice this. At 8 ranks' steps a second, ~2 KB a second: a fresh file every ~9 hours.
+MAX_SUMMARY_BYTES = 64 << 20
 
 
 def summary_path(run_dir: Path, host: str) -> Path:
@@ -37,13 +41,19 @@ def summary_path(run_dir: Path, host: str) -> Path:
     return Path(run_dir) / HOSTS_DIR / host / HOST_STEPS_SUMMARY
 
 
+def set_aside(path: Path) -> Path:
+    """Where a full summary goes when a fresh one begins."""
+    return path.with_name(path.name + ".1")
+
+
 class HostReducer:
     """A wrapper's reduction of its own ranks' step records into its host's summary (call :meth:`reduce` every
     few seconds). Creating it creates the summary: the judge then knows this host's ranks come through it."""
 
-    def __init__(self, run_dir: Path, host: str, index: RankIndex | None = None) -> None:
+    def __init__(self, run_dir: Path, host: str, index: RankIndex | None = None,
+                 max_bytes: int = MAX_SUMMARY_BYTES) -> None:
         """``index``: the run's ranks, where the caller keeps them already (one process playing many hosts)."""
-        self.run_dir, self.host = Path(run_dir), host
+        self.run_dir, self.host, self.max_bytes = Path(run_dir), host, max_bytes
         self.ranks = index or RankIndex(self.run_dir)
         self.listed_at = -float("inf")
         self.mine: list[int] = []  # this host's ranks, as last listed
@@ -69,12 +79,22 @@ class HostReducer:
         if rows or extra:
             self.out.append({"groups": _columns(rows), "extra": extra})
             self.said_at = time.time()
+            self._bound()
         elif time.time() - self.said_at >= BEAT_S:
             self.out.append({"beat": round(time.time(), 3)})
             self.said_at = time.time()
         if cache_lines is not None:
             self.cache.feed({r: (t.path, t.lines) for r, t in self.tails.items()}, cache_lines, cache_cpu_s)
         return len(rows)
+
+    def _bound(self) -> None:
+        """Past ``max_bytes``, set the summary aside and begin a fresh one (its reader finishes the old one first)."""
+        path = self.out.path
+        if path.stat().st_size < self.max_bytes:
+            return
+        self.out.close()
+        os.replace(path, set_aside(path))
+        self.out = JsonlAppender(path)
 
     def _mine(self) -> list[int]:
         """This host's ranks: the run's ranks folder listed again only every RELIST_S once it has some (thousands
@@ -112,14 +132,15 @@ class HostSummary:
     """One host's summary as the judge reads it: each rank it carries, its recent rows (``RankSteps``)."""
 
     def __init__(self, path: Path, keep: int | None) -> None:
-        self.tail, self.keep = JsonlTail(path), keep
+        self.path, self.tail, self.keep = path, JsonlTail(path), keep
+        self.inode: int | None = None  # the file being read (a fresh one begins past MAX_SUMMARY_BYTES)
         self.ranks: dict[int, RankSteps] = {}  # the ranks read from here (others' rows are skipped)
         self.heard_at = time.time()  # when its last line came, by this reader's clock
 
     def read(self) -> int:
         """Read what the host appended since; the number of new step records."""
         added: dict[int, dict[int, dict[str, Any]]] = {}
-        for line in self.tail.read_json():
+        for line in self._lines():
             self.heard_at = time.time()
             if not isinstance(line, dict):
                 continue  # a damaged line
@@ -134,6 +155,26 @@ class HostSummary:
             holder.found.lines += len(rows)
             holder.take(rows)
         return sum(map(len, added.values()))
+
+    def _lines(self) -> list[Any]:
+        """The lines appended since the last read: where the summary was set aside since, the rest of the old file
+        first, then the fresh one from its start."""
+        try:
+            inode = os.stat(self.path).st_ino
+        except OSError:
+            return []
+        lines = []
+        if self.inode is not None and inode != self.inode:
+            old = JsonlTail(set_aside(self.path))
+            old.offset = self.tail.offset
+            try:
+                if os.stat(old.path).st_ino == self.inode:
+                    lines = old.read_json()
+            except OSError:
+                pass  # set aside twice since the last read (hours unread): lost to live judgement, not to the ranks' files
+            self.tail = JsonlTail(self.path)
+        self.inode = inode
+        return lines + self.tail.read_json()
 
     def silent_s(self, now: float) -> float:
         """Seconds since its last line (beats included)."""
