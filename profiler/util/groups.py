@@ -4,7 +4,10 @@ groups' frames (issue 39: live judgement of 64 ranks)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
+import pandas as pd
 
 
 def positions_by(keys: np.ndarray) -> list[tuple[object, np.ndarray]]:
@@ -20,6 +23,18 @@ def positions_by(keys: np.ndarray) -> list[tuple[object, np.ndarray]]:
         return []
     bounds = np.flatnonzero(ordered[1:] != ordered[:-1]) + 1
     return [(ordered[start], order[start:end]) for start, end in zip(np.r_[0, bounds], np.r_[bounds, len(order)])]
+
+
+def distinct_rows(*columns: Sequence) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, which distinct combination of the ``columns``' values it holds (codes 0, 1, ... in the order
+    of their first rows), and the first row of each combination: what a dict keyed by each row's values
+    finds, by hash tables in C instead of a tuple built and hashed per row. Missing values (None, NaN)
+    are one value."""
+    codes = np.zeros(len(columns[0]) if columns else 0, dtype=np.int64)
+    for column in columns:
+        own, distinct = pd.factorize(column, use_na_sentinel=False)
+        codes = pd.factorize(codes * max(len(distinct), 1) + own)[0]  # below rows x values: no overflow
+    return codes, np.unique(codes, return_index=True)[1]
 
 
 def median_of_others(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
