@@ -37,6 +37,19 @@ def distinct_rows(*columns: Sequence) -> tuple[np.ndarray, np.ndarray]:
     return codes, np.unique(codes, return_index=True)[1]
 
 
+def nth_in_group(*columns: Sequence) -> np.ndarray:
+    """Per row, how many rows before it hold the same values in ``columns`` (0, 1, ...): ``groupby(...).cumcount()``
+    of columns without missing values, without its per-call cost (0.9 ms, on each rank's few hundred
+    collectives)."""
+    codes = distinct_rows(*columns)[0]
+    order = np.argsort(codes, kind="stable")  # a group's rows together, in row order
+    ordered = codes[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if len(codes) else np.zeros(0, dtype=int)
+    nth = np.empty(len(codes), dtype=np.int64)
+    nth[order] = np.arange(len(codes)) - np.repeat(starts, np.diff(np.r_[starts, len(codes)]))
+    return nth
+
+
 def median_of_others(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
     """For each element, ``np.median`` of the other elements of its group, to the bit (NaN where one
     of them is NaN, and for an element alone in its group), without a median per element.

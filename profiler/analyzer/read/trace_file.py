@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import compress, repeat
-from operator import attrgetter
+from operator import attrgetter, is_not
 from pathlib import Path
 from typing import Any, Union
 
@@ -527,7 +527,7 @@ class _Columns:
         for column in ("collective", "pg_name"):
             values = list(map(attrgetter(column), args))
             if values.count(None) != len(values):
-                rows |= np.array(values, dtype=object) != None  # noqa: E711 - elementwise
+                rows |= np.fromiter(map(is_not, values, repeat(None)), bool, len(values))
         shaped = np.array(self.shaped, dtype=np.int8)[names]
         for i in np.flatnonzero(shaped):
             rows[i] |= len(args[i].input_dims) > 0
