@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from diagtrain.profiler.util import settings
+from diagtrain.profiler.util.collector import held_objects_spared
 from diagtrain.profiler.analyzer.judge import pipeline
 from diagtrain.profiler.analyzer.rank import cluster, load
 from diagtrain.profiler.analyzer.rank.cache import spans_path
@@ -38,23 +39,27 @@ def analyze(path: Path, out: Path, formats: list[str], workers: int,
     progress(f"{len(inputs)} rank inputs in {path}")
     if scheduler:
         progress(f"connecting to the Dask scheduler at {scheduler}")
-    with cluster.connect(scheduler) if scheduler else nullcontext() as on_cluster:
-        results, more_skipped = load.load(inputs, cache, workers, progress, on_cluster)
-    skipped += more_skipped
-    progress("building the tables")
-    t = tables.build(path, results, flight_recorder, cache)
-    skipped += t.skipped
-    notes = health.check(t, results)
-    with settings.overriding(overrides or {}):
-        verdict = pipeline.judge(t, spans_reader(t, results, cache), progress, notes)
-        doc = document.build(path, t, verdict.findings, notes, [asdict(s) for s in skipped])
-        doc["settings"] = used_settings(overrides or {})
-    doc["expected"] = verdict.expected
-    doc["critical_path"] = verdict.critical_path
-    doc["ledger"] = verdict.ledger
-    progress("writing the results")
-    outputs.write(analysis_dir, t, doc, results)
-    document.write(out, doc, formats, t)
+    # The results and the tables are held to the end: out of the collector's passes once made.
+    with held_objects_spared() as held:
+        with cluster.connect(scheduler) if scheduler else nullcontext() as on_cluster:
+            results, more_skipped = load.load(inputs, cache, workers, progress, on_cluster)
+        held()
+        skipped += more_skipped
+        progress("building the tables")
+        t = tables.build(path, results, flight_recorder, cache)
+        held()
+        skipped += t.skipped
+        notes = health.check(t, results)
+        with settings.overriding(overrides or {}):
+            verdict = pipeline.judge(t, spans_reader(t, results, cache), progress, notes)
+            doc = document.build(path, t, verdict.findings, notes, [asdict(s) for s in skipped])
+            doc["settings"] = used_settings(overrides or {})
+        doc["expected"] = verdict.expected
+        doc["critical_path"] = verdict.critical_path
+        doc["ledger"] = verdict.ledger
+        progress("writing the results")
+        outputs.write(analysis_dir, t, doc, results)
+        document.write(out, doc, formats, t)
     return doc
 
 

@@ -21,7 +21,12 @@ def set_column(frame: pd.DataFrame, name: str, values: Any) -> None:
 
 def with_columns(frame: pd.DataFrame, **columns: Any) -> pd.DataFrame:
     """``frame.assign(**columns)``, taking the arrays as they are."""
-    return frame.assign(**{name: _series(frame, values) for name, values in columns.items()})
+    added = {name: _series(frame, values) for name, values in columns.items()}
+    if frame.index.is_unique and frame.columns.is_unique and not frame.columns.isin(list(added)).any():
+        # Only new columns: one frame made of all of them at once. assign copies the frame, then adds a
+        # column at a time (0.6 ms for a trace's 9 argument columns, twice a rank).
+        return pd.DataFrame({**{name: frame[name] for name in frame.columns}, **added})
+    return frame.assign(**added)
 
 
 def _series(frame: pd.DataFrame, values: Any) -> pd.Series:

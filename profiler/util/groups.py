@@ -4,7 +4,10 @@ groups' frames (issue 39: live judgement of 64 ranks)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
+import pandas as pd
 
 
 def positions_by(keys: np.ndarray) -> list[tuple[object, np.ndarray]]:
@@ -20,6 +23,31 @@ def positions_by(keys: np.ndarray) -> list[tuple[object, np.ndarray]]:
         return []
     bounds = np.flatnonzero(ordered[1:] != ordered[:-1]) + 1
     return [(ordered[start], order[start:end]) for start, end in zip(np.r_[0, bounds], np.r_[bounds, len(order)])]
+
+
+def distinct_rows(*columns: Sequence) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, which distinct combination of the ``columns``' values it holds (codes 0, 1, ... in the order
+    of their first rows), and the first row of each combination: what a dict keyed by each row's values
+    finds, by hash tables in C instead of a tuple built and hashed per row. Missing values (None, NaN)
+    are one value."""
+    codes = np.zeros(len(columns[0]) if columns else 0, dtype=np.int64)
+    for column in columns:
+        own, distinct = pd.factorize(column, use_na_sentinel=False)
+        codes = pd.factorize(codes * max(len(distinct), 1) + own)[0]  # below rows x values: no overflow
+    return codes, np.unique(codes, return_index=True)[1]
+
+
+def nth_in_group(*columns: Sequence) -> np.ndarray:
+    """Per row, how many rows before it hold the same values in ``columns`` (0, 1, ...): ``groupby(...).cumcount()``
+    of columns without missing values, without its per-call cost (0.9 ms, on each rank's few hundred
+    collectives)."""
+    codes = distinct_rows(*columns)[0]
+    order = np.argsort(codes, kind="stable")  # a group's rows together, in row order
+    ordered = codes[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if len(codes) else np.zeros(0, dtype=int)
+    nth = np.empty(len(codes), dtype=np.int64)
+    nth[order] = np.arange(len(codes)) - np.repeat(starts, np.diff(np.r_[starts, len(codes)]))
+    return nth
 
 
 def median_of_others(values: np.ndarray, groups: np.ndarray) -> np.ndarray:

@@ -30,6 +30,9 @@ def write_parquet(path: str | os.PathLike, frame: pd.DataFrame) -> None:
     """Replace ``path`` with ``frame`` (its index left out), one row group at a time."""
     import pyarrow as pa  # noqa: PLC0415 - the analysis' import, not its command line's
 
+    if len(frame) <= ROW_GROUP_ROWS:  # one row group, typed from itself: converted once, not twice
+        write_parquet_pieces(path, [frame])
+        return
     slices = (frame.iloc[at:at + ROW_GROUP_ROWS] for at in range(0, max(len(frame), 1), ROW_GROUP_ROWS))
     # Typed from the whole table: a slice of only missing values alone would be typed null.
     write_parquet_pieces(path, slices, pa.Schema.from_pandas(frame, preserve_index=False))

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any, Callable
 
+import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.analyzer.judge import measured as run_measured
@@ -36,6 +37,7 @@ from diagtrain.profiler.plan.hardware import NETWORK, NVLINK
 from diagtrain.profiler.plan.layout import Layout
 from diagtrain.profiler.plan.memory import held as plan_held, rank_memory
 from diagtrain.profiler.plan.run_model import Measured, RunModel
+from diagtrain.profiler.util.groups import distinct_rows
 
 
 @section("expected")
@@ -211,13 +213,15 @@ def _collectives(rm: RunModel, coll: pd.DataFrame, tables: Tables, exact: bool) 
         return []
     calls = run_measured.with_steps(coll, tables.steps)
     named = any(str(d or "") not in UNNAMED for d in calls["pg_desc"])
-    calls = calls[[_modeled(d, named) or op in ("send", "recv") for d, op in zip(calls["pg_desc"], calls["op"])]]
+    # Decided per distinct (group, op), not per row: a row per collective and rank.
+    kinds, firsts = distinct_rows(calls["pg_desc"], calls["op"])
+    modeled = np.array([_modeled(d, named) or op in ("send", "recv")
+                        for d, op in zip(calls["pg_desc"].iloc[firsts], calls["op"].iloc[firsts])], dtype=bool)
+    calls = calls[modeled[kinds].tolist()]
     calls = calls[calls["bytes"].notna()]
     if calls.empty:
         return []
-    calls = calls.assign(kind=run_measured.group_kinds(calls, rm.layout),
-                         size=[len(g) if g is not None and len(g) else n for g, n in
-                               zip(calls["group_ranks"], calls["ranks_seen"])],
+    calls = calls.assign(kind=run_measured.group_kinds(calls, rm.layout), size=_group_sizes(calls),
                          key=[round(float(b)) for b in calls["bytes"]])
     bw = run_measured.best_bandwidth(rm, coll)
     # One aggregation for all ranks: one per rank cost ~15 ms each, 15 s at 1,024 ranks.
@@ -277,6 +281,17 @@ def _model_ms(key: tuple[str, int], cs: list[Collective], row: dict[str, Any] | 
     n = int(row["size"]) if row is not None and row["size"] else 2
     whole = size  # the table records all-gathers by their whole buffer (collectives.py)
     return ring_time(op, whole, n, bandwidth) * 1e3
+
+
+def _group_sizes(calls: pd.DataFrame) -> np.ndarray:
+    """Per row, its group's size: the members it lists, else the ranks seen in the collective. Counted once
+    per members object (rows share their group's), not per row."""
+    members = calls["group_ranks"].to_numpy()
+    objects, firsts = distinct_rows(np.fromiter(map(id, members), np.int64, len(members)))
+    listed = np.array([len(g) if g is not None else 0 for g in members[firsts]], dtype=np.int64)[objects]
+    if (listed > 0).all():
+        return listed
+    return np.where(listed > 0, listed, calls["ranks_seen"].to_numpy())
 
 
 UNNAMED = ("", "None", "nan", "?")  # a collective whose trace event names no group

@@ -33,6 +33,7 @@ from diagtrain.profiler.plan.layout import REFERENCE_TP_BACKWARD_REDUCES, Implem
 from diagtrain.profiler.plan.model import reference_trainer, shape_for
 from diagtrain.profiler.plan.run_model import Measured, PipelineTiming, RunModel
 from diagtrain.profiler.run_dir import group_members, read_json
+from diagtrain.profiler.util.groups import distinct_rows
 from diagtrain.profiler.util.intervals import merge
 
 
@@ -175,14 +176,13 @@ def group_kind(desc: Any, members: Any, op: str, layout: Layout) -> str | None:
 def group_kinds(collectives: pd.DataFrame, layout: Layout) -> list[str | None]:
     """``group_kind`` of every row, worked out once per distinct group and op (a group has up to
     thousands of members, and there is a row per collective and rank)."""
-    kinds: dict[tuple[Any, Any, Any], str | None] = {}
     keys = collectives["group"] if "group" in collectives else collectives["pg"]
-    out = []
-    for desc, key, members, op in zip(collectives["pg_desc"], keys, collectives["group_ranks"], collectives["op"]):
-        if (desc, key, op) not in kinds:
-            kinds[(desc, key, op)] = group_kind(desc, members, op, layout)
-        out.append(kinds[(desc, key, op)])
-    return out
+    # Grouped in C: a tuple per row, built and hashed in Python, cost 0.4 s a call at 1,024 ranks x 20k events.
+    codes, firsts = distinct_rows(collectives["pg_desc"], keys, collectives["op"])
+    first = collectives.iloc[firsts]
+    kinds = [group_kind(desc, members, op, layout)
+             for desc, members, op in zip(first["pg_desc"], first["group_ranks"], first["op"])]
+    return list(np.array(kinds, dtype=object)[codes])
 
 
 def with_steps(collectives: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:

@@ -20,6 +20,7 @@ from diagtrain.profiler.analyzer.read.dialects import COMM
 from diagtrain.profiler.model.collectives import WHOLE_BUFFER_OPS, bus_factor
 from diagtrain.profiler.run_dir import group_key
 from diagtrain.profiler.util.frames import set_column
+from diagtrain.profiler.util.groups import distinct_rows, nth_in_group
 
 DTYPE_BYTES = {"float": 4, "float32": 4, "c10::half": 2, "half": 2, "float16": 2, "c10::bfloat16": 2,
                "bfloat16": 2, "double": 8, "float64": 8, "int": 4, "int32": 4, "long int": 8, "int64": 8,
@@ -79,7 +80,8 @@ def rank_collectives(events: pd.DataFrame, rank: int, epoch_offset_us: int, pg_c
         table["bytes"] = np.where(whole, table["bytes"].astype(float) * size, table["bytes"].astype(float))
     missing = table["seq"].isna()
     if missing.any():  # no sequence numbers: order within (group, op) on this rank
-        table.loc[missing, "seq"] = table[missing].groupby(["pg", "op"]).cumcount() + 1
+        unnumbered = table[missing]
+        table.loc[missing, "seq"] = nth_in_group(unnumbered["pg"], unnumbered["op"]) + 1
     table["seq"] = table["seq"].astype(int)
     table["is_p2p"] = table["op"].isin(P2P_OPS)
     table.loc[table["is_p2p"] & table["pg_desc"].isna(), "pg_desc"] = P2P_GROUP_DESC
@@ -224,13 +226,16 @@ def match(collectives: pd.DataFrame) -> pd.DataFrame:
     by = table[~p2p].groupby(key, sort=False)
     table["ranks_seen"] = by["rank"].transform("nunique")
     table.loc[p2p, "ranks_seen"] = 1
-    size = table["group_ranks"].map(len)
+    size = pd.Series(np.fromiter(map(len, members), np.int64, len(members)), index=table.index)
     complete = ~p2p & (size > 1) & (table["ranks_seen"] >= size)
     table["transfer_us"] = by["dur"].transform("min").where(complete)
     table["wait_us"] = table["dur"] - table["transfer_us"]
     table["last_rank"] = last_to_arrive(table, table["ranks_seen"] > 1)
     table["algbw_gbps"] = table["bytes"] / (table["transfer_us"] * 1e3)  # bytes/µs/1e3 = GB/s
-    factor = np.array([bus_factor(op, n) if n > 0 else 1.0 for op, n in zip(table["op"], size)])
+    # Per distinct (op, group size), not per row: a row per collective and rank.
+    kinds, firsts = distinct_rows(table["op"], size)
+    factor = np.array([bus_factor(op, n) if n > 0 else 1.0
+                       for op, n in zip(table["op"].iloc[firsts], size.iloc[firsts])])[kinds]
     table["busbw_gbps"] = table["algbw_gbps"] * factor
     return table
 
@@ -239,29 +244,28 @@ def shared_groups(pgs: pd.Series, members: pd.Series) -> tuple[np.ndarray, np.nd
     """Per row, its group key and members (object arrays), one object per distinct group for all rows.
 
     Rows of one rank share a members tuple (rank_collectives), so the key is built once per rank and
-    group, not per row: at 1,024 ranks a key per row would hold gigabytes of identical strings.
+    group, not per row: at 1,024 ranks a key per row would hold gigabytes of identical strings. The rows
+    are told apart by (group, members object) in C: a lookup per row in Python cost 0.3 s at 1,024 ranks.
     """
-    by_object: dict[tuple[Any, int], tuple[str, tuple[int, ...]]] = {}
     by_value: dict[tuple[Any, tuple[int, ...]], tuple[str, tuple[int, ...]]] = {}
-    keys, shared = [], []
-    for pg, ranks in zip(pgs, members):
-        found = by_object.get((pg, id(ranks)))
-        if found is None:
-            # Looked up as given first (each rank has its own equal tuple): hashing it runs in C, where
-            # converting every member ran in Python, ranks x members times (0.1 s at 1,024 ranks).
-            given = ranks if isinstance(ranks, tuple) else tuple(ranks) if ranks is not None else ()
-            found = by_value.get((pg, given))
-            if found is None:
-                ranks_tuple = tuple(int(r) for r in given)
-                found = by_value.get((pg, ranks_tuple))
-                if found is None:  # the key once per distinct group, not per rank that is in it
-                    found = by_value[(pg, ranks_tuple)] = (group_key(pg, ranks_tuple), ranks_tuple)
-                by_value[(pg, given)] = found
-            by_object[(pg, id(ranks))] = found
-        keys.append(found[0])
-        shared.append(found[1])
+    found = []
+    codes, firsts = distinct_rows(pgs, np.fromiter(map(id, members), np.int64, len(members)))
+    for pg, ranks in zip(pgs.iloc[firsts], members.iloc[firsts]):  # once per rank and group
+        # Looked up as given first (each rank has its own equal tuple): hashing it runs in C, where
+        # converting every member ran in Python, ranks x members times (0.1 s at 1,024 ranks).
+        given = ranks if isinstance(ranks, tuple) else tuple(ranks) if ranks is not None else ()
+        shared = by_value.get((pg, given))
+        if shared is None:
+            ranks_tuple = tuple(int(r) for r in given)
+            shared = by_value.get((pg, ranks_tuple))
+            if shared is None:  # the key once per distinct group, not per rank that is in it
+                shared = by_value[(pg, ranks_tuple)] = (group_key(pg, ranks_tuple), ranks_tuple)
+            by_value[(pg, given)] = shared
+        found.append(shared)
     # fromiter: each tuple one element (np.array would make rows of a 2-D array of them)
-    return np.fromiter(keys, dtype=object, count=len(keys)), np.fromiter(shared, dtype=object, count=len(shared))
+    keys = np.fromiter((k for k, _ in found), dtype=object, count=len(found))
+    shared_members = np.fromiter((m for _, m in found), dtype=object, count=len(found))
+    return keys[codes], shared_members[codes]
 
 
 def last_to_arrive(table: pd.DataFrame, shared: pd.Series) -> pd.Series:

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import gc
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import compress, repeat
-from operator import attrgetter
+from operator import attrgetter, is_not
 from pathlib import Path
 from typing import Any, Union
 
@@ -503,9 +503,9 @@ class _Columns:
         args = list(map(attrgetter("args"), events))
         for column in ("ts", "dur"):
             self.parts[column].append(np.fromiter(map(attrgetter(column), events), np.float64, n))
-        self.parts["tid"].append(_narrow(_integers(list(map(attrgetter("tid"), events)))))
+        self.parts["tid"].append(_narrow(_integers(events, attrgetter("tid"))))
         for column in ("correlation", "stream"):
-            self.parts[column].append(_narrow(_integers(list(map(attrgetter(column), args)))))
+            self.parts[column].append(_narrow(_integers(args, attrgetter(column))))
         for column in ("in_nelems", "group_size"):  # on any event, as the event-by-event read checks them
             given = [v for v in map(attrgetter(column), args) if v is not None]  # most events have none
             if given and any(map(unfit_count, given)):
@@ -527,7 +527,7 @@ class _Columns:
         for column in ("collective", "pg_name"):
             values = list(map(attrgetter(column), args))
             if values.count(None) != len(values):
-                rows |= np.array(values, dtype=object) != None  # noqa: E711 - elementwise
+                rows |= np.fromiter(map(is_not, values, repeat(None)), bool, len(values))
         shaped = np.array(self.shaped, dtype=np.int8)[names]
         for i in np.flatnonzero(shaped):
             rows[i] |= len(args[i].input_dims) > 0
@@ -657,11 +657,13 @@ class _Unfit(Exception):
     """A number that does not fit its field: the file is read again event by event, and that event left out."""
 
 
-def _integers(values: list[Any]) -> np.ndarray:
-    """Stream or correlation ids as int64, -1 where there is none or it is not a number."""
+def _integers(items: list[Any], field: Callable[[Any], Any]) -> np.ndarray:
+    """Stream or correlation ids (``field`` of each of ``items``) as int64, -1 where there is none or it
+    is not a number. Read straight into the array; the list of values is made only when one does not fit."""
     try:
-        return np.fromiter(values, np.int64, len(values))
+        return np.fromiter(map(field, items), np.int64, len(items))
     except (TypeError, ValueError, OverflowError):  # a null, or a string that is not a number
+        values = list(map(field, items))
         if any(type(v) in (int, float) and not fits_int64(v) for v in values):
             raise _Unfit from None
         return np.array([_int(v, -1) for v in values], dtype=np.int64)
