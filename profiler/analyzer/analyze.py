@@ -39,8 +39,9 @@ def analyze(path: Path, out: Path, formats: list[str], workers: int,
     progress(f"{len(inputs)} rank inputs in {path}")
     if scheduler:
         progress(f"connecting to the Dask scheduler at {scheduler}")
-    # The results and the tables are held to the end: out of the collector's passes once made.
-    with held_objects_spared() as held:
+    # The results and the tables are held to the end: out of the collector's passes once made. The settings are
+    # in force from the ranks' reading (handed to the workers) to the report.
+    with held_objects_spared() as held, settings.overriding(overrides or {}):
         with cluster.connect(scheduler) if scheduler else nullcontext() as on_cluster:
             results, more_skipped = load.load(inputs, cache, workers, progress, on_cluster)
         held()
@@ -50,10 +51,9 @@ def analyze(path: Path, out: Path, formats: list[str], workers: int,
         held()
         skipped += t.skipped
         notes = health.check(t, results)
-        with settings.overriding(overrides or {}):
-            verdict = pipeline.judge(t, spans_reader(t, results, cache), progress, notes)
-            doc = document.build(path, t, verdict.findings, notes, [asdict(s) for s in skipped])
-            doc["settings"] = used_settings(overrides or {})
+        verdict = pipeline.judge(t, spans_reader(t, results, cache), progress, notes)
+        doc = document.build(path, t, verdict.findings, notes, [asdict(s) for s in skipped])
+        doc["settings"] = used_settings(overrides or {})
         doc["expected"] = verdict.expected
         doc["critical_path"] = verdict.critical_path
         doc["ledger"] = verdict.ledger

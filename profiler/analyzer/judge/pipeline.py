@@ -184,4 +184,5 @@ def all_sections() -> dict[str, type]:
     detector_modules()
     importlib.import_module(f"{__package__}.live")  # live judgement's own: how often, over which steps
     importlib.import_module("diagtrain.profiler.analyzer.run.clocks")  # when ranks' clocks disagree
+    importlib.import_module("diagtrain.profiler.analyzer.rank.reading")  # how a rank's trace is read
     return dict(settings.SECTIONS)

@@ -8,6 +8,7 @@ import json
 import warnings
 from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -45,10 +46,10 @@ def write_spans(cache: Path, traces: list[TraceFile], on_gpu: bool) -> bool:
         return False
 
 
-def signature(item: RankInput) -> str:
+def signature(item: RankInput, reading: dict[str, Any]) -> str:
     """What the cache of ``item`` was made from: the cache version, the rank its name gave (which the
-    other files beside it decide) and each input file's size and time."""
-    parts = [f"v{CACHE_VERSION}", f"rank {item.rank_hint}: {item.rank_why}"]
+    other files beside it decide), the reading settings (rank/reading.py) and each input file's size and time."""
+    parts = [f"v{CACHE_VERSION}", f"rank {item.rank_hint}: {item.rank_why}", f"reading {sorted(reading.items())}"]
     for f in [*item.files, *([item.flight_recorder] if item.flight_recorder else [])]:
         try:
             st = f.stat()

@@ -17,6 +17,7 @@ import pandas as pd
 
 from diagtrain.profiler.analyzer.rank import host_calls
 from diagtrain.profiler.analyzer.read.dialects import COMM
+from diagtrain.profiler.analyzer.rank.reading import Reading
 from diagtrain.profiler.model.collectives import WHOLE_BUFFER_OPS, bus_factor
 from diagtrain.profiler.run_dir import group_key
 from diagtrain.profiler.util.frames import set_column
@@ -25,7 +26,6 @@ from diagtrain.profiler.util.groups import distinct_rows, nth_in_group
 DTYPE_BYTES = {"float": 4, "float32": 4, "c10::half": 2, "half": 2, "float16": 2, "c10::bfloat16": 2,
                "bfloat16": 2, "double": 8, "float64": 8, "int": 4, "int32": 4, "long int": 8, "int64": 8,
                "long": 8, "unsigned char": 1, "uint8": 1, "char": 1, "int8": 1, "bool": 1, "signed char": 1}
-FR_MATCH_TOLERANCE_US = 5_000  # without calls to go by, an entry is created within this of the op's start
 _OP_ALIASES = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
                "all_gather_into_tensor": "all_gather", "_allgather_base": "all_gather",
                "reduce_scatter_tensor": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
@@ -173,7 +173,7 @@ def _nearest_entries(starts: np.ndarray, names: np.ndarray, entries: pd.DataFram
         pos = np.clip(np.searchsorted(created, starts[rows]), 1, len(created)) - 1
         nxt = np.clip(pos + 1, 0, len(created) - 1)
         best = np.where(np.abs(created[nxt] - starts[rows]) < np.abs(created[pos] - starts[rows]), nxt, pos)
-        ok = np.abs(created[best] - starts[rows]) <= FR_MATCH_TOLERANCE_US
+        ok = np.abs(created[best] - starts[rows]) <= Reading.active().fr_match_tolerance_us
         found[rows[ok]] = cands[best[ok]]
     return found
 

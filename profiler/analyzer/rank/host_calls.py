@@ -15,14 +15,11 @@ from collections import deque
 import numpy as np
 import pandas as pd
 
+from diagtrain.profiler.analyzer.rank.reading import Reading
 from diagtrain.profiler.analyzer.read.dialects import STEP_ANNOTATION, name_matches
 from diagtrain.profiler.util.intervals import merge
 
 CALL_PREFIX = "c10d::"
-# The flight recorder's entry is created while the call runs; allow for clock rounding.
-CREATED_SLACK_US = 200.0
-# Work is picked up by gloo's thread after the call; beyond this it belongs to a later call.
-MAX_QUEUE_US = 5_000_000.0
 # The pause before a call: the idle gaps between the last few stretches of ops before it (the
 # call's own preparation is a few small ops), read from this many ops that ended before it.
 GAPS_BEFORE_CALL = 4
@@ -37,6 +34,7 @@ def issuing_calls(work: pd.DataFrame, work_keys: list[list[str]], calls: pd.Data
     (a reduce-scatter call runs as ``gloo:all_reduce`` work), else the kind of op.
     """
     issued = np.full(len(work), -1, dtype=np.int64)
+    max_queue_us = Reading.active().max_queue_us
     call_ts = calls["ts"].to_numpy()
     queues: dict[str, deque[int]] = {}
     for position in np.argsort(call_ts, kind="stable"):
@@ -44,7 +42,7 @@ def issuing_calls(work: pd.DataFrame, work_keys: list[list[str]], calls: pd.Data
     for i, (keys, ts) in enumerate(zip(work_keys, work["ts"].to_numpy())):
         heads = []
         for queue in (queues.get(k) for k in keys):
-            while queue and call_ts[queue[0]] < ts - MAX_QUEUE_US:
+            while queue and call_ts[queue[0]] < ts - max_queue_us:
                 queue.popleft()  # issued long before: its work ran before the window opened
             if queue and call_ts[queue[0]] <= ts:
                 heads.append(queue)
@@ -62,9 +60,10 @@ def flight_recorder_entries(calls: pd.DataFrame, entries: pd.DataFrame) -> np.nd
     order = np.argsort(created, kind="stable")
     created_sorted = created[order]
     used = np.zeros(len(entries), dtype=bool)
+    slack_us = Reading.active().created_slack_us
     for i, (start, end) in enumerate(zip(calls["ts"].to_numpy(), calls["end"].to_numpy())):
-        lo = np.searchsorted(created_sorted, start - CREATED_SLACK_US, side="left")
-        hi = np.searchsorted(created_sorted, end + CREATED_SLACK_US, side="right")
+        lo = np.searchsorted(created_sorted, start - slack_us, side="left")
+        hi = np.searchsorted(created_sorted, end + slack_us, side="right")
         for j in order[lo:hi]:
             if not used[j]:
                 found[i], used[j] = j, True

@@ -16,6 +16,7 @@ from typing import Callable
 
 from diagtrain.profiler.analyzer.rank import jobs
 from diagtrain.profiler.analyzer.rank.pipeline import load_rank, skipped_by
+from diagtrain.profiler.analyzer.rank.reading import in_force
 from diagtrain.profiler.analyzer.rank.pool import WORKER_DIED, Cluster, Pool, load_alone, load_on, worth_a_pool
 from diagtrain.profiler.analyzer.rank.result import RankResult
 from diagtrain.profiler.analyzer.read.discover import RankInput
@@ -31,25 +32,26 @@ def load(inputs: list[RankInput], cache_root: Path, workers: int,
     rank's trace are skipped. Every way runs :func:`load_rank`, so every way gives the same results.
     Inputs of different jobs raise :class:`~diagtrain.profiler.analyzer.rank.jobs.MixedJobs`."""
     results, skipped = [], []
-    started = time.monotonic()
+    started, reading = time.monotonic(), in_force()  # the workers are handed the settings this analysis reads with
     if cluster is not None:
         results, skipped, died = load_on(cluster.executor, cluster.lost, inputs, cache_root,
-                                         lambda done: progress(_loaded(done, len(inputs), started, cluster.where)))
+                                         lambda done: progress(_loaded(done, len(inputs), started, cluster.where)),
+                                         reading)
         # the scheduler already gave each of these to other workers (distributed.scheduler.allowed-failures)
         skipped += [Skipped(display(item.files[0]), WORKER_DIED) for item in died]
     elif not worth_a_pool(inputs, workers):
         for done, item in enumerate(inputs, 1):
             try:
-                results.append(load_rank(item, cache_root))
+                results.append(load_rank(item, cache_root, reading))
             except Exception as e:  # noqa: BLE001 - the guard: one bad input is skipped, never the run
                 skipped += skipped_by(item, e)
             progress(_loaded(done, len(inputs), started))
     else:
         with Pool(min(workers, len(inputs))) as pool:
             results, skipped, died = load_on(pool, (BrokenProcessPool,), inputs, cache_root,
-                                             lambda done: progress(_loaded(done, len(inputs), started)))
+                                             lambda done: progress(_loaded(done, len(inputs), started)), reading)
         for item in died:  # each alone, so only the input that kills its worker is lost
-            result = load_alone(item, cache_root)
+            result = load_alone(item, cache_root, reading)
             if isinstance(result, RankResult):
                 results.append(result)
             else:

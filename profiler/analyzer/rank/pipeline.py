@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -19,6 +20,7 @@ from diagtrain.profiler.analyzer.rank import cache as rank_cache
 from diagtrain.profiler.analyzer.rank.collectives import COLUMNS as COLLECTIVE_COLUMNS
 from diagtrain.profiler.analyzer.rank.collectives import rank_collectives
 from diagtrain.profiler.analyzer.rank.p2p import summarize as summarize_p2p
+from diagtrain.profiler.analyzer.rank.reading import in_force
 from diagtrain.profiler.analyzer.rank.result import RankResult
 from diagtrain.profiler.analyzer.rank.steps import step_breakdown
 from diagtrain.profiler.analyzer.rank.work_segments import COLUMNS as SEGMENT_COLUMNS
@@ -31,6 +33,7 @@ from diagtrain.profiler.analyzer.read.flops import matmul_flops
 from diagtrain.profiler.analyzer.read.inputs import Skipped, rank_number, reason
 from diagtrain.profiler.analyzer.read.trace_file import TraceError, TraceFile, device_time_known, read_trace
 from diagtrain.profiler.util import intervals as iv
+from diagtrain.profiler.util import settings
 from diagtrain.profiler.util.bounded_read import display
 from diagtrain.profiler.util.frames import with_columns
 from diagtrain.profiler.util.heap import arrow_on_the_c_heap, release_freed_memory
@@ -47,11 +50,19 @@ class UnreadableRank(Exception):
         return UnreadableRank, (self.skipped,)
 
 
-def load_rank(item: RankInput, cache_root: Path) -> RankResult:
-    """Read one rank's traces (or its cache) and compute its steps, breakdown and collectives."""
+def load_rank(item: RankInput, cache_root: Path, reading: dict[str, Any] | None = None) -> RankResult:
+    """Read one rank's traces (or its cache) and compute its steps, breakdown and collectives, with the reading
+    settings ``reading`` (reading.in_force() of the analysis that asks; default: those in force here)."""
+    if reading is None:
+        return _load_rank(item, cache_root)
+    with settings.overriding({"reading": reading}):  # a worker process does not see the analysis' overrides
+        return _load_rank(item, cache_root)
+
+
+def _load_rank(item: RankInput, cache_root: Path) -> RankResult:
     arrow_on_the_c_heap()  # in whichever process loads it: a pool's worker, a Dask worker, the analysis
     cache = cache_root / item.key
-    signature = rank_cache.signature(item)
+    signature = rank_cache.signature(item, in_force())
     cached = rank_cache.read_cache(cache, signature)
     if cached is not None:
         return cached

@@ -9,7 +9,7 @@ from concurrent.futures import FIRST_COMPLETED, Executor, ProcessPoolExecutor, w
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from diagtrain.profiler.analyzer.rank.pipeline import load_rank, skipped_by
 from diagtrain.profiler.analyzer.rank.result import RankResult
@@ -34,11 +34,13 @@ class Cluster:
 
 
 def load_on(executor: Executor, lost: tuple[type[BaseException], ...], inputs: list[RankInput], cache_root: Path,
-            progress: Callable[[int], None]) -> tuple[list[RankResult], list[Skipped], list[RankInput]]:
-    """:func:`load_rank` of every input as a task on ``executor``: the results, the inputs skipped, and
-    those whose worker died (a ``lost`` exception: this input, or another one beside it, killed it)."""
+            progress: Callable[[int], None], reading: dict[str, Any] | None = None,
+            ) -> tuple[list[RankResult], list[Skipped], list[RankInput]]:
+    """:func:`load_rank` of every input as a task on ``executor`` (with the reading settings ``reading``): the
+    results, the inputs skipped, and those whose worker died (a ``lost`` exception: this input, or another one
+    beside it, killed it)."""
     results, skipped, died = [], [], []
-    futures = {executor.submit(load_rank, item, cache_root): item for item in inputs}
+    futures = {executor.submit(load_rank, item, cache_root, reading): item for item in inputs}
     pending = set(futures)
     while pending:
         # A tick even while no rank finishes: the caller's progress is where it may stop (Ctrl-C).
@@ -92,11 +94,11 @@ def _worker_start() -> None:
         pass
 
 
-def load_alone(item: RankInput, cache_root: Path) -> RankResult | list[Skipped]:
+def load_alone(item: RankInput, cache_root: Path, reading: dict[str, Any] | None = None) -> RankResult | list[Skipped]:
     """:func:`load_rank` of ``item`` in a worker of its own: its results, or why it was skipped."""
     try:
         with Pool(1) as pool:
-            return pool.submit(load_rank, item, cache_root).result()
+            return pool.submit(load_rank, item, cache_root, reading).result()
     except BrokenProcessPool:
         return [Skipped(display(item.files[0]), WORKER_DIED)]
     except Exception as e:  # noqa: BLE001 - the guard, as in load()

@@ -13,12 +13,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from diagtrain.profiler.analyzer.rank.reading import Reading
 from diagtrain.profiler.util import intervals as iv
 from diagtrain.profiler.analyzer.read.dialects import COMM, COMPUTE, CPU, MEMORY, STEP_ANNOTATION, kind_in, step_marks
 
-# Ops this close together are one stretch of work: a node per aten op would make a GPU step tens
-# of thousands of nodes, and a gap this short is launch overhead, not a dependency on anything.
-COALESCE_GAP_US = 50.0
 PHASE_PREFIX = "diagtrain.phase."  # the in-rank step hooks' annotation of each phase
 LABEL_CATEGORIES = ("cpu_op", "user_annotation")
 COLUMNS = ["rank", "step", "start_us", "end_us", "busy_us", "phase", "gap_phase", "op"]
@@ -86,10 +84,10 @@ def _coalesced(events: pd.DataFrame, work: np.ndarray) -> tuple[np.ndarray, np.n
 
 class _Coalescer:
     """Busy intervals, as they become final (disjoint, in order), coalesced across gaps shorter than
-    ``COALESCE_GAP_US``: the segments' starts, ends, busy times and the labels they open with."""
+    ``reading.coalesce_gap_us``: the segments' starts, ends, busy times and the labels they open with."""
 
     def __init__(self) -> None:
-        self._union = iv.RunningUnion(gap=COALESCE_GAP_US)
+        self._union = iv.RunningUnion(gap=Reading.active().coalesce_gap_us)
         self._parts: list[tuple[np.ndarray, ...]] = []
         self._held_busy = 0.0  # busy time of the segment the union holds open
 
