@@ -322,6 +322,22 @@ def test_more_work_on_a_crowded_host_is_named_with_its_cost_on_a_cpu_per_rank():
     assert more_work(roomy) == []
 
 
+def test_more_work_is_one_finding_for_its_rank_whatever_parts_of_its_step_were_slow():
+    # A detector named rank 1's forward, the ledger its backward too: one cause (it does more work), one finding
+    # with both parts' time.
+    tables = run_of(extra_cpu=30.0, samples=(32, 96))
+    tables.hosts = [{"name": "h", "cpus": 1}]
+
+    def straggler(phase: str, impact_ms: float, severity: str) -> Finding:
+        return Finding(kind="straggler", severity=severity, explanation=f"rank 1's {phase} is slow.", suggestion="",
+                       ranks=[1], steps=[3, 4], metrics={"phase": phase}, impact_ms=impact_ms)
+
+    [f] = applied(found := [straggler("forward", 10.0, "warning"), straggler("backward", 5.0, "error")],
+                  hidden_work(found, tables))
+    assert f.metrics["phase"] == "forward" and f.impact_ms == 15.0 and f.severity == "error"
+    assert "does more work than its peers" in said(f)
+
+
 @pytest.mark.jobs
 def test_four_ranks_on_two_cores_one_with_three_times_the_batch(tmp_path):
     # The issue's case, a real job: the host's contention evens out the step times, the rank is named anyway.

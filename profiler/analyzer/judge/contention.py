@@ -349,7 +349,9 @@ def _load(per_rank: pd.DataFrame, rank: int, peers: pd.DataFrame) -> tuple[str, 
 
 def hidden_work(findings: list[Finding], tables: Tables) -> Assessed:
     """A rank doing more work on a crowded host, named with that evidence and the severity its cost with a CPU per
-    rank deserves (said as an estimate for such a host): its straggler finding assessed, or a new one."""
+    rank deserves (said as an estimate for such a host): its straggler finding assessed, or a new one. More work is
+    one cause for the whole rank: where the rank is a straggler in several parts of its step (a detector's phase,
+    and another the ledger charged), the first finding takes the others' time and they are gone."""
     out = Assessed()
     for extra in more_work(tables):
         remark = {"says": "more_work", **asdict(extra), "estimate_ms": extra.estimate_ms, "share": extra.share}
@@ -360,10 +362,14 @@ def hidden_work(findings: list[Finding], tables: Tables) -> Assessed:
                    "host_ranks": extra.host_ranks, "host_cpus": extra.host_cpus,
                    **({f"{extra.load[0]}_per_step": extra.load[1], f"peer_{extra.load[0]}_per_step": extra.load[2]}
                       if extra.load else {})}
-        mine = next((i for i, f in enumerate(findings) if f.kind == "straggler" and f.ranks == [extra.rank]), None)
-        if mine is not None:  # it can only raise the finding: what the step times measured stands
-            raised = max(findings[mine].severity, severity, key=SEVERITIES.index)
-            out.add(mine, Assessment(MORE_WORK, severity=raised, metrics=metrics, says=remark))
+        mine = [i for i, f in enumerate(findings) if f.kind == "straggler" and f.ranks == [extra.rank]]
+        if mine:  # it can only raise the finding: what the step times measured stands
+            first, rest = mine[0], mine[1:]
+            raised = max([findings[i].severity for i in mine] + [severity], key=SEVERITIES.index)
+            out.add(first, Assessment(MORE_WORK, severity=raised, metrics=metrics, says=remark,
+                                      extra_impact_ms=sum(findings[i].impact_ms or 0.0 for i in rest)))
+            for i in rest:
+                out.add(i, Assessment(MORE_WORK, drop=True))
         elif severity != "info":
             out.new.append(_more_work_finding(extra, severity, metrics, remark, tables))
     return out

@@ -44,7 +44,8 @@ class Assessment:
     severity: str | None = None  # None: no say
     impact_ms: float | None = None  # ... and with ``prices``, the impact it decides (None: no saving)
     prices: bool = False
-    extra_impact_ms: float = 0.0  # time added to the finding's own (a leak's cost found in a straggler)
+    extra_impact_ms: float = 0.0  # time added to the finding's own (a leak's cost found in a straggler; the time of
+    # a rank's other straggler findings where more work is its one cause)
     drop: bool = False  # another finding says this one's cause
 
     def __post_init__(self) -> None:
