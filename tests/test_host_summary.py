@@ -156,3 +156,15 @@ def test_a_full_summary_is_set_aside_and_its_reader_loses_no_line(tmp_path):
     assert set_aside(summary_path(tmp_path, "node-2")).exists()
     assert summary_path(tmp_path, "node-2").stat().st_size < 2 * 3_000  # bounded: a line past the size, at most
     assert all(sorted(held.rows) == list(range(1, 21)) for held in summary.ranks.values())
+
+
+def test_rows_that_come_before_their_rank_is_seen_are_kept_and_ranks_read_elsewhere_skipped(tmp_path):
+    job = Job(tmp_path)
+    reducer = HostReducer(tmp_path, "node-1")
+    job.append(3)
+    reducer.reduce()
+    summary = HostSummary(summary_path(tmp_path, "node-1"), keep=None)  # no rank placed yet (a reader's race)
+    summary.elsewhere = {9}  # read from its own file
+    summary.read()
+    assert sorted(summary.ranks) == [8, *range(10, 16)]
+    assert all(sorted(held.rows) == [1, 2, 3] for held in summary.ranks.values())

@@ -134,7 +134,8 @@ class HostSummary:
     def __init__(self, path: Path, keep: int | None) -> None:
         self.path, self.tail, self.keep = path, JsonlTail(path), keep
         self.inode: int | None = None  # the file being read (a fresh one begins past MAX_SUMMARY_BYTES)
-        self.ranks: dict[int, RankSteps] = {}  # the ranks read from here (others' rows are skipped)
+        self.ranks: dict[int, RankSteps] = {}  # the ranks read from here, as their rows come
+        self.elsewhere: set[int] = set()  # ranks of this host read from their own files: their rows are skipped
         self.heard_at = time.time()  # when its last line came, by this reader's clock
 
     def read(self) -> int:
@@ -145,8 +146,10 @@ class HostSummary:
             if not isinstance(line, dict):
                 continue  # a damaged line
             for row in _rows(line.get("groups")):
-                if row.get("rank") in self.ranks and isinstance(row.get("step"), int):
-                    added.setdefault(row["rank"], {})[row["step"]] = row
+                rank = row.get("rank")
+                if isinstance(rank, int) and rank not in self.elsewhere and isinstance(row.get("step"), int):
+                    self.ranks.setdefault(rank, RankSteps(rank, self.keep))  # a rank the reader has not seen yet
+                    added.setdefault(rank, {})[row["step"]] = row
             for rank, more in (line.get("extra") or {}).items():
                 if rank.isdigit() and int(rank) in self.ranks and isinstance(more, dict):
                     _found(self.ranks[int(rank)].found, more)

@@ -1,8 +1,8 @@
 """The analysis tables of a running job's recent steps, from what its ranks have appended so far.
 
-Live judgement (judge/live.py) calls :meth:`LiveSteps.tables` every few seconds: each rank's
-steps.jsonl and each host's telemetry.jsonl are read from where the last call stopped
-(read/step_tail.py), and the tables hold the last steps that every rank has finished, in the same
+Live judgement (judge/live.py) calls :meth:`LiveSteps.window` every few seconds: each host's step
+summary (read/host_summary.py; a rank no summary carries, its own steps.jsonl) and telemetry.jsonl are
+read from where the last call stopped (read/step_tail.py), and the tables hold the last steps that every rank has finished, in the same
 columns the final analysis gives the detectors, through the same :func:`tables.assemble`: the step
 records' phases, always-on counters and device timings (run/device_time.py), the run's structure from
 the counted point-to-point calls and trainer.json, and the ranks' telemetry joined to their steps. There are no traces, flight records or logs: what
@@ -80,6 +80,9 @@ class LiveSteps:
                 self._place(rank, info.get("host"))
         self._leave_silent(time.time())
         new = sum(summary.read() for summary in self.summaries.values())
+        for summary in self.summaries.values():  # a rank whose rows came before its rank.json was seen here
+            for rank, held in summary.ranks.items():
+                self.steps.setdefault(rank, held)
         new += sum(tail.read() for tail in self.direct.values())
         if self.window_steps is not None:
             self.rows.add([row for held in self.steps.values() for row in held.added.values()])
@@ -106,9 +109,10 @@ class LiveSteps:
         summary = self.summaries.get(host) if host else None
         if summary is None and host and summary_path(self.run_dir, host).exists():
             summary = self.summaries[host] = HostSummary(summary_path(self.run_dir, host), keep)
+            summary.elsewhere = {r for r in self.direct if self.ranks.info.get(r, {}).get("host") == host}
         path = self.ranks.ranks_dir / str(rank) / "steps.jsonl"
         if summary is not None:
-            self.steps[rank] = summary.ranks[rank] = RankSteps(rank, keep)
+            self.steps[rank] = summary.ranks.setdefault(rank, RankSteps(rank, keep))
         elif path.exists() and path.stat().st_size:  # no summary while it records: none will carry it
             self.steps[rank] = self.direct[rank] = StepTail(path, rank, keep)
 
