@@ -31,8 +31,8 @@ class Job:
     """Step records of a synchronous job on 8 hosts: phases, counters, memory (rank 40 leaks), a rank whose
     records are damaged now and then; ``p2p``: the edges of two pipeline stages count their sends and receives."""
 
-    def __init__(self, root: Path, p2p: bool = False) -> None:
-        self.root, self.step, self.clock, self.p2p = root, 0, T0, p2p
+    def __init__(self, root: Path, p2p: bool = False, device: bool = False) -> None:
+        self.root, self.step, self.clock, self.p2p, self.device = root, 0, T0, p2p, device
         for r in range(RANKS):
             (root / "ranks" / str(r)).mkdir(parents=True)
             write_json_atomic(root / "ranks" / str(r) / "rank.json",
@@ -52,6 +52,11 @@ class Job:
                           "duration_ms": wall, "phases_ms": phases, "phase_comm_ms": {"backward": wait},
                           "comm_ms": wait, "comm_calls": 2, "cpu_ms": wall - wait, "runq_ms": 0.2,
                           "rss_bytes": (1000 + r + (3 * self.step if r == 40 else 0)) * 2**20}
+                if self.device and self.step > 1:  # CUDA and NCCL: the host never waits, the device says who did
+                    record["comm_ms"], record["phase_comm_ms"] = 0.01, {"backward": 0.01}
+                    record["device_steps"] = [{"step": self.step - 1, "step_ms": wall - 2.0, "idle_before_ms": 0.5}]
+                    record["device_colls"] = [{"step": self.step - 1, "group": "0", "seq": self.step - 1,
+                                               "op": "allreduce", "ms": wait}]
                 if self.p2p and r in (31, 32):  # stage 0's last rank sends to stage 1's first
                     record["p2p"] = {"first": ["send", 32] if r == 31 else ["recv", 31],
                                      "send": {"32": 4} if r == 31 else {}, "recv": {"31": 4} if r == 32 else {}}
@@ -70,10 +75,11 @@ def verdicts(judge: LiveJudge, now: float) -> list[tuple]:
                   for f in found)
 
 
-@pytest.mark.parametrize("p2p", [False, True], ids=["data-parallel", "two-stages"])
-def test_judging_the_hosts_summaries_is_judging_every_ranks_file(tmp_path, p2p):
+@pytest.mark.parametrize("p2p,device", [(False, False), (True, False), (False, True)],
+                         ids=["data-parallel", "two-stages", "timed-on-the-device"])
+def test_judging_the_hosts_summaries_is_judging_every_ranks_file(tmp_path, p2p, device):
     direct_run, summarized_run = tmp_path / "direct", tmp_path / "summarized"
-    jobs = [Job(direct_run, p2p), Job(summarized_run, p2p)]
+    jobs = [Job(direct_run, p2p, device), Job(summarized_run, p2p, device)]
     reducers = [HostReducer(summarized_run, f"node-{h}") for h in range(RANKS // PER_HOST)]
     direct, summarized = LiveJudge(direct_run), LiveJudge(summarized_run)
     for steps in (25, 3, 1, 6):  # the first window, then as judgements would find the job
@@ -99,6 +105,18 @@ def test_judging_the_hosts_summaries_is_judging_every_ranks_file(tmp_path, p2p):
     assert summarized.steps.steps[21].found.bad_count == direct.steps.steps[21].found.bad_count == 5
     assert summarized.steps.steps[31].found.p2p == direct.steps.steps[31].found.p2p
     assert bool(summarized.steps.steps[31].found.p2p) == p2p
+    if device:  # the device's timings came through the summaries as through the files: the waits are the device's
+        steps = summarized.steps.window().tables.steps
+        assert (steps["time_source"] == "device").any() and steps["device_comm_wait_ms"].notna().any()
+        # ... and the end-of-run line with the last step's timings (no step of its own).
+        for job in jobs:
+            with open(job.root / "ranks" / "3" / "steps.jsonl", "a") as f:
+                f.write(json.dumps({"kind": "device", "rank": 3, "device_steps": [
+                    {"step": job.step, "step_ms": 70.0, "idle_before_ms": 0.5}]}) + "\n")
+        for reducer in reducers:
+            reducer.reduce()
+        direct.steps.read(), summarized.steps.read()
+        assert summarized.steps.steps[3].found.device == direct.steps.steps[3].found.device != {}
 
 
 def test_a_summary_that_falls_silent_is_named_and_its_ranks_read_from_their_files(tmp_path):
