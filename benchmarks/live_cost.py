@@ -177,6 +177,50 @@ def time_to_finding(ranks: int, step_s: float = 1.0) -> dict:
             "seconds_to_finding_at_most": round(steps * step_s + settings.interval_s + spacing, 1) if steps else None}
 
 
+def from_start(ranks: int, extra_steps: int = 10) -> dict:
+    """The wrapper's own flow: the judge judges after every step from the job's first, every host reducing
+    before it; the CPU of each judgement. The first pays the imports and the first read; the window then grows
+    to ``window_steps`` steps, and each later judgement reads one step of every rank."""
+    settings = Live.active()
+    with tempfile.TemporaryDirectory() as tmp:
+        job = SyntheticJob(Path(tmp), ranks)
+        index = RankIndex(Path(tmp))
+        hosts = [HostReducer(Path(tmp), host_of(r), index) for r in range(0, ranks, RANKS_PER_HOST)]
+        judge, cpu, first_finding = LiveJudge(Path(tmp)), [], None
+        while job.step < settings.window_steps + extra_steps:
+            job.append()
+            _reduce(hosts)
+            began = time.process_time()
+            verdict = judge.judge(now=job.clock)
+            cpu.append(time.process_time() - began)
+            if first_finding is None and verdict.active:
+                first_finding = job.step  # the first judgement whose detectors ran and found something
+    full = cpu[settings.window_steps:]  # judgements of a full window
+    return {"ranks": ranks, "cpu_s": [round(c, 4) for c in cpu], "first_judgement_cpu_s": round(cpu[0], 4),
+            "first_finding_at_step": first_finding,
+            "first_finding_cpu_s": round(cpu[first_finding - 1], 4) if first_finding else None,
+            "most_before_full_window_cpu_s": round(max(cpu[1:settings.window_steps]), 4),
+            "full_window_cpu_s_median": round(statistics.median(full), 4)}
+
+
+def from_start_markdown(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    lines = ["", "## Judged from the job's first step", "",
+             "The wrapper's own flow: the judge runs from the job's start, judging after every step (every host reducing "
+             "before it), so no judgement reads more than the steps since the one before. *First*: step 1's judgement, "
+             "with the judge's imports and first read. *First finding*: the first judgement past warm-up that named "
+             "something (its detectors' first run). *Most before a full window*: the dearest judgement while the window "
+             "grows to its steps. *Full window*: the median of the judgements after it.", "",
+             "| ranks | first judgement CPU s | first finding at step | its CPU s | most before a full window | "
+             "full window, median CPU s |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {r['ranks']} | {r['first_judgement_cpu_s']} | {r['first_finding_at_step'] or '-'} | "
+              f"{r['first_finding_cpu_s'] if r['first_finding_cpu_s'] is not None else '-'} | "
+              f"{r['most_before_full_window_cpu_s']} | {r['full_window_cpu_s_median']} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
 def _reduce(hosts: list[HostReducer]) -> list[float]:
     """Each host's reduction of its ranks' new records (as its own wrapper would, on its own CPU): its CPU s."""
     spent = []
@@ -271,11 +315,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--time-to-finding", type=int, nargs="*", default=[],
                         help="also measure the steps from a straggler's first slow step to its live finding at these ranks")
+    parser.add_argument("--from-start", type=int, nargs="*", default=[],
+                        help="also judge these rank counts after every step from the job's first, as the wrapper does")
     parser.add_argument("--ways", nargs="+", choices=list(WAYS), default=list(WAYS),
                         help="reduced: each host's wrapper summarizes its ranks, the judge reads one file a host; "
                              "direct: the judge reads every rank's steps.jsonl")
     args = parser.parse_args()
     settings = Live.active()
+    started = []  # first: its first judgement pays the judge's imports, as a wrapper's does
+    for n in args.from_start:
+        started.append(from_start(n))
+        print(json.dumps({k: v for k, v in started[-1].items() if k != "cpu_s"}), flush=True)
     if args.before:
         sections = in_turns(args.before, args.ranks, args.reps, args.rounds)
     else:
@@ -292,8 +342,8 @@ def main() -> None:
         save(args.name, {"machine": facts, "settings": {"interval_s": settings.interval_s,
                                                         "max_cpu_share": settings.max_cpu_share,
                                                         "window_steps": settings.window_steps}, "results": sections,
-                         "time_to_finding": found},
-             markdown(sections, facts, settings) + finding_markdown(found))
+                         "time_to_finding": found, "from_start": started},
+             markdown(sections, facts, settings) + finding_markdown(found) + from_start_markdown(started))
 
 
 if __name__ == "__main__":

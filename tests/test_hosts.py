@@ -128,7 +128,7 @@ def test_steps_telemetry_and_traces_line_up_on_one_clock(aligned_run):
         shift = applied if of_host[r] == moved else 0.0
         own = pd.Series({x["step"]: x["end"] for x in map(json.loads, (out / f"ranks/{r}/steps.jsonl").open())})
         assert (steps.loc[r, "end"] - own).abs().sub(abs(shift)).abs().max() < 1e-5
-        traced = pd.read_parquet(out / f"analysis/cache/rank-{r}/steps.parquet").set_index("step")["end_us"] / 1e6
+        traced = pd.read_feather(out / f"analysis/cache/rank-{r}/steps.arrow").set_index("step")["end_us"] / 1e6
         assert (steps.loc[r, "trace_end"].dropna() - traced).sub(shift).abs().max() < 1e-5
     raw = pd.read_parquet(out / "telemetry.parquet")
     aligned = pd.read_parquet(out / "analysis" / "telemetry.parquet")

@@ -49,7 +49,10 @@ def write_parquet_pieces(path: str | os.PathLike, pieces: Iterable[pd.DataFrame]
     with replacing(path) as tmp:
         try:
             for piece in pieces:
-                table = pa.Table.from_pandas(piece, preserve_index=False)
+                # One thread: pyarrow otherwise starts a pool of threads for each table of more than a few
+                # hundred rows, which cost more than converting a rank's table (0.6 of 0.8 ms; columns are
+                # numpy arrays and categories, converted without copying their values).
+                table = pa.Table.from_pandas(piece, preserve_index=False, nthreads=1)
                 if writer is None:
                     schema = pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), f.type.value_type))
                                         if pa.types.is_dictionary(f.type) else f

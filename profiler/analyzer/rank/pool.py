@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import ctypes
 import signal
-from concurrent.futures import FIRST_COMPLETED, Executor, ProcessPoolExecutor, wait
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
+from queue import Empty, SimpleQueue
 from typing import Any, Callable
 
 from diagtrain.profiler.analyzer.rank.pipeline import load_rank, skipped_by
@@ -40,20 +41,28 @@ def load_on(executor: Executor, lost: tuple[type[BaseException], ...], inputs: l
     results, the inputs skipped, and those whose worker died (a ``lost`` exception: this input, or another one
     beside it, killed it)."""
     results, skipped, died = [], [], []
+    # Each task says when it ends, into one queue: waiting on all the pending futures at once instead installs a
+    # waiter on each of them for every rank that finishes (O(ranks^2): 2.6 s of this process' CPU at 1,024 ranks,
+    # taken from the workers on a machine with as many cores as workers).
+    finished: SimpleQueue[Future] = SimpleQueue()
     futures = {executor.submit(load_rank, item, cache_root, reading): item for item in inputs}
-    pending = set(futures)
-    while pending:
-        # A tick even while no rank finishes: the caller's progress is where it may stop (Ctrl-C).
-        finished, pending = wait(pending, timeout=PROGRESS_TICK_S, return_when=FIRST_COMPLETED)
-        for future in finished:
-            item = futures.pop(future)  # its result is no longer held here once taken
-            try:
-                results.append(future.result())
-            except lost:
-                died.append(item)
-            except Exception as e:  # noqa: BLE001 - the guard: one bad input is skipped, never the run
-                skipped += skipped_by(item, e)
-        progress(len(inputs) - len(pending))
+    for future in futures:
+        future.add_done_callback(finished.put)
+    while futures:
+        try:
+            # A tick even while no rank finishes: the caller's progress is where it may stop (Ctrl-C).
+            future = finished.get(timeout=PROGRESS_TICK_S)
+        except Empty:
+            progress(len(inputs) - len(futures))
+            continue
+        item = futures.pop(future)  # its result is no longer held here once taken
+        try:
+            results.append(future.result())
+        except lost:
+            died.append(item)
+        except Exception as e:  # noqa: BLE001 - the guard: one bad input is skipped, never the run
+            skipped += skipped_by(item, e)
+        progress(len(inputs) - len(futures))
     return results, skipped, died
 
 

@@ -95,7 +95,11 @@ class _Trace(msgspec.Struct, gc=False):
 
 
 _HEADER = msgspec.json.Decoder(_Trace)
-BLOCK_BYTES = 2 << 20  # decompressed bytes decoded at a time: ~10-30k events, a few MiB of structs
+# Decompressed bytes decoded at a time: ~1,000 events, whose structs (~300 KiB) fit in the object allocator's
+# arenas that the piece before freed. Pieces of 2 MiB made ~4 MiB of structs, whose arenas were handed back to
+# the OS after each piece and faulted in again for the next: 2,000 page faults a 20k-event rank, a fifth of its
+# load's CPU (benchmarks/results/scale.md); the same speed on 1M events.
+BLOCK_BYTES = 128 << 10
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _WHITESPACE = frozenset(b" \t\r\n")
 _CUT_TRIES = 4  # cuts tried per piece before reading the document event by event (a string holding "}, {" fools one)
