@@ -39,7 +39,7 @@ from common import machine, save  # noqa: E402
 
 from diagtrain.profiler.analyzer.judge.live import Live, LiveJudge  # noqa: E402
 from diagtrain.profiler.analyzer.read.host_summary import HostReducer  # noqa: E402
-from diagtrain.profiler.run_dir import RankIndex, write_json_atomic  # noqa: E402
+from diagtrain.profiler.run_dir import RankIndex, members_text, write_json_atomic  # noqa: E402
 
 T0 = 1_790_000_000.0
 RANKS_PER_HOST = 8
@@ -65,11 +65,14 @@ class SyntheticJob:
 
     def __init__(self, root: Path, ranks: int, straggler_from: int = 1) -> None:
         self.root, self.ranks, self.step, self.clock, self.straggler_from = root, ranks, 0, T0, straggler_from
+        world = members_text(range(ranks))
         for r in range(ranks):
             folder = root / "ranks" / str(r)
             folder.mkdir(parents=True)
             write_json_atomic(folder / "rank.json", {"rank": r, "host": host_of(r), "hostname": host_of(r), "pid": 1,
                                                      "world_size": ranks})
+            # As a rank writes it at its first step (state_dump.write_process_groups): the world's group.
+            write_json_atomic(folder / "process_groups.json", {"0": {"desc": "default_pg", "members": world}})
 
     def bytes_written(self, reduced: bool) -> int:
         """The bytes the judge reads so far: every host's summary (``reduced``), else every rank's step records."""

@@ -12,13 +12,14 @@ one line at a time, so a killed run leaves only readable data behind.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import signal
 import stat
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -324,10 +325,21 @@ MIN_RUN = 3  # evenly spaced members written as a range from this many: "0,1" st
 
 
 def group_key(pg: Any, members: tuple[int, ...]) -> str:
-    """``"<pg>:<members>"``: the group a collective is matched within (its process group and members).
-    Evenly spaced members are a range, ``first-last`` or ``first-last/step`` (``"0:0-1023"``,
-    ``"3:0-1016/8"``), others listed by commas: every groupby on the key hashes it whole, row by row,
-    and a key that listed 1,024 ranks made the cross-rank stages grow with ranks squared."""
+    """``"<pg>:<members>"``: the group a collective is matched within (its process group and members, as
+    :func:`members_text` writes them): every groupby on the key hashes it whole, row by row, and a key that
+    listed 1,024 ranks made the cross-rank stages grow with ranks squared."""
+    return members_key(pg, members_text(members))
+
+
+def members_key(pg: Any, members: str) -> str:
+    """The :func:`group_key` of ``pg`` whose members :func:`members_text` wrote as ``members``."""
+    return f"{pg}:{members}"
+
+
+def members_text(members: Sequence[int]) -> str:
+    """Member ranks in few characters: evenly spaced ones as a range, ``first-last`` or ``first-last/step``
+    (``"0-1023"``, ``"0-1016/8"``), others listed by commas. process_groups.json writes a group's members so:
+    a list of the world's ranks in every rank's file is the world squared to write and read."""
     items, i = [], 0
     while i < len(members):
         j = i + 1
@@ -340,17 +352,29 @@ def group_key(pg: Any, members: tuple[int, ...]) -> str:
         else:
             items.append(str(members[i]))
             i += 1
-    return f"{pg}:{','.join(items)}"
+    return ",".join(items)
 
 
 def group_members(key: str) -> tuple[int, ...]:
     """The member ranks a ``group_key`` names (``()`` where the group's members are unknown, or where
     ``key`` is a bare group name that is not a key)."""
-    ranks = str(key).rpartition(":")[2]
     try:
-        return tuple(r for item in ranks.split(",") for r in _item_ranks(item)) if ranks else ()
+        return members_of_text(str(key).rpartition(":")[2])
     except ValueError:
         return ()
+
+
+@functools.lru_cache(maxsize=4096)
+def members_of_text(text: str) -> tuple[int, ...]:
+    """The ranks :func:`members_text` wrote (ValueError if ``text`` is not such a list). One tuple for each text:
+    every rank's file names the world's group, which the analysis then holds once, not once a rank."""
+    items = [_item_ranks(item) for item in text.split(",")] if text else []
+    if sum(map(len, items)) > MAX_MEMBERS:
+        raise ValueError(f"over {MAX_MEMBERS:,} ranks")
+    return tuple(r for item in items for r in item)
+
+
+MAX_MEMBERS = 1 << 20  # a group of more ranks than any job has: a damaged text, not a tuple of millions to build
 
 
 def _item_ranks(item: str) -> range:

@@ -154,3 +154,68 @@ def test_two_steps_are_too_few_to_call_a_split_unequal(tmp_path):
     [f] = [f for f in report["findings"] if f["kind"] == "pipeline_bubble"]
     assert f["severity"] == "info" and f["metrics"]["observed_ratio"] == 3.5, f["explanation"]
     assert "in all 2 steps timed: too few to tell" in f["explanation"]
+
+
+def _written(groups: dict[int, dict], folder: Path, compact: bool) -> dict[int, dict]:
+    """``groups`` written as every rank's process_groups.json (members as ranks write them now, or the ``ranks``
+    lists of runs recorded before) and read back as the analysis reads them."""
+    from diagtrain.profiler.analyzer.read.run_files import read_process_groups
+    from diagtrain.profiler.run_dir import members_text
+
+    read = {}
+    for rank, mine in groups.items():
+        doc = {name: {"desc": g["desc"], **({"members": members_text(g["ranks"])} if compact else {"ranks": g["ranks"]})}
+               for name, g in mine.items()}
+        path = folder / f"{rank}.json"
+        write_json_atomic(path, doc)
+        read[rank] = read_process_groups(path)
+    return read
+
+
+def test_members_written_as_ranges_read_as_the_lists_were(tmp_path):
+    """A rank writes each group's members in a few characters ("0-63"): 64 ranks' files list the world's group
+    in 4 bytes, not 64 numbers each; the structure read from them is the one read from lists, and the world's
+    group is one tuple for every rank (the analysis holds it once, not once a rank)."""
+    dims = {"pp": 2, "dp": 4, "tp": 8}
+    groups = mesh_groups(64, dims)
+    (tmp_path / "c").mkdir(), (tmp_path / "l").mkdir()
+    compact, listed = _written(groups, tmp_path / "c", True), _written(groups, tmp_path / "l", False)
+    assert json.loads((tmp_path / "c" / "5.json").read_text())["0"]["members"] == "0-63"
+    assert all(compact[r] == listed[r] for r in range(64))
+    assert compact[5]["0"]["ranks"] == tuple(range(64)) and compact[5]["0"]["ranks"] is compact[60]["0"]["ranks"]
+    assert listed[5]["0"]["ranks"] is listed[60]["0"]["ranks"]
+    a, b = infer(compact, {}, [], {}, {}, None, 64), infer(listed, {}, [], {}, {}, None, 64)
+    assert a.mesh == b.mesh == dims and a.coords == b.coords and a.coords[13] == {"pp": 0, "dp": 1, "tp": 5}
+    assert [(g.name, g.ranks) for g in a.groups] == [(g.name, g.ranks) for g in b.groups]
+
+
+def test_a_ranks_process_groups_are_written_with_their_members_as_ranges(tmp_path):
+    """What a real rank writes (torch.distributed with gloo, a group of one rank and the world of one)."""
+    import torch.distributed as dist
+
+    from diagtrain.profiler.analyzer.read.run_files import read_process_groups
+    from diagtrain.profiler.rank.state_dump import write_process_groups
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        dist.new_group([0])
+        write_process_groups(tmp_path)
+    finally:
+        dist.destroy_process_group()
+    doc = json.loads((tmp_path / "process_groups.json").read_text())
+    assert [g["members"] for g in doc.values()] == ["0", "0"] and all("ranks" not in g for g in doc.values())
+    assert [g["ranks"] for g in read_process_groups(tmp_path / "process_groups.json").values()] == [(0,), (0,)]
+
+
+def test_damaged_members_name_the_file_and_the_group(tmp_path):
+    from diagtrain.profiler.analyzer.read.run_files import read_process_groups
+    from diagtrain.profiler.util.bounded_read import InputError
+
+    for members in ("0-x", "0-99999999", 7):
+        write_json_atomic(tmp_path / "pg.json", {"3": {"desc": "dp", "members": members}})
+        try:
+            read_process_groups(tmp_path / "pg.json")
+        except InputError as e:
+            assert "pg.json" in str(e) and "group '3'" in str(e) and "'members'" in str(e)
+        else:
+            raise AssertionError(f"{members!r} was read")

@@ -135,7 +135,8 @@ class LiveJudge:
             self._problem(f"host {host}'s wrapper wrote nothing to its step summary for over "
                           f"{self.settings.summary_silent_s:g} s (hosts/{host}/steps_summary.jsonl): its ranks' own "
                           "step records are read instead")
-        step = max((int(s) for s in window.tables.steps["step"]), default=None) if window.tables is not None else None
+        steps = window.tables.steps["step"] if window.tables is not None else None
+        step = int(steps.max()) if steps is not None and len(steps) else None
         moved = step is not None and step != self.judged_step
         if window.tables is None:
             findings = []

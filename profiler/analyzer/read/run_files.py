@@ -20,7 +20,7 @@ from typing import Any
 import pandas as pd
 
 from diagtrain.profiler.analyzer.read.inputs import MAX_DOC_BYTES, MAX_LINES_BYTES, MAX_RANKS, MAX_TABLE_BYTES, expect
-from diagtrain.profiler.run_dir import telemetry_rows, telemetry_table
+from diagtrain.profiler.run_dir import members_of_text, telemetry_rows, telemetry_table
 from diagtrain.profiler.util.bounded_read import InputError, read_input, read_json, read_lines
 
 # Bounds of the possible. A training step or phase longer than a week, or memory beyond a
@@ -122,17 +122,37 @@ def read_exit(path: Path) -> dict[str, Any]:
 
 
 def read_process_groups(path: Path) -> dict[str, dict[str, Any]]:
-    """process_groups.json: each group's description and member ranks."""
+    """process_groups.json: each group's description and member ranks (a tuple; the same tuple for the same
+    members in every rank's file: the world's group is held once, not once a rank)."""
     doc = read_object(path)
     groups = {}
     for name, info in doc.items():
         info = expect(info, dict, path, f"group {name!r}")
-        ranks = info.get("ranks") or []
-        if not isinstance(ranks, list) or not all(_is_int(r) for r in ranks):
-            raise InputError(path, f"group {name!r}: 'ranks' is not a list of integers")
         desc = info.get("desc")
-        groups[str(name)] = {"desc": desc if isinstance(desc, str) else None, "ranks": ranks}
+        groups[str(name)] = {"desc": desc if isinstance(desc, str) else None, "ranks": _members(info, path, name)}
     return groups
+
+
+def _members(info: dict[str, Any], path: Path, name: str) -> tuple[int, ...]:
+    """A group's members: ``members`` as run_dir.members_text writes them, or a ``ranks`` list (runs recorded
+    before it)."""
+    if "members" in info:
+        text = info["members"]
+        try:
+            if isinstance(text, str):
+                return members_of_text(text)
+        except ValueError:
+            pass
+        raise InputError(path, f"group {name!r}: 'members' is not a list of ranks such as \"0-7\" or \"0,4,8\"")
+    ranks = info.get("ranks") or []
+    if not isinstance(ranks, list) or not all(_is_int(r) for r in ranks):
+        raise InputError(path, f"group {name!r}: 'ranks' is not a list of integers")
+    members = tuple(ranks)
+    return _LISTED.setdefault(members, members) if len(_LISTED) < _MAX_LISTED else members
+
+
+_LISTED: dict[tuple[int, ...], tuple[int, ...]] = {}  # the groups read as lists, one tuple each (as members_of_text)
+_MAX_LISTED = 4096  # distinct groups kept shared: a job's few, not an unbounded memo in a long-lived judge
 
 
 def read_stacks(path: Path) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from typing import Any
 from diagtrain.profiler.analyzer.read.flight_records import Entry
 from diagtrain.profiler.analyzer.rank.p2p import P2PCalls
 from diagtrain.profiler.run_dir import group_key, group_members
+from diagtrain.profiler.util.identity import ByIdentity
 
 MESH_PREFIX = "mesh_"  # DeviceMesh describes each dimension's groups as mesh_<name>
 PIPELINE_DIMS = ("pp", "pipe", "pipeline", "stage")  # mesh dimension names that mean pipeline stages
@@ -134,17 +135,17 @@ def infer(process_groups: dict[int, dict], pg_configs: dict[int, list[dict]], fl
 
 def _groups(process_groups: dict[int, dict], pg_configs: dict[int, list[dict]], flight_records: list[Entry],
             collective_ops: dict[str, dict[str, int]]) -> list[ProcessGroup]:
-    found: dict[tuple[str, tuple[int, ...]], ProcessGroup] = {}
-    sorted_members: dict[tuple, tuple[int, ...]] = {}  # every rank lists each of its groups: sort each once
+    # Each group is keyed by its name and its members' one tuple (by identity): every rank lists the world's group,
+    # and hashing its members per rank was the world squared (8,192 ranks: 67M ranks hashed at every judgement).
+    found: dict[tuple[str, int], ProcessGroup] = {}
+    distinct: dict[tuple[int, ...], tuple[int, ...]] = {}
+    members_of = ByIdentity(lambda given: distinct.setdefault(m := tuple(sorted(int(r) for r in given or ())), m))
 
     def add(name: Any, desc: str | None, ranks: Any, source: str) -> None:
-        given = tuple(ranks or ())
-        members = sorted_members.get(given)
-        if members is None:
-            members = sorted_members[given] = tuple(sorted(int(r) for r in given))
+        members = members_of(ranks)
         if not members:
             return
-        group = found.setdefault((str(name), members), ProcessGroup(str(name), desc or None, members))
+        group = found.setdefault((str(name), id(members)), ProcessGroup(str(name), desc or None, members))
         group.desc = group.desc or desc or None
         if source not in group.sources:
             group.sources.append(source)

@@ -167,11 +167,15 @@ def _waited_for_data(steps: pd.DataFrame, rank: int, slow_steps: pd.Series, at_l
     return bool(float(mine.median()) - float(theirs.median()) >= at_least_ms)
 
 
-def _seen(compared: set[tuple[int, int]], rank: int, steps: pd.DataFrame, source: str) -> int:
+def _seen(compared: tuple[np.ndarray, np.ndarray], rank: int, steps: pd.DataFrame, source: str) -> int:
     """The steps in which ``rank`` was compared with a peer (profiled ones for trace evidence): a step
-    where it was the only rank left after a stall cannot show it slow."""
-    profiled = set(steps.loc[steps["profiled"], "step"]) if "profiled" in steps and source == "trace" else None
-    return sum(1 for r, s in compared if r == rank and (profiled is None or s in profiled))
+    where it was the only rank left after a stall cannot show it slow. ``compared``: the distinct (rank, step)
+    pairs compared, as two arrays."""
+    ranks, of_steps = compared
+    mine = ranks == rank
+    if "profiled" in steps and source == "trace":
+        mine &= np.isin(of_steps, steps.loc[steps["profiled"], "step"].to_numpy())
+    return int(mine.sum())
 
 
 def _work_ratio(steps: pd.DataFrame, rank: int, slow_steps: pd.Series) -> float | None:
@@ -232,16 +236,16 @@ def _usual(quantities: pd.DataFrame, min_steps: int) -> tuple[pd.DataFrame, pd.D
 
 
 def _excess(steps: pd.DataFrame, phases: list[str], threshold: float,
-            step_ms: float, s: Straggler) -> tuple[pd.DataFrame, set[tuple[int, int]], dict[str, Quantity]]:
-    """Each rank's excess over its peers per step, from traces where profiled, else from phases; the
-    (rank, step) pairs compared with a peer at all; and each compared label's quantity."""
+            step_ms: float, s: Straggler) -> tuple[pd.DataFrame, tuple[np.ndarray, np.ndarray], dict[str, Quantity]]:
+    """Each rank's excess over its peers per step, from traces where profiled, else from phases; the distinct
+    (rank, step) pairs compared with a peer at all (as arrays of ranks and steps); and each compared label's quantity."""
     quantities, measured = _quantities(steps, phases)
     usual, noise = _usual(quantities, s.min_noise_steps)
     excluded = [phase_quantity(p).label for p in EXCLUDED_PHASES if phase_quantity(p).label in measured]
     # A data stall comes first in a step, also in profiled ones, and explains what follows it.
     traced = excluded + [label for label, q in measured.items() if q.measure not in RECORDED]
     phased = [label for m in RECORDED for label, q in measured.items() if q.measure is m]
-    rows, compared = [], set()
+    rows, compared = [], []  # the row positions compared in each step: arrays, not a set of every pair (8,192 ranks)
     ranks = quantities["rank"].to_numpy()
     values = {label: quantities[label].to_numpy(dtype=float) for label in measured}
     usual_rows, noise_rows = usual.reindex(ranks), noise.reindex(ranks)
@@ -279,9 +283,20 @@ def _excess(steps: pd.DataFrame, phases: list[str], threshold: float,
                 rows += found
                 break
         if len(group) >= 2:
-            compared |= {(int(r), int(step)) for r in ranks[group]}
+            compared.append(group)
     return pd.DataFrame(rows, columns=["rank", "step", "phase", "excess_ms", "value_ms", "peer_ms", "source",
-                                       "threshold_ms"]), compared, measured
+                                       "threshold_ms"]), _pairs(quantities, compared), measured
+
+
+def _pairs(quantities: pd.DataFrame, positions: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (rank, step) pairs of the rows at ``positions``: their ranks and their steps."""
+    at = np.concatenate(positions) if positions else np.zeros(0, dtype=int)
+    ranks, steps = quantities["rank"].to_numpy(dtype=np.int64)[at], quantities["step"].to_numpy(dtype=np.int64)[at]
+    if not len(at):
+        return ranks, steps
+    low, span = steps.min(), steps.max() - steps.min() + 1
+    pair = np.unique((ranks - ranks.min()) * span + (steps - low))
+    return pair // span + ranks.min(), pair % span + low
 
 
 class _Candidates:
