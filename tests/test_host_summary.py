@@ -140,6 +140,26 @@ def test_a_summary_that_falls_silent_is_named_and_its_ranks_read_from_their_file
     assert {judge.steps.steps[r].last_step for r in range(RANKS)} == {30}  # nothing lost in the switch
 
 
+def test_a_judge_that_reads_late_takes_no_host_for_silent_that_wrote_meanwhile(tmp_path):
+    """A judge paced to its CPU reads every ~50 s at 8,192 ranks, and a starved one later still: what the hosts
+    wrote meanwhile is read before any of them is judged silent (every host was, and every rank read from its file)."""
+    job = Job(tmp_path)
+    reducers = [HostReducer(tmp_path, f"node-{h}") for h in range(RANKS // PER_HOST)]
+    judge = LiveJudge(tmp_path)
+    job.append(25)
+    for reducer in reducers:
+        reducer.reduce()
+    judge.judge(now=job.clock + 1.0)
+    job.append(5)
+    for reducer in reducers:
+        reducer.reduce()
+    for summary in judge.steps.summaries.values():
+        summary.heard_at -= 3600  # the judge last read an hour ago
+    verdict = judge.judge(now=job.clock + 1.0)
+    assert not verdict.notes and not judge.steps.direct and len(judge.steps.summaries) == RANKS // PER_HOST
+    assert {judge.steps.steps[r].last_step for r in range(RANKS)} == {30}
+
+
 def test_a_damaged_summary_line_is_left_out_and_beats_keep_a_quiet_host_heard(tmp_path):
     job = Job(tmp_path)
     reducer = HostReducer(tmp_path, "node-0")

@@ -78,11 +78,13 @@ class LiveSteps:
         for rank, info in self.ranks.refresh().items():
             if rank not in self.steps:
                 self._place(rank, info.get("host"))
-        self._leave_silent(time.time())
         new = sum(summary.read() for summary in self.summaries.values())
         for summary in self.summaries.values():  # a rank whose rows came before its rank.json was seen here
             for rank, held in summary.ranks.items():
                 self.steps.setdefault(rank, held)
+        # After the summaries are read: a judge that reads seldom (paced to its CPU, ~50 s apart at 8,192 ranks) or
+        # late (a starved host) hears the beats written meanwhile, and takes no host for silent that is not.
+        self._leave_silent(time.time())
         new += sum(tail.read() for tail in self.direct.values())
         if self.window_steps is not None:
             self.rows.add([row for held in self.steps.values() for row in held.added.values()])
@@ -121,9 +123,14 @@ class LiveSteps:
         new) is a wrapper that stopped reducing: its ranks are read from their own files from now on."""
         self.silenced = [host for host, summary in self.summaries.items() if summary.silent_s(now) > self.silent_s
                          and any(self.ranks.exit_record(r) is None for r in summary.ranks)]  # not a host that finished
+        if not self.silenced:
+            return
+        of_host: dict[str, list[int]] = {}  # grouped once: a pass over every rank per silent host was hosts x ranks
+        for rank in self.steps.keys() - self.direct.keys():
+            of_host.setdefault(self.ranks.info.get(rank, {}).get("host"), []).append(rank)
         for host in self.silenced:
             keep = self.summaries.pop(host).keep
-            for rank in [r for r in self.steps if r not in self.direct and self.ranks.info.get(r, {}).get("host") == host]:
+            for rank in sorted(of_host.get(host, [])):
                 self.steps[rank] = self.direct[rank] = StepTail(self.ranks.ranks_dir / str(rank) / "steps.jsonl", rank, keep)
 
     def cache_steps(self, min_lines: int, cpu_s: float) -> int:
