@@ -59,3 +59,19 @@ def test_group_keys_of_whole_meshes_stay_short():
     assert group_key("mesh_dp", tuple(range(3, 1024, 8))) == "mesh_dp:3-1019/8"
     assert group_key("0", (0, 1)) == "0:0,1"  # two ranks: as before
     assert group_members("0:0,1,2,3") == (0, 1, 2, 3)  # keys written before ranges were
+
+
+def test_a_call_takes_only_a_flight_recorder_entry_of_its_own_kind():
+    """gloo: a send (which records no entry) ran just before an all-gather whose entry was created 0.2 ms after the
+    send began, within the slack: the send took it and the all-gather was left unnamed (a 3D job's flaky count)."""
+    from diagtrain.profiler.analyzer.rank.collectives import op_kind
+    from diagtrain.profiler.analyzer.rank.host_calls import flight_recorder_entries
+
+    calls = pd.DataFrame({"name": ["c10d::send", "c10d::_allgather_base_", "c10d::_reduce_scatter_base_", "c10d::barrier"],
+                          "ts": [1000.0, 1207.0, 5000.0, 9000.0], "end": [1036.0, 1307.0, 5100.0, 9050.0]})
+    entries = pd.DataFrame({"profiling_name": ["gloo:all_gather", "gloo:all_reduce", "gloo:all_reduce"],
+                            "created_us": [1228.0, 5010.0, 9010.0]})
+    kinds = [np.array([op_kind(n) for n in names], dtype=np.int64)
+             for names in (calls["name"], entries["profiling_name"])]
+    # The all-gather its own entry; the reduce-scatter gloo's all-reduce (it runs as one); a barrier any.
+    assert flight_recorder_entries(calls, entries, *kinds).tolist() == [-1, 0, 1, 2]

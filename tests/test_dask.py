@@ -72,7 +72,7 @@ def test_a_ddp_run_on_a_cluster_reports_as_the_local_analysis(user_run, cluster,
     # The workers wrote each rank's tables next to the run; only summaries came back.
     for rank in (0, 1):
         cache = tmp_path / "dask" / "analysis" / "cache" / f"rank-{rank}"
-        assert {"spans.parquet", "steps.parquet", "summary.json"} <= {p.name for p in cache.iterdir()}
+        assert {"spans.parquet", "steps.arrow", "summary.json"} <= {p.name for p in cache.iterdir()}
     assert any(p.startswith(f"loaded 2/2 ranks on the Dask cluster at {cluster.scheduler_address} (")
                for p in progress)  # ranks done / total, and how fast
 

@@ -52,6 +52,17 @@ def normalize_op(name: str) -> str:
     return _OP_ALIASES.get(name, name)
 
 
+# Which ops a call and a flight-recorder entry can both be (gloo runs a reduce-scatter as an all-reduce); ops not
+# listed (barrier, the coalesced calls) may be any entry's.
+_KINDS = {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 1, "broadcast": 2, "send": 3, "recv": 4,
+          "recv_any_source": 4, "all_to_all": 5}
+
+
+def op_kind(name: str) -> int:
+    """The kind of op ``name`` is, as a number (-1: any), for pairing a call with its flight-recorder entry."""
+    return _KINDS.get(normalize_op(name), -1)
+
+
 _PAUSE_COLUMNS = ["tid", "ts", "end", "name"]  # what the pause before a gloo call reads of the host ops
 
 
@@ -122,7 +133,9 @@ def _from_host_ops(comm: pd.DataFrame, host: pd.DataFrame, flight_recorder: dict
             _fill_from_entries(table, _nearest_entries(work["ts"].to_numpy(), work["name"].astype(str).to_numpy(),
                                                        entries), entries)
         return table
-    by_call = host_calls.flight_recorder_entries(calls, entries)
+    by_call = host_calls.flight_recorder_entries(
+        calls, entries, np.array([op_kind(n) for n in calls["name"].astype(str)], dtype=np.int64),
+        np.array([op_kind(str(n)) for n in entries["profiling_name"]], dtype=np.int64))
     call_keys = [str(entries["profiling_name"].iat[j]) if j >= 0 else f"op:{normalize_op(n)}"
                  for j, n in zip(by_call, calls["name"].astype(str))]
     work_keys = [[name, f"op:{op}", *([f"op:{alias}" for alias in _RUNS_AS.get(op, ())])]

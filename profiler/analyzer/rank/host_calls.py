@@ -51,8 +51,11 @@ def issuing_calls(work: pd.DataFrame, work_keys: list[list[str]], calls: pd.Data
     return issued
 
 
-def flight_recorder_entries(calls: pd.DataFrame, entries: pd.DataFrame) -> np.ndarray:
-    """For each call, the position in ``entries`` created while it ran (-1 when none was)."""
+def flight_recorder_entries(calls: pd.DataFrame, entries: pd.DataFrame, call_kinds: np.ndarray,
+                            entry_kinds: np.ndarray) -> np.ndarray:
+    """For each call, the position in ``entries`` created while it ran (-1 when none was), of a kind that can be
+    the call's: ``call_kinds`` and ``entry_kinds`` number the kinds of op (-1: any). A send that records no entry
+    took the all-gather's created 0.2 ms after it (within the slack), and the all-gather was left unnamed."""
     found = np.full(len(calls), -1, dtype=np.int64)
     if entries.empty or calls.empty:
         return found
@@ -64,8 +67,9 @@ def flight_recorder_entries(calls: pd.DataFrame, entries: pd.DataFrame) -> np.nd
     for i, (start, end) in enumerate(zip(calls["ts"].to_numpy(), calls["end"].to_numpy())):
         lo = np.searchsorted(created_sorted, start - slack_us, side="left")
         hi = np.searchsorted(created_sorted, end + slack_us, side="right")
+        kind = call_kinds[i]
         for j in order[lo:hi]:
-            if not used[j]:
+            if not used[j] and (kind < 0 or entry_kinds[j] < 0 or entry_kinds[j] == kind):
                 found[i], used[j] = j, True
                 break
     return found
