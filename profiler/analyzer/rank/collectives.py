@@ -135,7 +135,7 @@ def _from_host_ops(comm: pd.DataFrame, host: pd.DataFrame, flight_recorder: dict
         return table
     by_call = host_calls.flight_recorder_entries(
         calls, entries, np.array([op_kind(n) for n in calls["name"].astype(str)], dtype=np.int64),
-        np.array([op_kind(str(n)) for n in entries["profiling_name"]], dtype=np.int64))
+        np.array([op_kind(str(n)) for n in entries.get("profiling_name", [None] * len(entries))], dtype=np.int64))
     call_keys = [str(entries["profiling_name"].iat[j]) if j >= 0 else f"op:{normalize_op(n)}"
                  for j, n in zip(by_call, calls["name"].astype(str))]
     work_keys = [[name, f"op:{op}", *([f"op:{alias}" for alias in _RUNS_AS.get(op, ())])]
