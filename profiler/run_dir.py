@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from diagtrain.profiler.util import processes
+from diagtrain.profiler.util.identity import ByIdentity
 
 SCHEMA_VERSION = 1
 
@@ -328,12 +329,19 @@ def group_key(pg: Any, members: tuple[int, ...]) -> str:
     """``"<pg>:<members>"``: the group a collective is matched within (its process group and members, as
     :func:`members_text` writes them): every groupby on the key hashes it whole, row by row, and a key that
     listed 1,024 ranks made the cross-rank stages grow with ranks squared."""
-    return members_key(pg, members_text(members))
+    return f"{pg}:{members_text(members)}"
 
 
-def members_key(pg: Any, members: str) -> str:
-    """The :func:`group_key` of ``pg`` whose members :func:`members_text` wrote as ``members``."""
-    return f"{pg}:{members}"
+class GroupKeys:
+    """:func:`group_key` for many (group, members) pairs whose members are shared tuples (every rank's groups list
+    the world's): each members object is written once, not once a rank."""
+
+    def __init__(self) -> None:
+        self._text = ByIdentity(members_text)
+
+    def __call__(self, pg: Any, members: Sequence[int]) -> str:
+        """``group_key(pg, members)``."""
+        return f"{pg}:{self._text(members)}"
 
 
 def members_text(members: Sequence[int]) -> str:

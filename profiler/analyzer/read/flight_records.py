@@ -27,8 +27,7 @@ from typing import Any
 from diagtrain.profiler.analyzer.read.inputs import MAX_DUMP_BYTES, expect, rank_number
 from diagtrain.profiler.analyzer.read.run_files import MAX_STEP_MS
 from diagtrain.profiler.analyzer.read.tolerant import UNPARSED, Salvage
-from diagtrain.profiler.run_dir import group_key, group_members, members_key, members_text
-from diagtrain.profiler.util.identity import ByIdentity
+from diagtrain.profiler.run_dir import GroupKeys, group_key, group_members
 from diagtrain.profiler.util.bounded_read import InputError, read_written
 
 _RANK_SUFFIX = re.compile(r"(\d+)(?:\.json)?$")
@@ -355,12 +354,12 @@ def keyed_by_members(dumps: dict[int, dict[str, Any]], groups_by_rank: dict[int,
     Subgroups of one DeviceMesh dimension share a name; their member lists tell them apart.
     """
     found = [e for rank, dump in dumps.items() for e in entries(rank, dump)]
-    members = ByIdentity(members_text)  # a group's members, once for every entry of every rank that lists them
+    key = GroupKeys()  # a group's members written once for every entry of every rank that lists them
     for e in found:
         group = (groups_by_rank.get(e.rank, {}).get(e.pg) or {})
         if group.get("ranks"):
             e.pg_desc = e.pg_desc or group.get("desc")
-            e.pg = members_key(e.pg, members(group["ranks"]))
+            e.pg = key(e.pg, group["ranks"])
     return found
 
 

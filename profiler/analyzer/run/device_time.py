@@ -25,8 +25,7 @@ import pandas as pd
 
 from diagtrain.profiler.analyzer.read.flight_records import Entry
 from diagtrain.profiler.analyzer.read.run_files import DEVICE_LISTS, DeviceRecord
-from diagtrain.profiler.run_dir import members_key, members_text
-from diagtrain.profiler.util.identity import ByIdentity
+from diagtrain.profiler.run_dir import GroupKeys
 
 DEVICE, HOST = "device", "host"  # the values of ``time_source``
 DEVICE_COLUMNS = ("device_step_ms", "device_idle_ms", "device_comm_wait_ms", "last_arrivals")
@@ -77,8 +76,8 @@ def keyed_groups(colls: pd.DataFrame, groups: dict[int, dict]) -> pd.DataFrame:
     if colls.empty or not groups:
         return colls
     pairs = colls[["rank", "group"]].drop_duplicates()
-    members = ByIdentity(members_text)  # the world's group, in every rank's groups: written once, not once a rank
-    keys = {(r, g): members_key(g, members(info["ranks"])) for r, g in zip(pairs["rank"], pairs["group"])
+    key = GroupKeys()  # the world's group, in every rank's groups: written once, not once a rank
+    keys = {(r, g): key(g, info["ranks"]) for r, g in zip(pairs["rank"], pairs["group"])
             if (info := (groups.get(int(r)) or {}).get(g)) and info.get("ranks")}
     if not keys:
         return colls
