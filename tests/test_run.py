@@ -120,8 +120,13 @@ def test_a_rank_that_dies_after_its_script_ended_is_a_crash_at_exit_not_in_train
     """Gloo's threads can abort a rank while Python shuts down, after the script returned: the
     launcher calls the job failed, and the report says the training itself finished. Killed there
     without a word, no rank can be singled out."""
-    run = diagtrain_run(tmp_path / "run", "--profile-steps", "none", "--", *torchrun(2), str(USER_SCRIPT),
-                        env={"STEPS": "3", "TEARDOWN_CRASH_RANK": "1", "TEARDOWN_SILENT": silent}, check=False)
+    for attempt in range(3):
+        run = diagtrain_run(tmp_path / f"run{attempt}", "--profile-steps", "none", "--", *torchrun(2), str(USER_SCRIPT),
+                            env={"STEPS": "3", "TEARDOWN_CRASH_RANK": "1", "TEARDOWN_SILENT": silent}, check=False)
+        # torch's own teardown crash (what died_in_teardown excuses) can strike before the injected silent
+        # death: the case this test asks about did not happen, so it is run again.
+        if silent == "0" or not died_in_teardown(run):
+            break
     assert run.returncode == 1  # torchrun's, kept
     assert run.manifest["status"] == "failed" and run.manifest["rank_exits"]["1"]["code"] == 0
     stderr = run.text(1, "stderr.log")
