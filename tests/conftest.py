@@ -167,12 +167,16 @@ def died_in_teardown(run: Run) -> bool:
     stopped = [e.get("code") == 0 or e.get("reason") == "terminated" for e in exits.values()]
     if len(exits) != world or not any(ended) or not all(stopped) or len(set(last.values())) != 1:
         return False
-    try:  # the analyzer's own reading of a rank's last words (libstdc++'s, faulthandler's)
-        return any(e.kind in PROCESS_DEATHS
-                   for r, x in exits.items() if x.get("code") == 0
-                   for e in parse_errors(run.text(int(r), "stderr.log").splitlines()))
+    try:
+        return any(said_dying(run, int(r)) for r, x in exits.items() if x.get("code") == 0)
     except OSError:
         return False
+
+
+def said_dying(run: Run, rank: int) -> bool:
+    """Whether ``rank``'s last words are its process's death in C++, by the analyzer's own reading of them
+    (libstdc++'s abort, faulthandler's dump)."""
+    return any(e.kind in PROCESS_DEATHS for e in parse_errors(run.text(rank, "stderr.log").splitlines()))
 
 
 def wait_until(condition, what: str, timeout: float = JOB_TIMEOUT_S) -> None:
