@@ -183,7 +183,8 @@ def test_a_damaged_summary_line_is_left_out_and_beats_keep_a_quiet_host_heard(tm
 
 def test_a_full_summary_is_set_aside_and_its_reader_loses_no_line(tmp_path):
     job = Job(tmp_path)
-    reducer = HostReducer(tmp_path, "node-2", max_bytes=3_000)  # a fresh summary every few steps' lines
+    # A fresh summary every few steps' lines; the first line alone fills one, set aside before the first read.
+    reducer = HostReducer(tmp_path, "node-2", max_bytes=3_000)
     summary = HostSummary(summary_path(tmp_path, "node-2"), keep=None)
     summary.ranks = {r: RankSteps(r, None) for r in range(16, 24)}
     for steps in (2, 3, 1, 4, 2, 5, 3):

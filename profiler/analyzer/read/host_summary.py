@@ -161,13 +161,15 @@ class HostSummary:
 
     def _lines(self) -> list[Any]:
         """The lines appended since the last read: where the summary was set aside since, the rest of the old file
-        first, then the fresh one from its start."""
+        first, then the fresh one from its start (at the first read, the whole file set aside last, if any)."""
         try:
             inode = os.stat(self.path).st_ino
         except OSError:
             return []
         lines = []
-        if self.inode is not None and inode != self.inode:
+        if self.inode is None:  # a reader that comes after a summary was set aside: its lines first
+            lines = JsonlTail(set_aside(self.path)).read_json()
+        elif inode != self.inode:
             old = JsonlTail(set_aside(self.path))
             old.offset = self.tail.offset
             try:
