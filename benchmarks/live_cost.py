@@ -96,7 +96,8 @@ class SyntheticJob:
                     "rank": r, "step": self.step, "start": self.clock, "end": self.clock + wall / 1e3,
                     "duration_ms": wall, "phases_ms": phases,
                     "phase_comm_ms": {"data": 0.0, "forward": 0.0, "backward": wait, "optimizer": 0.0},
-                    "comm_ms": wait, "comm_calls": 1, "runq_ms": 0.1, "cpu_ms": wall - wait}))
+                    "comm_ms": wait, "comm_calls": 1, "runq_ms": 0.1, "comm_runq_ms": 0.02,
+                    "cpu_ms": wall - wait}))
             self.clock += (slowest + 1.0) / 1e3
         for r, new in lines.items():
             with open(self.root / "ranks" / str(r) / "steps.jsonl", "a") as f:

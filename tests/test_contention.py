@@ -14,7 +14,7 @@ import pytest
 
 from conftest import diagtrain_run, torchrun
 from diagtrain.profiler.analyzer.analyze import analyze
-from diagtrain.profiler.analyzer.judge.contention import hidden_work, more_work, own_work_only
+from diagtrain.profiler.analyzer.judge.contention import hidden_work, more_work, own_work_only, starvation
 from diagtrain.profiler.analyzer.judge.findings import Finding
 from diagtrain.profiler.analyzer.report.wording import explanation
 from diagtrain.profiler.analyzer.judge.pipeline import run_detectors, judge
@@ -32,9 +32,10 @@ SCALE = 5  # the real job's rank 2 takes this many times its peers' batch
 
 def run_of(extra_cpu: float = 0.0, extra_runq: float = 0.0, counters: bool = True,
            telemetry: pd.DataFrame | None = None, faults: tuple[int, int] | None = None,
-           samples: tuple[int, int] | None = None, leak_mib: float | None = None) -> Tables:
+           samples: tuple[int, int] | None = None, leak_mib: float | None = None, inside_waits: bool = False) -> Tables:
     """Two ranks on host "h"; rank 1 is EXCESS_MS slower in optimizer, with ``extra_cpu`` ms more
-    CPU time and ``extra_runq`` ms more run-queue wait than rank 0 in each step, (rank 0's, rank 1's)
+    CPU time and ``extra_runq`` ms more run-queue wait than rank 0 in each step (with ``inside_waits``, all of it
+    inside its waits in collectives, which last that much longer), (rank 0's, rank 1's)
     page faults and samples per step where given, and with ``leak_mib`` their resident memory (rank 1's
     growing that much a step)."""
     rows = []
@@ -49,6 +50,9 @@ def run_of(extra_cpu: float = 0.0, extra_runq: float = 0.0, counters: bool = Tru
             if counters:
                 row.update(cpu_ms=60.0 + (extra_cpu if slow else 0.0), runq_ms=1.0 + (extra_runq if slow else 0.0),
                            comm_wait_ms=0.5)
+                if inside_waits:
+                    inside = extra_runq if slow else 0.0
+                    row.update(comm_runq_ms=inside, comm_wait_ms=0.5 + inside)
             if faults:
                 row["page_faults"] = faults[rank]
             if samples:
@@ -93,6 +97,22 @@ def test_a_rank_starved_of_a_cpu_is_not_a_straggler():
     contention = found["host_contention"]
     assert contention.severity == "info" and contention.ranks == [0, 1]
     assert contention.metrics["runq_ms_per_step"] == pytest.approx(20.0, abs=0.5)
+
+
+def test_a_wait_for_a_cpu_inside_a_collective_is_no_starvation_of_the_ranks_own_time():
+    """A thread woken from a blocking wait (gloo's) queues for a CPU before the wait returns: that run-queue time
+    is part of its wait in the collective, and explains nothing of its own time."""
+    steps = list(range(2, STEPS + 1))
+    assert starvation(run_of(extra_runq=EXCESS_MS - 2), 1, steps, EXCESS_MS) == \
+        "it waited 38.0 ms per step longer than its peers for a CPU"
+    assert starvation(run_of(extra_runq=EXCESS_MS - 2, inside_waits=True), 1, steps, EXCESS_MS) is None
+    # The ledger splits the step into waits, the run queue outside them and running time, each counted once.
+    tables = run_of(extra_runq=30.0, inside_waits=True)
+    book = ledger.build(tables).set_index(["rank", "step"])
+    assert (book["starved_ms"] == 1.0).all()  # 31 ms in rank 1's run queue, 30 of them inside its waits
+    mine = book.xs(1, level="rank")
+    assert mine["wait_ms"].to_numpy() == pytest.approx(30.5)
+    assert (mine["wait_ms"] + mine["starved_ms"] + mine["running_ms"]).to_numpy() == pytest.approx(mine["wall_ms"].to_numpy())
 
 
 def test_what_a_starved_rank_still_ran_beyond_its_peers_is_its_own():

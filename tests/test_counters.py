@@ -4,6 +4,9 @@ in collectives, who waits for data, and the verdicts drawn from them alone."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -115,6 +118,39 @@ def test_phases_never_overlap():
     clock.exit("forward")  # the outer module ends after the step boundary: counted in the next step
     later, _ = clock.take()
     assert set(later) == {"forward"} and clock.take() == ({}, {})
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="Linux's scheduler statistics")
+def test_the_run_queue_inside_a_wait_is_told_apart():
+    """A thread woken from a blocking wait queues for a CPU before the wait returns: on a CPU shared with a busy
+    process the thread waits for it inside a timed wait as outside one, and the part inside is comm_runq_ms."""
+    cpu = min(os.sched_getaffinity(0))
+    hog = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}}); print(flush=True)\n"
+                            "while True: pass"], stdout=subprocess.PIPE)
+    mine = os.sched_getaffinity(0)
+    try:
+        hog.stdout.readline()  # it spins on that CPU now
+        os.sched_setaffinity(0, {cpu})  # this thread: the one the counters follow
+        counters = Counters()
+        before = counters.read()
+        _spin(0.2)  # half of it waiting for the CPU the hog holds
+        started = counters.comm_begin()
+        _spin(0.2)  # the same, inside a wait
+        counters.comm_end(started)
+        fields = counters.read().since(before)
+    finally:
+        os.sched_setaffinity(0, mine)
+        hog.kill()
+        hog.wait()
+    assert fields["runq_ms"] > 100.0, fields  # two threads on one CPU: ~200 ms of the 400 waiting
+    assert 0.3 * fields["runq_ms"] < fields["comm_runq_ms"] < 0.7 * fields["runq_ms"], fields
+    assert fields["comm_runq_ms"] < counters.comm_s * 1e3 < 250.0  # inside the wait's time, which is the second spin
 
 
 def test_the_hooks_never_break_the_program(capsys):

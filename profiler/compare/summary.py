@@ -27,7 +27,7 @@ KIND = "diagtrain-baseline"
 # host move them from run to run (runq_ms above all). They stay out of the regression gate.
 # On a GPU the same holds of the device's step, its waits in collectives and its idle time before a step
 # (its host late); its busy time (the step less both) is compared instead, as ``device_busy``.
-NOT_COMPARED = ("wall_ms", "trace_wall_ms", "comm_wait_ms", "cpu_ms", "runq_ms", "device_step_ms",
+NOT_COMPARED = ("wall_ms", "trace_wall_ms", "comm_wait_ms", "cpu_ms", "runq_ms", "comm_runq_ms", "device_step_ms",
                 "device_comm_wait_ms", "device_idle_ms")
 NOT_COMPARED_SUFFIXES = ("_comm_wait_ms",)
 PER_STEP_METRICS = {  # column in analysis/steps.parquet -> (metric name, unit)

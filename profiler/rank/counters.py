@@ -73,6 +73,7 @@ class Reading:
     runq_s: float | None  # None: /proc/<pid>/task/<tid>/schedstat cannot be read here
     page_faults: int | None = None  # minor page faults of the process; None: no getrusage here
     rss_bytes: int | None = None  # resident memory now (not cumulative); None: no /proc/self/statm here
+    comm_runq_s: float = 0.0  # the part of runq_s spent inside timed waits (woken from one, waiting for a CPU)
 
     def since(self, before: Reading) -> dict[str, Any]:
         """The step record's counter fields for the interval from ``before`` to this reading."""
@@ -82,6 +83,7 @@ class Reading:
             fields["comm_calls"] = self.comm_calls - (before.comm_calls or 0)
         if self.runq_s is not None and before.runq_s is not None:
             fields["runq_ms"] = round((self.runq_s - before.runq_s) * 1e3, 3)
+            fields["comm_runq_ms"] = round((self.comm_runq_s - before.comm_runq_s) * 1e3, 3)
         if self.page_faults is not None and before.page_faults is not None:
             fields["page_faults"] = self.page_faults - before.page_faults
         if self.rss_bytes is not None:
@@ -149,6 +151,10 @@ class Counters:
         self.tracking_phases = False
         self.failed = False
         self.comm_s = 0.0
+        # A thread woken from a blocking wait (gloo's) queues for a CPU before the wait returns: that run-queue
+        # time is inside comm_s too, and the step's time splits into waits, run queue and running only without it.
+        self.comm_runq_s = 0.0
+        self._runq_at_wait: float | None = None  # the run queue's total when the current wait began (main thread)
         self.phases = PhaseClock()
         self.start: Reading | None = None  # at install: step 1 of an implicit recorder counts from here
         self._main = threading.main_thread().ident
@@ -287,6 +293,7 @@ class Counters:
         if self._blocked or self.failed or threading.get_ident() != self._main:
             return None
         self._blocked = True
+        self._runq_at_wait = self._wait_runq()
         return time.perf_counter()
 
     def comm_begin_window(self) -> float | None:
@@ -294,11 +301,16 @@ class Counters:
         if self._blocked or self.failed:
             return None
         self._blocked = True
+        # The run queue read is the main thread's: another thread's wait is not in it.
+        self._runq_at_wait = self._wait_runq() if threading.get_ident() == self._main else None
         return time.perf_counter()
 
     def comm_end(self, started: float) -> None:
         seconds = time.perf_counter() - started
         self._blocked = False
+        if self._runq_at_wait is not None and (now := self._wait_runq()) is not None:
+            self.comm_runq_s += max(0.0, now - self._runq_at_wait)  # max: the thread followed changed meanwhile
+        self._runq_at_wait = None
         self.comm_s += seconds
         self.phases.add_comm(seconds)
 
@@ -361,7 +373,7 @@ class Counters:
             return None
         try:
             return Reading(self.comm_s, self._comm_calls(), time.process_time(), self._runq_s(), _page_faults(),
-                           self._rss_bytes())
+                           self._rss_bytes(), self.comm_runq_s)
         except Exception as e:  # noqa: BLE001
             self.fail(e)
             return None
@@ -385,6 +397,13 @@ class Counters:
             return None
         # "<ns on a CPU> <ns waiting on a run queue> <timeslices>"
         return int(os.pread(self._schedstat, 64, 0).split()[1]) / NS_PER_S
+
+    def _wait_runq(self) -> float | None:
+        """The run queue's total at a wait's edge; None where it cannot be read (the wait is the job's: never raises)."""
+        try:
+            return self._runq_s()
+        except (OSError, ValueError, IndexError):
+            return None
 
     def _rss_bytes(self) -> int | None:
         pid = os.getpid()

@@ -30,7 +30,7 @@ from diagtrain.profiler.analyzer.judge.detectors.base import Steady, profiled_st
 from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, UPPER_BOUND, Finding
 from diagtrain.profiler.analyzer.judge.quantities import SlowCause
 from diagtrain.profiler.analyzer.judge.verdict import HOST, LEAK_TIME, MORE_WORK, Assessed, Assessment
-from diagtrain.profiler.analyzer.run.ledger import crowded_hosts
+from diagtrain.profiler.analyzer.run.ledger import cpu_wait, crowded_hosts
 from diagtrain.profiler.analyzer.run.tables import Tables, unix_seconds
 from diagtrain.profiler.util.settings import section, setting, values
 
@@ -186,7 +186,7 @@ def starvation(tables: Tables, rank: int, steps: list[int], excess_ms: float,
     extra_cpu = _beyond_peers(rows, rank, "cpu_ms")
     if extra_cpu is not None and extra_cpu >= s.work_share * excess_ms:
         return None  # it burnt the time itself: more work
-    extra_runq = _beyond_peers(rows, rank, "runq_ms")
+    extra_runq = _beyond_peers(rows.assign(cpu_wait_ms=cpu_wait(rows)), rank, "cpu_wait_ms")
     if extra_runq is not None:
         if extra_runq < s.starved_share * excess_ms:
             return None
@@ -460,7 +460,7 @@ def _blocked_itself(tables: Tables, finding: Finding, s: Contention) -> bool:
     if not excess or not all(c in tables.steps for c in needed):
         return False
     rows = tables.steps[tables.steps["step"].isin(finding.steps)]
-    off_cpu = rows.assign(off_cpu_ms=rows["wall_ms"] - rows["cpu_ms"] - rows["runq_ms"] - rows["comm_wait_ms"])
+    off_cpu = rows.assign(off_cpu_ms=rows["wall_ms"] - rows["cpu_ms"] - cpu_wait(rows) - rows["comm_wait_ms"])
     blocked = _beyond_peers(off_cpu, finding.ranks[0], "off_cpu_ms")
     return blocked is not None and blocked >= s.own_blocking_share * excess
 

@@ -339,8 +339,8 @@ def _step_row(record: Any, rank: int | None) -> dict[str, Any] | str:
 # The columns every step row has (the others: <phase>_ms and <phase>_comm_wait_ms of the phases it recorded, and the
 # device timings' lists where it carried some).
 STEP_COLUMNS = ("rank", "step", "start", "end", "wall_ms", "peak_mem_bytes", "samples", "tokens", "comm_wait_ms",
-                "comm_calls", "cpu_ms", "runq_ms", "page_faults", "rss_bytes", "gpu_allocated_bytes",
-                "gpu_reserved_bytes", "gpu_peak_bytes", "gpu_peak_since")
+                "comm_calls", "cpu_ms", "runq_ms", "comm_runq_ms", "page_faults", "rss_bytes",
+                "gpu_allocated_bytes", "gpu_reserved_bytes", "gpu_peak_bytes", "gpu_peak_since")
 
 
 # -- device timings (CUDA events, NCCL's collective timing): the fields of an earlier step, carried by a later
@@ -451,6 +451,7 @@ def _counters(record: dict[str, Any]) -> dict[str, Any]:
     columns = {"comm_wait_ms": _bounded(record.get("comm_ms"), MAX_STEP_MS),
                "comm_calls": _bounded(record.get("comm_calls"), math.inf),
                "cpu_ms": _bounded(record.get("cpu_ms"), MAX_STEP_MS), "runq_ms": _bounded(record.get("runq_ms"), MAX_STEP_MS),
+               "comm_runq_ms": _bounded(record.get("comm_runq_ms"), MAX_STEP_MS),
                "page_faults": _bounded(record.get("page_faults"), math.inf),
                **{k: _bounded(record.get(k), MAX_MEMORY_BYTES) for k in MEMORY_COUNTERS},
                "gpu_peak_since": record.get("gpu_peak_since") if record.get("gpu_peak_since") in PEAK_SINCE else None}

@@ -7,7 +7,8 @@ point-to-point calls (``comm_wait_ms``, per phase ``<phase>_comm_wait_ms``), so 
     wall = work in each phase (the phase less its blocked time) + work outside any phase + waiting
 
 and the rank's *own* time (wall less waiting) is what it would take if nobody made it wait. Part
-of it the rank spent runnable but without a CPU (``starved_ms``, the scheduler's run-queue time):
+of it the rank spent runnable but without a CPU (``starved_ms``, the scheduler's run-queue time outside
+its waits: a thread woken from a blocking wait queues for a CPU before the wait returns, :func:`cpu_wait`):
 that is the host's doing, and ranks are compared on the rest (``running_ms``). On 8 ranks sharing 2
 cores a rank's own time is half starvation, and a rank that sleeps frees the CPU for its peers. A
 rank whose running time stands above its peers' (the ranks that do the same work: the same pipeline
@@ -76,7 +77,7 @@ def build(t: Tables) -> pd.DataFrame:
     wall = column("wall_ms")
     wait = np.clip(column("comm_wait_ms"), 0.0, wall)
     own = wall - wait
-    starved = column("runq_ms")
+    starved = cpu_wait(steps).to_numpy(dtype=float)
     c: dict[str, Any] = {"rank": steps["rank"].to_numpy().astype(int), "step": steps["step"].to_numpy().astype(int),
                          "wall_ms": wall, "wait_ms": wait, "own_ms": own, "starved_ms": starved,
                          "running_ms": np.clip(own - _known(starved), 0.0, None), "cpu_ms": column("cpu_ms")}
@@ -98,6 +99,16 @@ def build(t: Tables) -> pd.DataFrame:
     return ledger[COLUMNS + [col for col in ledger.columns if col not in COLUMNS]]
 
 
+def cpu_wait(steps: pd.DataFrame) -> pd.Series:
+    """Per step row, the time the rank waited for a CPU outside its waits for peers (NaN where not recorded): the
+    run queue's time less the part inside waits (``comm_runq_ms``; runs recorded before it have none), which
+    ``comm_wait_ms`` holds already."""
+    if "runq_ms" not in steps:
+        return pd.Series(np.nan, index=steps.index)
+    inside = steps["comm_runq_ms"].fillna(0.0) if "comm_runq_ms" in steps else 0.0
+    return (steps["runq_ms"] - inside).clip(lower=0.0)
+
+
 def device_view(steps: pd.DataFrame, phases: list[str]) -> pd.DataFrame:
     """The steps as the ledger weighs them: on rows timed on the device (run/device_time.py), the device's.
 
@@ -109,7 +120,7 @@ def device_view(steps: pd.DataFrame, phases: list[str]) -> pd.DataFrame:
     if "time_source" not in steps:
         return steps
     timed = steps["time_source"].eq(DEVICE)
-    host_only = ["runq_ms", "cpu_ms", *(f"{p}{end}" for p in phases for end in ("_ms", "_comm_wait_ms"))]
+    host_only = ["runq_ms", "comm_runq_ms", "cpu_ms", *(f"{p}{end}" for p in phases for end in ("_ms", "_comm_wait_ms"))]
     swapped = {"wall_ms": steps["device_idle_ms"] + steps["device_step_ms"], "comm_wait_ms": steps["device_comm_wait_ms"]}
     # A host that recorded no blocked time at all (its counters off) still has the device's.
     return steps.assign(**{c: steps.get(c, pd.Series(np.nan, index=steps.index)).where(~timed, swapped[c]) for c in swapped},

@@ -179,7 +179,7 @@ def unix_seconds(time: pd.Series) -> pd.Series:
 
 
 # The always-on counters' columns in the steps table (run_files.read_steps); absent: not measured.
-COUNTER_COLUMNS = ("comm_wait_ms", "comm_calls", "cpu_ms", "runq_ms", "page_faults", *rf.MEMORY_COUNTERS,
+COUNTER_COLUMNS = ("comm_wait_ms", "comm_calls", "cpu_ms", "runq_ms", "comm_runq_ms", "page_faults", *rf.MEMORY_COUNTERS,
                    "gpu_peak_since")
 
 

@@ -19,6 +19,7 @@ import pandas as pd
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady
 from diagtrain.profiler.analyzer.judge.findings import Finding
 from diagtrain.profiler.analyzer.run.device_time import timed_on_device
+from diagtrain.profiler.analyzer.run.ledger import cpu_wait
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.util.settings import section, setting
 from diagtrain.profiler.model.pipeline import bubble as bubble_formula
@@ -131,7 +132,7 @@ def stage_work(tables: Tables) -> StageWork | None:
     if not counted.empty:
         # Time a rank ran, as the ledger counts it: a wait for a CPU (a busy host's, uneven between ranks)
         # is no work of its stage's.
-        starved = counted["runq_ms"].fillna(0.0) if "runq_ms" in counted else 0.0
+        starved = cpu_wait(counted).fillna(0.0)
         return _timed(counted, (counted["wall_ms"] - counted["comm_wait_ms"] - starved).clip(lower=0.0),
                       counted["wall_ms"], "time outside communication (counters)")
     if tables.parameters:
