@@ -207,22 +207,27 @@ def from_start(ranks: int, extra_steps: int = 10) -> dict:
             "full_window_cpu_s_median": round(statistics.median(full), 4)}
 
 
-def from_start_markdown(rows: list[dict]) -> str:
+def _section(title: str, intro: str, columns: list[str], rows: list[str]) -> str:
+    """A markdown section of right-aligned columns, nothing without rows."""
     if not rows:
         return ""
-    lines = ["", "## Judged from the job's first step", "",
-             "The wrapper's own flow: the judge runs from the job's start, judging after every step (every host reducing "
-             "before it), so no judgement reads more than the steps since the one before. *First*: step 1's judgement, "
-             "with the judge's imports and first read. *First finding*: the first judgement past warm-up that named "
-             "something (its detectors' first run). *Most before a full window*: the dearest judgement while the window "
-             "grows to its steps. *Full window*: the median of the judgements after it.", "",
-             "| ranks | first judgement CPU s | first finding at step | its CPU s | most before a full window | "
-             "full window, median CPU s |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: |"]
-    lines += [f"| {r['ranks']} | {r['first_judgement_cpu_s']} | {r['first_finding_at_step'] or '-'} | "
-              f"{r['first_finding_cpu_s'] if r['first_finding_cpu_s'] is not None else '-'} | "
-              f"{r['most_before_full_window_cpu_s']} | {r['full_window_cpu_s_median']} |" for r in rows]
+    lines = ["", f"## {title}", "", intro, "", f"| {' | '.join(columns)} |", f"|{' ---: |' * len(columns)}", *rows]
     return "\n".join(lines) + "\n"
+
+
+def from_start_markdown(rows: list[dict]) -> str:
+    return _section(
+        "Judged from the job's first step",
+        "The wrapper's own flow: the judge runs from the job's start, judging after every step (every host reducing "
+        "before it), so no judgement reads more than the steps since the one before. *First*: step 1's judgement, "
+        "with the judge's imports and first read. *First finding*: the first judgement past warm-up that named "
+        "something (its detectors' first run). *Most before a full window*: the dearest judgement while the window "
+        "grows to its steps. *Full window*: the median of the judgements after it.",
+        ["ranks", "first judgement CPU s", "first finding at step", "its CPU s", "most before a full window",
+         "full window, median CPU s"],
+        [f"| {r['ranks']} | {r['first_judgement_cpu_s']} | {r['first_finding_at_step'] or '-'} | "
+         f"{r['first_finding_cpu_s'] if r['first_finding_cpu_s'] is not None else '-'} | "
+         f"{r['most_before_full_window_cpu_s']} | {r['full_window_cpu_s_median']} |" for r in rows])
 
 
 def _reduce(hosts: list[HostReducer]) -> list[float]:
@@ -295,17 +300,14 @@ def markdown(sections: dict[str, list[dict]], facts: dict, settings: Live) -> st
 
 
 def finding_markdown(found: list[dict]) -> str:
-    if not found:
-        return ""
-    lines = ["", "## From a straggler's first step to its live finding", "",
-             "Rank 1 turns slow (+60 ms forward) at the step shown; every host reduces and the judge judges after each "
-             "step. *Seconds, at most*: those steps at the step time shown, plus a host's reduce round "
-             "(live.interval_s) and the judge's spacing at its CPU per judgement (the most either can add).", "",
-             "| ranks | slow from step | steps to its finding | step time s | seconds, at most |",
-             "| ---: | ---: | ---: | ---: | ---: |"]
-    lines += [f"| {r['ranks']} | {r['straggler_from_step']} | {r['steps_to_finding'] or 'not found'} | {r['step_s']:g} | "
-              f"{r['seconds_to_finding_at_most'] or '-'} |" for r in found]
-    return "\n".join(lines) + "\n"
+    return _section(
+        "From a straggler's first step to its live finding",
+        "Rank 1 turns slow (+60 ms forward) at the step shown; every host reduces and the judge judges after each "
+        "step. *Seconds, at most*: those steps at the step time shown, plus a host's reduce round "
+        "(live.interval_s) and the judge's spacing at its CPU per judgement (the most either can add).",
+        ["ranks", "slow from step", "steps to its finding", "step time s", "seconds, at most"],
+        [f"| {r['ranks']} | {r['straggler_from_step']} | {r['steps_to_finding'] or 'not found'} | {r['step_s']:g} | "
+         f"{r['seconds_to_finding_at_most'] or '-'} |" for r in found])
 
 
 def main() -> None:
