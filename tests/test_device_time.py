@@ -37,6 +37,7 @@ class Gpus:
     late: dict[tuple[int, int], float] = field(default_factory=dict)  # (rank, step) -> ms its host is late
     for_data: bool = False  # the host is late waiting for its batch: its data phase says so
     subgroups: int = 1  # data-parallel groups of consecutive ranks, as one DeviceMesh dimension's: one name for all
+    queued: dict[int, float] = field(default_factory=dict)  # rank -> ms a step its host thread waited for a CPU
 
 
 def gpu_run(root: Path, gpus: Gpus, device: bool = True) -> Path:
@@ -62,7 +63,8 @@ def gpu_run(root: Path, gpus: Gpus, device: bool = True) -> Path:
                       "phases_ms": {"data": 1.0 + (gpus.late.get((r, s), 0.0) if gpus.for_data else 0.0),
                                     "forward": wall * 0.3, "backward": wall * 0.6, "optimizer": wall * 0.1},
                       "phase_comm_ms": {"data": 0.0, "forward": 0.0, "backward": 0.04, "optimizer": 0.0},
-                      "comm_ms": 0.04, "comm_calls": 2, "cpu_ms": wall * 0.9, "runq_ms": 0.1}
+                      "comm_ms": 0.04, "comm_calls": 2, "cpu_ms": wall * 0.9, "runq_ms": 0.1 + gpus.queued.get(r, 0.0),
+                      "comm_runq_ms": 0.01}  # NCCL's waits return once queued: hardly a wake-up to queue after
             if device and s - lag >= 1:
                 record.update(_device_fields(r, [s - lag], device_steps, colls))
             lines.append(json.dumps(record))
@@ -147,6 +149,17 @@ def test_a_gpu_20_percent_slower_is_a_slow_device_and_priced_by_the_others_wait(
     assert f["metrics"]["cause"] == "slow_device" and f["metrics"]["time_source"] == "device"
     assert "on the device" in f["explanation"] and f["severity"] in ("warning", "error")
     assert price(f) == pytest.approx(0.2 * sum(SEGMENTS), rel=0.3)
+    waited_for(run, 3, list(range(2, STEPS + 1)))
+
+
+def test_a_busy_hosts_run_queue_is_no_part_of_a_step_timed_on_the_device(tmp_path):
+    """Rank 3's host thread waits 40 ms a step for a CPU, outside its waits (on NCCL they return once queued): its
+    device still sets the pace, and a step weighed on the device carries none of the host's run queue."""
+    run = gpu_run(tmp_path, Gpus(slow={3: 1.2}, queued={3: 40.0}))
+    [f] = named(findings(run), 3)
+    assert f["metrics"]["cause"] == "slow_device" and price(f) == pytest.approx(0.2 * sum(SEGMENTS), rel=0.3)
+    ledger = pd.read_parquet(run / "analysis" / "ledger.parquet")
+    assert set(ledger["time_source"]) == {"device"} and ledger["starved_ms"].isna().all()
     waited_for(run, 3, list(range(2, STEPS + 1)))
 
 
