@@ -2,7 +2,8 @@
 
     torchrun --nproc-per-node 2 ddp_loader.py [--workers 2] [--slow-rank 1] [--batch-rank 1]
         [--slow-item-rank 1 --slow-item-every 3] [--hook-delay-rank 1] [--hold-rank 1] [--leak-rank 1] ...
-        [--slow-loader-rank 1 --slow-loader-ms 2] [--checkpoint-rank 0 --checkpoint-every 4 --checkpoint-mb 64]
+        [--slow-loader-rank 1 --slow-loader-ms 2] [--checkpoint-rank 0|all --checkpoint-every 4 --checkpoint-mb 64]
+        [--transform-ms 3]
 """
 
 import argparse
@@ -37,16 +38,27 @@ parser.add_argument("--slow-loader-rank", type=int, default=-1,
                     help="every item is slow to read on this rank, in every step (a slow disk, heavy decoding)")
 parser.add_argument("--slow-loader-ms", type=float, default=2.0,
                     help="each item's extra read time on --slow-loader-rank (x --batch items a step)")
-parser.add_argument("--checkpoint-rank", type=int, default=-1,
-                    help="this rank saves model and optimizer state to disk (fsynced) every --checkpoint-every steps")
+parser.add_argument("--checkpoint-rank", default="-1",
+                    help="this rank ('all': every rank) saves model and optimizer state to disk (fsynced) every "
+                         "--checkpoint-every steps")
 parser.add_argument("--checkpoint-every", type=int, default=4)
 parser.add_argument("--checkpoint-mb", type=int, default=0,
                     help="an extra blob of this many MiB in each checkpoint (the tiny model's state alone saves in ms)")
+parser.add_argument("--transform-ms", type=float, default=0.0,
+                    help="every rank's CPU time per item in its transform (decoding, augmentation): in the main "
+                         "process unless --workers, so that with 0 workers every rank waits for its input")
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
+
+
+def _spin(seconds: float) -> None:
+    """CPU work for ``seconds`` (a transform in pure Python: decoding, augmentation)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 class Samples(Dataset):
@@ -65,6 +77,8 @@ class Samples(Dataset):
             time.sleep(args.slow_item_ms / 1e3 / self.batch)  # a cold read, a large image to decode
         if rank == args.slow_loader_rank:
             time.sleep(args.slow_loader_ms / 1e3)  # every read slow: a network file system, a costly transform
+        if args.transform_ms:
+            _spin(args.transform_ms / 1e3)  # a heavy per-sample transform, on the CPU
         return torch.randn(WIDTH, generator=g), torch.randn(1, generator=g)
 
 
@@ -86,7 +100,7 @@ if rank == args.hook_delay_rank:
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 faults = Faults(args, rank)
 checkpoint_path = None
-if rank == args.checkpoint_rank:
+if args.checkpoint_rank in ("all", str(rank)):
     # One file, overwritten by every save (as a "latest" checkpoint is); on disk, not in page cache alone.
     handle, checkpoint_path = tempfile.mkstemp(prefix=f"ckpt-rank{rank}-", suffix=".pt")
     os.close(handle)

@@ -57,6 +57,7 @@ def analyze(path: Path, out: Path, formats: list[str], workers: int,
         doc["expected"] = verdict.expected
         doc["critical_path"] = verdict.critical_path
         doc["ledger"] = verdict.ledger
+        doc["job_time"] = verdict.job_time
         progress("writing the results")
         outputs.write(analysis_dir, t, doc, results)
         document.write(out, doc, formats, t)

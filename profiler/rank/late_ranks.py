@@ -8,6 +8,9 @@ soon as torch.distributed is imported: called with a rank, the process becomes t
 process group starts; called without one (a store or an init_method that carries it), it becomes the
 rank the process group gives it, right after. A process with a fork start method inherits the
 wrapper from its parent.
+
+Every rank's call is also timed (launched ranks too, which do not join this way): when the process
+group began and when it was ready go into rank.json, the start-up's "process-group set-up".
 """
 
 from __future__ import annotations
@@ -15,22 +18,24 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import time
 from types import ModuleType
 from typing import Any, Callable
 
 from diagtrain.profiler.rank.after_import import call_after_import
 
 
-def follow_init_process_group() -> None:
-    """Become a rank when this process calls init_process_group (wrapped once torch.distributed is imported)."""
-    call_after_import("torch.distributed", _wrap)
+def follow_init_process_group(join: bool) -> None:
+    """Time this process's init_process_group and, with ``join``, become a rank when it calls it (wrapped once
+    torch.distributed is imported)."""
+    call_after_import("torch.distributed", functools.partial(_wrap, join=join))
 
 
-def _wrap(dist: ModuleType) -> None:
+def _wrap(dist: ModuleType, join: bool) -> None:
     original = getattr(dist, "init_process_group", None)
     if original is None or getattr(original, "_diagtrain_joins", False):
         return  # a torch built without distributed, or wrapped already
-    joining = _joining(original)
+    joining = _joining(original, join)
     # Every module that imported it by name so far (distributed_c10d, device_mesh's init_device_mesh);
     # later imports take it from distributed_c10d, wrapped by then.
     for name, module in list(sys.modules.items()):
@@ -38,15 +43,18 @@ def _wrap(dist: ModuleType) -> None:
             module.init_process_group = joining
 
 
-def _joining(original: Callable[..., Any]) -> Callable[..., Any]:
+def _joining(original: Callable[..., Any], join: bool) -> Callable[..., Any]:
     @functools.wraps(original)
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
-        rank, world_size = _rank_arguments(original, args, kwargs)
+        rank, world_size = _rank_arguments(original, args, kwargs) if join else (None, None)
         if rank is not None:
             _join(rank, world_size)
+        began = time.time()
         result = original(*args, **kwargs)
-        if rank is None:
+        ready = time.time()
+        if join and rank is None:
             _join_from_group()
+        _note_times(began, ready)
         return result
 
     init_process_group._diagtrain_joins = True  # type: ignore[attr-defined]
@@ -68,6 +76,16 @@ def _join_from_group() -> None:
     dist = sys.modules["torch.distributed"]
     if dist.is_initialized():
         _join(dist.get_rank(), dist.get_world_size())
+
+
+def _note_times(began: float, ready: float) -> None:
+    """When the process group began and was ready, for the start-up's split; never reaches the job."""
+    try:
+        from diagtrain.profiler.rank import startup
+
+        startup.note_process_group(began, ready)
+    except Exception:  # noqa: BLE001 - a start-up time is not worth a failed init_process_group
+        pass
 
 
 def _join(rank: int, world_size: int | None) -> None:

@@ -17,6 +17,7 @@ recorder dump.
 from __future__ import annotations
 
 import faulthandler
+import json
 import os
 import shutil
 import signal
@@ -118,10 +119,10 @@ def start() -> None:
             launched.rank, launched.variables.rank, launched.world_size, launched.local_rank or 0, launched.node_rank)
     elif role.command_rank is not None:
         _open(Path(run_dir), Path(run_dir) / "ranks" / PENDING_FOLDER.format(pid=os.getpid()), role.command_rank)
-    if role.may_join:
+    if role.may_join or role.launched is not None:
         from diagtrain.profiler.rank import late_ranks
 
-        late_ranks.follow_init_process_group()
+        late_ranks.follow_init_process_group(join=role.may_join)
 
 
 def join(rank: int, world_size: int | None) -> None:
@@ -138,6 +139,12 @@ def join(rank: int, world_size: int | None) -> None:
             session.adopt(folder)  # a forked child of the command's process: its own files from now on
     local = os.environ.get("LOCAL_RANK", "")
     session.bind(rank, "init_process_group", world_size, int(local) if local.isdigit() else rank, None)
+
+
+def note_process_group(began: float, ready: float) -> None:
+    """Record when this rank's process group began and was ready (rank.json), for the start-up's split."""
+    if _session is not None:
+        _session.note({"process_group_began_at": began, "process_group_ready_at": ready})
 
 
 _session: "_Session | None" = None  # this process's instrumentation (a forked child inherits its parent's)
@@ -167,6 +174,7 @@ class _Session:
         self.pending = folder if command_rank is not None else None  # the folder of a rank not known yet
         self.pid = os.getpid()
         self.rank: int | None = None
+        self.noted: dict[str, float] = {"process_started_at": process_start_time()}  # rank.json's start-up times
         os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FR_BUFFER_ENTRIES)  # before any process group starts
         os.environ.setdefault(NCCL_TIMING_ENV, "1")
         folder.mkdir(parents=True, exist_ok=True)
@@ -193,15 +201,24 @@ class _Session:
             self.pending = None
         self.folder = folder
         _point_nccl_log(folder)
-        write_json_atomic(folder / "rank.json", describe_rank(rank, rank_from, world_size, local_rank, node_rank))
+        write_json_atomic(folder / "rank.json",
+                          {**describe_rank(rank, rank_from, world_size, local_rank, node_rank), **self.noted})
         self.rank = rank
         self.steps.bind(rank)
+
+    def note(self, times: dict[str, float]) -> None:
+        """Start-up times for rank.json: written now where the rank is known, else when it is."""
+        self.noted.update(times)
+        if self.rank is not None and os.getpid() == self.pid:
+            path = self.folder / "rank.json"
+            write_json_atomic(path, {**json.loads(path.read_text()), **times})
 
     def adopt(self, folder: Path) -> None:
         """In a forked child that becomes a rank: its own output, exit record and dump thread."""
         from diagtrain.profiler.rank import state_dump
 
         self.pid, self.folder, self.command_rank, self.pending = os.getpid(), folder, None, None
+        self.noted = {"process_started_at": process_start_time()}
         folder.mkdir(parents=True, exist_ok=True)
         _tee_output(folder)
         self.exit.restart()
@@ -284,6 +301,19 @@ def describe_rank(rank: int, rank_from: str, world_size: int | None = None, loca
         "utc_offset_s": time.localtime().tm_gmtoff,  # turns the local times in log lines into Unix times
         "python": sys.version.split()[0],
     }
+
+
+def process_start_time() -> float:
+    """When this process started (Unix seconds): its start in clock ticks since boot (/proc/self/stat) after the
+    boot time; now, where /proc cannot tell."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, counted after the command's name
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
 
 
 def _point_nccl_log(folder: Path) -> None:

@@ -39,6 +39,7 @@ class _HookRecorder:
         self.rank: int | None = None
         self.pid = os.getpid()  # the process the hooks count for (a forked child inherits them)
         self.torch: ModuleType | None = None
+        self.torch_imported_at: float | None = None  # Unix seconds: the start-up's imports end here
         self.armed_at = time.perf_counter()
         self.recorder: instrument.StepRecorder | None = None
         self.lead: int | None = None
@@ -52,9 +53,9 @@ class _HookRecorder:
         COUNTERS.install()
         COUNTERS.set_phase_tracking(True)
         at_process_end(self.close)
-        self.torch = torch
+        self.torch, self.torch_imported_at = torch, time.time()
         if self.rank is not None:
-            _add_torch_facts(rank_dir(self.run_dir, self.rank) / "rank.json", torch)
+            _add_torch_facts(rank_dir(self.run_dir, self.rank) / "rank.json", torch, self.torch_imported_at)
 
     def bind(self, rank: int) -> None:
         """Record steps as ``rank`` (its rank.json exists now); a forked child counts from now, not its parent."""
@@ -65,7 +66,7 @@ class _HookRecorder:
                 at_process_end(self.close)
         self.rank = rank
         if self.torch is not None:
-            _add_torch_facts(rank_dir(self.run_dir, rank) / "rank.json", self.torch)
+            _add_torch_facts(rank_dir(self.run_dir, rank) / "rank.json", self.torch, self.torch_imported_at)
 
     def _folder(self) -> Path | None:
         return None if self.rank is None else rank_dir(self.run_dir, self.rank)
@@ -141,8 +142,8 @@ def arm(run_dir: Path, claim: Callable[[], int | None]) -> _HookRecorder:
     return hooks
 
 
-def _add_torch_facts(path: Path, torch: ModuleType) -> None:
-    _update_json(path, torch=torch.__version__, cuda=torch.version.cuda)
+def _add_torch_facts(path: Path, torch: ModuleType, imported_at: float | None) -> None:
+    _update_json(path, torch=torch.__version__, cuda=torch.version.cuda, torch_imported_at=imported_at)
 
 
 def _add_device(path: Path, torch: ModuleType, device: Any) -> None:

@@ -18,7 +18,8 @@ from typing import Any, Callable
 import pandas as pd
 
 from diagtrain.profiler.util import settings
-from diagtrain.profiler.analyzer.judge import contention, cost, critical_path, expected, traced_excess
+from diagtrain.profiler.analyzer.judge import contention, cost, critical_path, expected, job_cost, traced_excess
+from diagtrain.profiler.analyzer.judge.detectors.base import job_totals
 from diagtrain.profiler.analyzer.judge.explained import explained
 from diagtrain.profiler.analyzer.judge.findings import Finding, order
 from diagtrain.profiler.analyzer.judge.verdict import Assessed, Judged
@@ -38,10 +39,13 @@ DETECTORS = (
     "host_contention",
     "memory_growth",
     "missing_evidence",
+    "input_bound",
+    "periodic_stall",
+    "slow_startup",
 )
 # What a stopped or finished job leaves is judged at its end, not while it runs: the hang detector reads
-# dumps and exit records, missing_evidence what a finished run lacks.
-NOT_LIVE = ("hang", "missing_evidence")
+# dumps and exit records, missing_evidence what a finished run lacks, slow_startup the run's whole wall time.
+NOT_LIVE = ("hang", "missing_evidence", "slow_startup")
 
 
 @dataclass
@@ -58,6 +62,9 @@ ASSESSMENTS: tuple[tuple[str, Callable[[list[Finding], Context], Assessed]], ...
     # Stragglers and data stalls priced by what they cost the job over the whole run (the ledger), with
     # one severity rule; a cause in the ledger that no detector named becomes a candidate.
     ("cost", lambda found, c: cost.priced(found, c.tables)),
+    # What every rank lost together (input, periodic stalls, start-up) priced by the job's own ledger, by the
+    # same severity rule.
+    ("job cost", lambda found, c: job_cost.priced(found, c.tables)),
     # A rank slowed by other processes on its host, or by its allocator's memory churn, is information and
     # said so: it is not a straggler or a late rank.
     ("host contention", lambda found, c: contention.own_work_only(found, c.tables)),
@@ -89,6 +96,7 @@ class Judgement:
     critical_path: dict[str, Any]
     expected: dict[str, Any] | None
     ledger: dict[str, Any] | None
+    job_time: dict[str, Any] | None = None
 
 
 def judge(t: Tables, spans_of: Callable[[int], pd.DataFrame | None], progress: Callable[[str], None],
@@ -111,7 +119,18 @@ def judge(t: Tables, spans_of: Callable[[int], pd.DataFrame | None], progress: C
     if live:
         return Judgement(findings, path_section, None, None)
     model_section, model_findings = check_expected(t, spans_of, progress)
-    return Judgement(order(findings + model_findings), path_section, model_section, ledger_section(t, progress))
+    return Judgement(order(findings + model_findings), path_section, model_section, ledger_section(t, progress),
+                     job_time_section(t, progress))
+
+
+def job_time_section(t: Tables, progress: Callable[[str], None]) -> dict[str, Any] | None:
+    """The report's "where the job's time went" (run/job_time.py); None without steps; a failure is reported."""
+    try:
+        totals = job_totals(t)
+        return totals.to_json() if totals is not None else None
+    except Exception as e:  # noqa: BLE001 - the findings stand without it
+        progress(f"job time failed: {type(e).__name__}: {e}")
+        return {"available": False, "reason": f"{type(e).__name__}: {e}"}
 
 
 def ledger_section(t: Tables, progress: Callable[[str], None]) -> dict[str, Any] | None:

@@ -17,6 +17,7 @@ from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, Finding
 
 # The assessments, by name (``Assessment.by``), in the order they are made and their remarks are read.
 LEDGER = "ledger"  # what the cause cost the job over every step (judge/cost.py)
+JOB_PRICE = "job_price"  # what time every rank lost together cost the job (judge/job_cost.py)
 HOST = "host_contention"  # the rank's excess was not its own work (judge/contention.py)
 MORE_WORK = "more_work"  # the rank does more work than its peers, which a crowded host hides (judge/contention.py)
 LEAK_TIME = "leak_time"  # the time a memory growth costs, found as a straggler's excess (judge/contention.py)
@@ -28,8 +29,9 @@ DISPUTE = "price_check"  # the ledger and the replay against each other (judge/c
 # Who decides, first that has a say: the ledger prices over every step, the replay only the profiled ones
 # (it prices what the ledger did not); a rank that waited for a CPU, or churned its allocator, is information
 # whatever its price said, unless it does more work than its peers, which its crowded host hid from the price.
-IMPACT_FROM = (LEDGER, REPLAY)
-SEVERITY_FROM = (MORE_WORK, HOST, LEDGER)
+# The job's own ledger prices what every rank lost together, which no rank's excess holds.
+IMPACT_FROM = (LEDGER, JOB_PRICE, REPLAY)
+SEVERITY_FROM = (MORE_WORK, HOST, LEDGER, JOB_PRICE)
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,15 @@ def read_rank_info(path: Path) -> dict[str, Any]:
     return doc
 
 
+# rank.json's start-up times (Unix seconds, the rank's clock): the process's start, torch imported, the process group.
+START_TIMES = ("process_started_at", "started_at", "torch_imported_at", "process_group_began_at", "process_group_ready_at")
+
+
+def start_times(info: dict[str, Any]) -> dict[str, float]:
+    """The start-up times a rank.json holds, each a number (others left out)."""
+    return {k: float(info[k]) for k in START_TIMES if _is(info.get(k), NUMBER) and math.isfinite(info[k])}
+
+
 def read_exit(path: Path) -> dict[str, Any]:
     """exit.json: the rank's exit code and cause, each field in its type (others left out)."""
     doc = read_object(path)

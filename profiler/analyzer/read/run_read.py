@@ -54,6 +54,7 @@ class RunFiles:
     stacks: dict[int, dict] = field(default_factory=dict)
     exits: dict[int, dict] = field(default_factory=dict)
     clock_measurements: dict[str, list[dict]] = field(default_factory=dict)
+    rank_starts: dict[int, dict[str, float]] = field(default_factory=dict)  # rank -> its start-up times (rank.json)
     skipped: list[Skipped] = field(default_factory=list)
     notes: list[dict] = field(default_factory=list)
 
@@ -79,6 +80,7 @@ def read_run(run_dir: Path, flight_recorder_dir: Path | None = None, cache_root:
                      nccl_logs=per_rank("nccl.log", lambda p: parse_nccl_log(rf.read_log_lines(p))),
                      log_events=per_rank("stderr.log", lambda p: parse_errors(rf.read_log_lines(p))),
                      rank_hosts={r: i.get("host") for r, i in infos.items()},
+                     rank_starts={r: rf.start_times(i) for r, i in infos.items()},
                      dumps=per_rank("flight_recorder.json", dump_and_problems, checked=True),
                      process_groups=per_rank("process_groups.json", rf.read_process_groups),
                      stacks=per_rank("stacks.json", rf.read_stacks),

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from diagtrain.profiler.analyzer.judge.findings import Finding, saving_text
-from diagtrain.profiler.analyzer.report.sections import critical_path_lines, expected_lines, ledger_lines
+from diagtrain.profiler.analyzer.report.sections import (critical_path_lines, expected_lines, job_time_lines,
+                                                         ledger_lines)
 from diagtrain.profiler.analyzer.report.wording import finding_json
 from diagtrain.profiler.analyzer.run.health import UNCOUNTED_CHECKS
 from diagtrain.profiler.analyzer.run.tables import Tables
@@ -81,6 +82,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [f"{i}. **{f['severity'].upper()} {f['kind']}**{impact}: {f['explanation']}",
                   f"   - *What to do:* {f['suggestion']}",
                   f"   - *Thresholds:* {_thresholds(f['metrics'])}", ""]
+    lines += job_time_lines(report.get("job_time"))
     lines += ledger_lines(report.get("ledger"))
     lines += critical_path_lines(report.get("critical_path"))
     lines += _rank_table(report["ranks"])

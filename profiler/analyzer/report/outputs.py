@@ -43,6 +43,8 @@ def write(analysis_dir: Path, tables: Tables, doc: dict[str, Any], results: list
             write_parquet(analysis_dir / "collectives.parquet", c.assign(group=_categories(c["group"])))
         if not tables.ledger.empty:
             write_parquet(analysis_dir / "ledger.parquet", tables.ledger)
+        if not tables.job_steps.empty:
+            write_parquet(analysis_dir / "job_steps.parquet", tables.job_steps)
         if tables.telemetry is not None and not tables.telemetry.empty:
             write_parquet(analysis_dir / "telemetry.parquet", tables.telemetry)
     write_json_atomic(analysis_dir / "findings.json", doc["findings"])

@@ -1,4 +1,5 @@
-"""The report's sections in words: where the time went (the ledger), the critical path, expected vs measured.
+"""The report's sections in words: where the time went (the job's and the ranks' ledgers), the critical path,
+expected vs measured.
 
 Each takes its section of report.json (judge/ made the numbers) and returns report.md's lines; the
 dashboard shows the same sentences (model_line, unknown_words).
@@ -17,12 +18,66 @@ from diagtrain.profiler.util.text import ranges
 from diagtrain.profiler.util.units import mib_text
 
 
+# The job's categories (run/job_time.py), in words and in the order shown.
+JOB_WORDS = {
+    "compute": "computing",
+    "data": "waiting for data",
+    "communication": "communication the job waits for",
+    "imbalance": "waiting for slower ranks",
+    "other": "other work in steps",
+    "between": "between steps",
+    "profiler": "diagtrain's profiler",
+    "startup": "start-up",
+    "teardown": "after the last step",
+}
+# What a category holds, where its name alone does not say.
+JOB_NOTES = {
+    "communication": "transfers nothing overlaps, and pipeline stages waiting for each other",
+    "imbalance": "ranks' excess over their peers: the ranks' ledger below",
+    "other": "outside the recorded phases, and phases that are not the model's: checkpoints, logging, evaluation",
+    "profiler": "writing the traces of profiled steps",
+    "teardown": "shutting down; for a hung or failed job, until it was stopped",
+}
+
+
+def goodput_line(section: dict[str, Any] | None) -> str:
+    """One line: the job's goodput and where the rest went, largest first ('' without a job time)."""
+    if not section or not section.get("wall_s"):
+        return ""
+    wall, seconds = section["wall_s"], section["seconds"]
+    rest = sorted((c for c in seconds if c != "compute" and seconds[c] >= 0.01 * wall), key=lambda c: -seconds[c])
+    went = ", ".join(f"{JOB_WORDS.get(c, c)} {seconds[c] / wall:.0%}" for c in rest[:4])
+    return (f"goodput {section['goodput']:.0%} of {wall:.1f} s (computing)" + (f"; the rest: {went}" if went else "")
+            + ("; still running" if not section.get("finished", True) else ""))
+
+
+def job_time_lines(section: dict[str, Any] | None) -> list[str]:
+    """The report's "Where the time went": the job's wall time by category, adding up to it, and the start-up's parts."""
+    if not section:
+        return []
+    if not section.get("wall_s"):
+        return ["### Where the time went", "", f"Not measured: {section.get('reason', 'no steps')}.", ""]
+    wall, seconds, steps = section["wall_s"], section["seconds"], max(section["steady_steps"], 1)
+    lines = ["### Where the time went", "",
+             f"Goodput **{section['goodput']:.0%}**: of the job's {wall:.2f} s from launch to end, "
+             f"{seconds['compute']:.2f} s went to computing. Over {section['steady_steps']} steady steps "
+             f"({section['step_ms']:.1f} ms typical), after {section['warmup_steps']} warm-up step(s):", "",
+             "| where | seconds | share | per steady step | what it holds |", "| --- | ---: | ---: | ---: | --- |"]
+    for c, value in seconds.items():
+        per_step = "" if c in ("startup", "teardown") else f"{value * 1e3 / steps:.1f} ms"
+        lines.append(f"| {JOB_WORDS.get(c, c)} | {value:.2f} | {value / wall:.0%} | {per_step} | {JOB_NOTES.get(c, '')} |")
+    if section.get("startup"):
+        lines += ["", "Start-up: " + ", ".join(f"{name} {value:.2f} s" for name, value in section["startup"].items())
+                  + "."]
+    return lines + [""]
+
+
 def ledger_lines(ledger_section: dict[str, Any] | None) -> list[str]:
-    """The report's "Where the time went" lines."""
+    """The report's lines on the ranks' ledger: who made the others wait, in which part, at what cost."""
     if not ledger_section:
         return []
     s = ledger_section
-    lines = ["### Where the time went", "",
+    lines = ["### Between the ranks", "",
              f"{s['steady_steps']} steady steps, {s['job_s']:.2f} s of job time; the ranks spent {s['waiting_s']:.2f} s "
              "blocked in collectives and point-to-point calls in all"
              + (f" ({s['device_steps']} of the steps timed on the devices: CUDA events and NCCL's collective timing)"

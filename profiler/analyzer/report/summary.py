@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, STOP_KINDS, saving_text
+from diagtrain.profiler.analyzer.report.sections import goodput_line
 from diagtrain.profiler.util.bounded_read import display
 from diagtrain.profiler.util.text import ranges
 
@@ -33,6 +34,9 @@ def lines(report: dict[str, Any], source: Path, out: Path, written: list[Path]) 
     listed = [f for f in findings if matters(f)]
     rest = len(findings) - len(listed)
     text = [_headline(report, len(listed), rest)]
+    goodput = goodput_line(report.get("job_time"))
+    if goodput:
+        text.append(f"  {goodput}")
     text += [_finding_line(i, f) for i, f in enumerate(listed[:MAX_LISTED], 1)]
     if len(listed) > MAX_LISTED:
         text.append(f"  ... {len(listed) - MAX_LISTED} more findings to act on in the report")

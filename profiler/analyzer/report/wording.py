@@ -50,6 +50,14 @@ def _ledger_price(r: dict[str, Any]) -> str:
     return words
 
 
+def _job_price(r: dict[str, Any]) -> str:
+    if r["once"]:
+        return f"It cost the job {r['lost_ms'] / 1e3:.2f} s of its {r['job_s']:.2f} s ({r['share']:.0%})."
+    when = "in every step" if r["pattern"] == EVERY_STEP else f"{r['pattern']} (steps {r['step_ranges']})"
+    return (f"Over the steady steps it cost the job {r['lost_ms'] / 1e3:.2f} s of {r['job_s']:.2f} s ({r['share']:.0%}), "
+            f"{r['lost_ms'] / r['steady_steps']:.1f} ms per step on average, {when}, on every rank at once.")
+
+
 def _ledger_charged_nothing(r: dict[str, Any]) -> str:
     return (f"But the ledger of every step charged rank {r['rank']} nothing above this run's noise "
             f"({r['charged_above_ms']:.1f} ms a step): seen in profiled steps alone, it cost the job nothing measurable.")
@@ -96,6 +104,6 @@ def _traced_operators(r: dict[str, Any]) -> str:
 
 # What each remark says, by its "says" (the judge's remarks: tests/test_verdict.py holds every one to a sentence).
 PHRASES: dict[str, Callable[[dict[str, Any]], str]] = {
-    "ledger_price": _ledger_price, "ledger_charged_nothing": _ledger_charged_nothing, "not_own_work": _not_own_work,
+    "ledger_price": _ledger_price, "job_price": _job_price, "ledger_charged_nothing": _ledger_charged_nothing, "not_own_work": _not_own_work,
     "more_work": _more_work, "leak_time": _leak_time, "traced_operators": _traced_operators,
 }

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diagtrain.profiler.analyzer.run import clocks, device_time, ledger
+from diagtrain.profiler.analyzer.run import clocks, device_time, job_time, ledger
 from diagtrain.profiler.analyzer.read import run_files as rf
 from diagtrain.profiler.analyzer.rank.collectives import match
 from diagtrain.profiler.analyzer.read.flight_records import Entry
@@ -69,6 +69,8 @@ class Tables:
     segments: pd.DataFrame = field(default_factory=pd.DataFrame)  # each rank's work per profiled step (work_segments)
     structure: Structure = field(default_factory=Structure)  # groups, mesh, pipeline stages
     ledger: pd.DataFrame = field(default_factory=pd.DataFrame)  # where each rank's step went (run/ledger.py)
+    job_steps: pd.DataFrame = field(default_factory=pd.DataFrame)  # where the job's steps went (run/job_time.py)
+    rank_starts: dict[int, dict[str, float]] = field(default_factory=dict)  # rank -> its start-up times (rank.json)
 
 
 def build(run_dir: Path, results: list[RankResult], flight_recorder_dir: Path | None = None,
@@ -85,7 +87,7 @@ def build(run_dir: Path, results: list[RankResult], flight_recorder_dir: Path | 
                     on_gpu=any(r.on_gpu for r in results), telemetry=files.telemetry, nccl_logs=files.nccl_logs,
                     log_events=files.log_events, hosts=files.hosts, dumps=files.dumps,
                     flight_records=files.flight_records, process_groups=files.process_groups, stacks=files.stacks,
-                    exits=files.exits, skipped=files.skipped, notes=files.notes,
+                    exits=files.exits, skipped=files.skipped, notes=files.notes, rank_starts=files.rank_starts,
                     # Traces name their host where no rank.json does (a folder of traces).
                     rank_hosts=files.rank_hosts or {r.rank: r.host_name for r in results})
     p2p = _p2p_calls(results, files.dumps, steps, files.counted_p2p)
@@ -95,7 +97,8 @@ def build(run_dir: Path, results: list[RankResult], flight_recorder_dir: Path | 
 def assemble(t: Tables, device: list[DeviceRecord], p2p: dict[int, P2PCalls], measurements: dict[str, list[dict]],
              results: list[RankResult] | tuple = ()) -> Tables:
     """What the read tables imply, derived the same way for a live window (run/live_tables.py) and a finished
-    run: device timings, the run's structure, every host on one clock, waits, ranks, telemetry by step, the ledger."""
+    run: device timings, the run's structure, every host on one clock, waits, ranks, telemetry by step, the ledgers
+    (the ranks' and the job's)."""
     if "data" not in t.phases and "data_ms" in t.steps and t.steps["data_ms"].notna().any():
         t.phases = ["data", *t.phases]  # from the traces' DataLoader spans: a data phase comes first
     # Before the clocks are lined up: a flight record's creation time is on its rank's own clock, as its steps are.
@@ -112,6 +115,7 @@ def assemble(t: Tables, device: list[DeviceRecord], p2p: dict[int, P2PCalls], me
     t.ranks = rank_table(t, results)
     t.telemetry = join_telemetry(t.telemetry, t.steps)
     t.ledger = ledger.build(t)
+    t.job_steps = job_time.build(t)
     return t
 
 

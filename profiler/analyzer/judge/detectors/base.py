@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
 
+from diagtrain.profiler.analyzer.run import job_time
+from diagtrain.profiler.analyzer.run.job_time import JobTime
 from diagtrain.profiler.util.settings import section, setting
 from diagtrain.profiler.util.stats import binomial_tail
+
+if TYPE_CHECKING:
+    from diagtrain.profiler.analyzer.run.tables import Tables
 
 
 @section("steady")
@@ -164,3 +171,18 @@ def late_on_their_path(collectives: pd.DataFrame) -> tuple[set[int], set[int]]:
     known = set(int(r) for r in late.loc[held == 1.0, "rank"])
     assumed = set(int(r) for r in late.loc[held.isna(), "rank"]) - known
     return known, assumed
+
+
+def job_totals(tables: Tables) -> JobTime | None:
+    """The run's wall time by category (run/job_time.py), judged on its steady steps; a running job's
+    (status "running") has no teardown yet."""
+    steps = tables.job_steps
+    if steps.empty:
+        return None
+    kept = sorted(int(s) for s in steady(steps[["step"]])["step"].unique())
+    return job_time.totals(tables, kept, finished=tables.manifest.get("status") != "running")
+
+
+def steady_job_steps(tables: Tables) -> pd.DataFrame:
+    """The job's steps (run/job_time.py) after warm-up."""
+    return steady(tables.job_steps) if not tables.job_steps.empty else tables.job_steps

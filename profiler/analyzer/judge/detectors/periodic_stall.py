@@ -1,0 +1,110 @@
+"""periodic_stall: every N steps every rank's step takes much longer: a checkpoint, an evaluation, a new shard.
+
+Read from the job's ledger (run/job_time.py): a step's time less what it lost to ranks' excess over their
+peers (imbalance) is what every rank lost together. A step where that stands far above the typical step is a
+stall; stalls that recur at a fixed interval are a periodic cause of the job's own, which no rank's excess
+shows. The part of the step that grew in them (a phase, work outside the phases, the time between steps)
+says what it is.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady_job_steps, time_range
+from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.run import job_time
+from diagtrain.profiler.util.settings import section, setting
+from diagtrain.profiler.util.stats import MAD_TO_SIGMA
+from diagtrain.profiler.util.text import ranges
+from diagtrain.profiler.analyzer.run.tables import Tables
+
+
+@section("periodic_stall")
+class PeriodicStall:
+    """When steps that every rank lost time in together, at a fixed interval, are a periodic stall."""
+
+    min_extra_share: float = setting(0.5, "a step this share longer than the typical one, in time every rank lost "
+                                     "together, is a stall ...")
+    noise_sigmas: float = setting(3.0, "... and longer by this many robust standard deviations of the steady steps")
+    min_extra_ms: float = setting(5.0, "... and by at least this much: timer resolution and scheduling jitter")
+    min_stalls: int = setting(3, "a period is named once stalls recur at one interval this many times")
+    lattice_share: float = setting(0.75, "... at this share of that interval's steps from the first stall to the "
+                                   "last (one stall may hide under a busy host's noise)")
+
+
+SETTINGS = (PeriodicStall, Steady)
+
+# The parts of a step a stall can grow in, in words (a ledger part: a phase, or the job's own categories).
+PART_WORDS = {
+    "outside phases": "work outside any recorded phase (a checkpoint, logging, evaluation or garbage collection "
+                      "called from the training loop)",
+    job_time.BETWEEN: "the time between two recorded steps (an evaluation or a checkpoint between them)",
+    "data": "the wait for data (a new file, shard or epoch of the loader)",
+    "device idle": "the device's idle time before the step (its host busy with something else)",
+}
+
+
+def detect(tables: Tables) -> list[Finding]:
+    """One finding per run whose shared stalls recur at a fixed interval."""
+    s = PeriodicStall.active()
+    steps = steady_job_steps(tables)
+    if len(steps) < 2 * s.min_stalls:
+        return []
+    shared = (steps["time_ms"] - steps[job_time.column(job_time.IMBALANCE)]).to_numpy()
+    typical = float(np.median(shared))
+    noise = MAD_TO_SIGMA * float(np.median(np.abs(shared - typical)))
+    bar = max(s.min_extra_share * typical, s.noise_sigmas * noise, s.min_extra_ms)
+    stalled = [int(x) for x in steps.loc[shared - typical > bar, "step"]]
+    found = period(stalled, s)
+    if found is None:
+        return []
+    every, stalls = found
+    rows = steps[steps["step"].isin(stalls)]
+    others = steps[~steps["step"].isin(stalled)]
+    normal_ms = float(others["time_ms"].median())
+    extra = (rows["time_ms"] - normal_ms).clip(lower=0.0)
+    part, grew_ms = _grown_part(rows, others)
+    words = PART_WORDS.get(part, f"the {part} phase")
+    return [Finding(
+        kind="periodic_stall", severity="info", ranks=sorted(int(r) for r in tables.ledger["rank"].unique()),
+        steps=stalls, time_range=time_range(rows),
+        explanation=(f"every {every} steps (steps {ranges(stalls)}) every rank's step takes {float(extra.median()):.0f} "
+                     f"ms longer than its typical {normal_ms:.1f} ms, all ranks together; the time grows in {words} "
+                     f"(+{grew_ms:.0f} ms)."),
+        suggestion=("If it is a checkpoint: save asynchronously (torch.distributed.checkpoint.async_save blocks only for "
+                    "the copy to host memory) or less often; if an evaluation: fewer evaluation batches or a less "
+                    "frequent one; if garbage collection: gc.freeze() after start-up, or gc.disable() with a "
+                    "gc.collect() at a chosen step on every rank."),
+        metrics={"period_steps": every, "stalls": len(stalls), "stall_ms": float(extra.median()),
+                 "typical_ms": normal_ms, "threshold_ms": bar, "part": part, "part_extra_ms": grew_ms,
+                 "lost_ms": float(extra.sum()), "pattern": f"every {every} steps", "source": "job_ledger",
+                 "unperiodic_stalls": sorted(set(stalled) - set(stalls))},
+        evidence=[{"type": "job_steps", "step": int(st), "step_ms": round(float(w), 3)}
+                  for st, w in zip(rows["step"], rows["time_ms"])][:20],
+    )]
+
+
+def period(stalled: list[int], s: PeriodicStall | None = None) -> tuple[int, list[int]] | None:
+    """The interval and the stalls on it: of every interval between two stalls, the one that holds the most
+    stalls (at least ``min_stalls``, and ``lattice_share`` of its steps from the first to the last); None."""
+    s = s or PeriodicStall.active()
+    best: tuple[int, int, list[int]] | None = None
+    for every in sorted({b - a for a, b in zip(stalled, stalled[1:]) if b - a > 1}):
+        for residue in {x % every for x in stalled}:
+            on = [x for x in stalled if x % every == residue]
+            slots = (on[-1] - on[0]) // every + 1
+            if len(on) >= s.min_stalls and len(on) >= s.lattice_share * slots and \
+                    (best is None or len(on) > best[0]):
+                best = (len(on), every, on)
+    return None if best is None else (best[1], best[2])
+
+
+def _grown_part(stalls: pd.DataFrame, others: pd.DataFrame) -> tuple[str, float]:
+    """The part of the step that grew most in the stalls against the other steps (medians), and by how much."""
+    parts = {c[len("part_"):-len("_ms")]: c for c in stalls.columns if c.startswith("part_")}
+    parts[job_time.BETWEEN] = job_time.column(job_time.BETWEEN)
+    grew = {p: float(stalls[c].median() - others[c].median()) for p, c in parts.items()}
+    part = max(grew, key=grew.get)
+    return part, grew[part]

@@ -1,0 +1,234 @@
+"""Where the whole job's time went: the job's own ledger, beside the ranks' one (run/ledger.py).
+
+The ranks' ledger charges a rank's excess over its peers; time that every rank loses together (each
+waiting for its own data loader, a checkpoint every few steps, start-up) is nobody's excess and shows
+there as nothing. Here the job's wall time, from its launch to its end, is split into categories that
+add up to it:
+
+- in each step, on the job's timeline (a step lasts from the last rank's end of the step before to the
+  last rank's end of this one), what the ranks share: ``compute`` (the phases' own work, the device's busy
+  time), ``data`` (the wait for the next batch; on a GPU also the device's idle time that its host's
+  data wait left there), ``other`` (work outside any phase and phases that are not the model's: a
+  checkpoint, logging, evaluation, gc called from the loop), ``between`` (time between one step's
+  record and the next one's), ``profiler`` (diagtrain's own: the time between steps in which a profiled
+  window's trace was written), ``imbalance`` (what the step lost to ranks' excess over their peers: the
+  ranks' ledger's ``lost_ms``) and ``communication`` (the rest: transfers the job waits for, and
+  pipeline stages waiting for each other). A rank's share of a part is its work there less its excess
+  over its peers (``excess_<part>_ms``), so one slow rank's excess is imbalance, never data or compute;
+  the job's is the median of its ranks'.
+- ``startup``: from the launch to the end of the warm-up steps, less what the warm-up steps would have
+  taken as steady ones (credited to the steps' categories), split where the ranks recorded when: the
+  launcher and Python's start, imports, the process group's set-up, then building the job and its first
+  steps (compilation, allocator warm-up).
+- ``teardown``: from the last step's end to the job's end (for a hung or crashed job, until it stopped).
+
+Only accounting here: which shares are findings is the judge's (judge/detectors/input_bound.py, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from diagtrain.profiler.analyzer.run.ledger import DEVICE_BUSY, DEVICE_IDLE, OUTSIDE, excess_column, work_column
+
+if TYPE_CHECKING:  # built with the tables (tables.assemble)
+    from diagtrain.profiler.analyzer.run.tables import Tables
+
+COMPUTE, DATA, COMMUNICATION, IMBALANCE, OTHER, BETWEEN, PROFILER = (
+    "compute", "data", "communication", "imbalance", "other", "between", "profiler")
+STARTUP, TEARDOWN = "startup", "teardown"
+STEP_CATEGORIES = (COMPUTE, DATA, COMMUNICATION, IMBALANCE, OTHER, BETWEEN, PROFILER)
+CATEGORIES = (*STEP_CATEGORIES, STARTUP, TEARDOWN)
+# Recorded phases that are not the model's work (a StepRecorder's own names, and the reference trainers').
+NOT_COMPUTE = frozenset({"checkpoint", "ckpt", "save", "eval", "evaluation", "validation", "validate", "metrics",
+                         "logging", "log"})
+# The start-up's segments, in order, and the rank.json time each ends at (the last ends at the warm-up's end).
+LAUNCH, IMPORTS, PROCESS_GROUP, FIRST_STEPS = "launch", "imports", "process group", "set-up and first steps"
+SEGMENT_ENDS = ((LAUNCH, "process_started_at"), (IMPORTS, "torch_imported_at"),
+                (PROCESS_GROUP, "process_group_ready_at"))
+STEP_COLUMNS = ["step", "start", "end", "time_ms", "ranks", *(f"{c}_ms" for c in STEP_CATEGORIES)]
+
+
+def column(category: str) -> str:
+    """The job steps table's column of a category (ms per step)."""
+    return f"{category}_ms"
+
+
+def part_category(part: str) -> str:
+    """The category of a ranks' ledger part: a phase, work outside the phases, or the device's time."""
+    if part == "data":
+        return DATA
+    if part == OUTSIDE or part.lower() in NOT_COMPUTE:
+        return OTHER
+    return COMPUTE  # the model's phases, and the device's busy time (its idle time is split: _shared_parts)
+
+
+def build(t: Tables) -> pd.DataFrame:
+    """One row per step on the job's timeline: when it began and ended, its time, how many ranks recorded
+    it, and its time per category (adding up to ``time_ms``); the typical work of each ledger part
+    (``part_<part>_ms``) beside. Empty without the ranks' ledger."""
+    if t.ledger.empty or t.steps.empty:
+        return pd.DataFrame(columns=STEP_COLUMNS)
+    ledger = t.ledger.merge(_gaps(t.steps), on=["rank", "step"], how="left")
+    shared = _shared_parts(ledger, t.steps)
+    by_step = shared.groupby(ledger["step"].to_numpy())
+    typical = by_step.median()  # the job's typical rank, part by part
+    lost = ledger.groupby("step")["lost_ms"].sum()
+    spans = t.steps.groupby("step").agg(start=("start", "min"), end=("end", "max"), ranks=("rank", "nunique"))
+    spans = spans.loc[spans.index.isin(typical.index)].sort_index()
+    ends = spans["end"].to_numpy(dtype=float)
+    before = np.r_[spans["start"].to_numpy(dtype=float)[:1], np.maximum.accumulate(ends)[:-1]]
+    out = pd.DataFrame({"step": spans.index.to_numpy().astype(int), "start": spans["start"].to_numpy(),
+                        "end": ends, "time_ms": np.clip(ends - before, 0.0, None) * 1e3,
+                        "ranks": spans["ranks"].to_numpy().astype(int)})
+    typical = typical.reindex(out["step"]).fillna(0.0)
+    categories = {c: typical[column(c)].to_numpy() if column(c) in typical else np.zeros(len(out))
+                  for c in (COMPUTE, DATA, OTHER, BETWEEN, PROFILER)}
+    categories[IMBALANCE] = lost.reindex(out["step"]).fillna(0.0).to_numpy()
+    _fit(out, categories)
+    for part in [c for c in typical.columns if c.startswith("part_")]:
+        out[part] = typical[part].to_numpy()
+    return out
+
+
+def _gaps(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per rank and step, the time from the end of its previous step record to the start of this one (ms), and
+    whether the recorder wrote a profiled window's trace then (the step before was the window's last)."""
+    s = steps[["rank", "step", "start", "end"]].dropna().sort_values(["rank", "step"])
+    previous_end = s.groupby("rank")["end"].shift()
+    gap = ((s["start"] - previous_end) * 1e3).clip(lower=0.0).fillna(0.0)
+    profiled = steps.loc[s.index, "profiled"].fillna(False).astype(bool) if "profiled" in steps \
+        else pd.Series(False, index=s.index)
+    exported = profiled.groupby(s["rank"]).shift(fill_value=False).astype(bool) & ~profiled
+    return s[["rank", "step"]].assign(gap_ms=gap, exported=exported.to_numpy())
+
+
+def _shared_parts(ledger: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Per ledger row, each category's work at its peers' level (work less its excess over them), and each
+    part's (``part_<part>_ms``); a device's idle time is data loading up to its host's data wait."""
+    parts = [c[len("work_"):-len("_ms")].replace("_", " ") for c in ledger.columns
+             if c.startswith("work_") and c.endswith("_ms")]
+    out = pd.DataFrame(index=ledger.index)
+    totals = {c: np.zeros(len(ledger)) for c in (COMPUTE, DATA, OTHER)}
+    for part in parts:
+        work = ledger[work_column(part)].to_numpy(dtype=float)
+        excess = ledger[excess_column(part)].to_numpy(dtype=float) if excess_column(part) in ledger else 0.0
+        own = np.clip(np.nan_to_num(work - excess), 0.0, None)
+        out[f"part_{part}_ms"] = own
+        if part == DEVICE_IDLE:  # the device waited for its host: for data where the host waited for data
+            host_data = _host_data(ledger, steps)
+            data = np.minimum(own, host_data)
+            totals[DATA] += data
+            totals[OTHER] += own - data
+        else:
+            totals[part_category(part)] += own
+    for c, values in totals.items():
+        out[column(c)] = values
+    gap = ledger["gap_ms"].fillna(0.0).to_numpy()
+    exported = ledger["exported"].fillna(False).to_numpy(dtype=bool)
+    out[column(BETWEEN)], out[column(PROFILER)] = np.where(exported, 0.0, gap), np.where(exported, gap, 0.0)
+    return out
+
+
+def _host_data(ledger: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
+    """Per ledger row, its host's data wait in the step (0 where not recorded)."""
+    if "data_ms" not in steps:
+        return np.zeros(len(ledger))
+    data = ledger[["rank", "step"]].merge(steps[["rank", "step", "data_ms"]], on=["rank", "step"], how="left")
+    return data["data_ms"].fillna(0.0).to_numpy(dtype=float)
+
+
+def _fit(out: pd.DataFrame, categories: dict[str, np.ndarray]) -> None:
+    """Each step's categories within its time: what its ranks share, and communication the rest; where what
+    they share adds up to more (the ranks' steps are not cut at the same instant), scaled to fit."""
+    time_ms = out["time_ms"].to_numpy()
+    known = sum(categories.values(), np.zeros(len(out)))
+    scale = np.where(known > time_ms, np.divide(time_ms, known, out=np.zeros(len(out)), where=known > 0), 1.0)
+    for c in STEP_CATEGORIES:
+        out[column(c)] = categories[c] * scale if c != COMMUNICATION else np.clip(time_ms - known, 0.0, None)
+
+
+@dataclass
+class JobTime:
+    """The run's wall time by category (seconds, adding up to ``wall_s``), the start-up's segments, and the
+    steps it was judged on."""
+
+    wall_s: float
+    seconds: dict[str, float]  # category -> seconds, in CATEGORIES' order
+    startup: dict[str, float] = field(default_factory=dict)  # segment -> seconds, adding up to seconds["startup"]
+    steady_steps: int = 0
+    warmup_steps: int = 0
+    step_ms: float = 0.0  # the median steady step
+    launched_at: float | None = None  # Unix seconds, on the run's clock
+    ended_at: float | None = None
+    finished: bool = True  # False: a running job's window (no teardown yet)
+
+    @property
+    def goodput(self) -> float:
+        """The share of the wall time spent computing."""
+        return self.seconds[COMPUTE] / self.wall_s if self.wall_s > 0 else 0.0
+
+    def share(self, category: str) -> float:
+        """A category's share of the wall time."""
+        return self.seconds[category] / self.wall_s if self.wall_s > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """report.json's ``job_time``."""
+        d = asdict(self)
+        d["goodput"] = round(self.goodput, 4)
+        d["seconds"] = {k: round(v, 4) for k, v in self.seconds.items()}
+        d["startup"] = {k: round(v, 4) for k, v in self.startup.items()}
+        d["wall_s"], d["step_ms"] = round(self.wall_s, 4), round(self.step_ms, 3)
+        return d
+
+
+def totals(t: Tables, steady_steps: list[int], finished: bool = True) -> JobTime | None:
+    """The run's wall time by category, from its job steps (``t.job_steps``) and ``steady_steps`` (the steps
+    after warm-up), its launch and end (the manifest's; a running job ends at its last step) and the ranks'
+    start-up times; None without steps."""
+    steps = t.job_steps
+    if steps.empty:
+        return None
+    first, last = float(steps["start"].min()), float(steps["end"].max())
+    launched = _when(t.manifest.get("started_at"), first)
+    ended = max(_when(t.manifest.get("ended_at") if finished else None, last), last)
+    steady = steps[steps["step"].isin(steady_steps)] if steady_steps else steps
+    warm = steps[steps["step"] < steady["step"].min()]
+    begun = float(warm["end"].max()) if len(warm) else first  # the steady steps' timeline begins here
+    step_ms = float(steady["time_ms"].median())
+    startup = _segments(t, min(launched, begun), begun)
+    # The warm-up steps did train: what they would have taken as steady steps is the steps' time, not start-up.
+    credit = min(len(warm) * step_ms / 1e3, startup[FIRST_STEPS])
+    startup[FIRST_STEPS] -= credit
+    steady_s = {c: float(steady[column(c)].sum()) / 1e3 for c in STEP_CATEGORIES}
+    steady_total = sum(steady_s.values())
+    seconds = {c: steady_s[c] + (credit * steady_s[c] / steady_total if steady_total > 0 else 0.0)
+               for c in STEP_CATEGORIES}
+    seconds[STARTUP] = sum(startup.values())
+    seconds[TEARDOWN] = max(ended - last, 0.0)
+    # Launch to end, whole: the steps lie end to end from the warm-up's end (time_ms, build()).
+    return JobTime(wall_s=sum(seconds.values()), seconds=seconds, startup=startup, steady_steps=len(steady),
+                   warmup_steps=len(warm), step_ms=step_ms, launched_at=launched, ended_at=ended, finished=finished)
+
+
+def _segments(t: Tables, launched: float, begun: float) -> dict[str, float]:
+    """The start-up's segments (seconds): from the launch to each time the ranks recorded (their median, on the
+    run's clock), within the start-up; the last to the warm-up's end."""
+    edges, names = [launched], []
+    for name, key in SEGMENT_ENDS:
+        times = [float(info[key]) + t.clock_shifts_us.get(rank, 0.0) / 1e6
+                 for rank, info in t.rank_starts.items() if isinstance(info.get(key), (int, float))]
+        if times:
+            edges.append(min(max(float(np.median(times)), edges[-1]), begun))
+            names.append(name)
+    edges.append(max(begun, edges[-1]))
+    names.append(FIRST_STEPS)
+    return dict(zip(names, np.diff(edges).tolist()))
+
+
+def _when(value: Any, default: float) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
