@@ -5,6 +5,7 @@ From Python (a notebook)::
     import diagtrain
     run = diagtrain.load("runs/20261128T101010Z-ddp")   # a run directory, a folder of traces or of dumps
     run.findings[0]                                      # the most worth fixing
+    run.goodput, run.job_time                            # where the job's wall time went
     run.steps, run.ledger, run.collectives               # pandas DataFrames, on the run's clock
     run.timeline(ranks=[0, 3], steps=range(10, 13))      # the dashboard's figures, as plotly figures
 

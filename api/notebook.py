@@ -108,6 +108,29 @@ class Run:
         return self._table("ledger.parquet")
 
     @cached_property
+    def job_time(self) -> pd.DataFrame:
+        """Where the job's wall time went, one row per category: seconds, share of the wall time (they add up to
+        it), and the mean per steady step (the steps' categories); ``run.goodput`` is the share spent computing.
+        Empty for a run without steps."""
+        section = self.document.get("job_time") or {}
+        if not section.get("wall_s"):
+            return pd.DataFrame(columns=["category", "seconds", "share", "per_step_ms"])
+        per_step = section.get("per_step_ms") or {}
+        return pd.DataFrame([{"category": c, "seconds": s, "share": s / section["wall_s"], "per_step_ms": per_step.get(c)}
+                             for c, s in section["seconds"].items()])
+
+    @property
+    def goodput(self) -> float | None:
+        """The share of the job's wall time spent computing (None for a run without steps)."""
+        return (self.document.get("job_time") or {}).get("goodput")
+
+    @cached_property
+    def job_steps(self) -> pd.DataFrame:
+        """Where the job's steps went: per step on the job's timeline, its time and what its ranks share (compute,
+        data, communication, imbalance, other, between, profiler; ms, adding up to ``time_ms``)."""
+        return self._table("job_steps.parquet")
+
+    @cached_property
     def collectives(self) -> pd.DataFrame:
         """One row per rank and profiled collective call: group, op, seq, ts/dur (Unix µs), bytes, its wait for the
         last to arrive (wait_us), the transfer (transfer_us), who arrived last (last_rank), bandwidths."""
@@ -183,6 +206,12 @@ class Run:
             raise ValueError(f"{quantity!r} is not a column of run.steps")
         return _plotly(heatmap.figure(self._dashboard, quantity, heatmap.RELATIVE if relative else heatmap.ABSOLUTE))
 
+    def job_time_figure(self) -> Any:
+        """The job's wall time by category as one stacked bar (the dashboard's overview), or None without steps."""
+        from diagtrain.profiler.analyzer.report import job_bar
+
+        return job_bar.figure(self.document.get("job_time"))
+
     def ledger_figure(self) -> Any:
         """What each cause cost the job (the report's "where the time went"), as a plotly bar chart."""
         import plotly.graph_objects as go
@@ -196,12 +225,16 @@ class Run:
 
     def _repr_html_(self) -> str:
         """Jupyter's view: the status, the top findings, where the time went."""
+        from diagtrain.profiler.analyzer.report.sections import goodput_line
+
         items = "".join(f"<li><b>{html.escape(f.severity.upper())}</b> {html.escape(f.kind)} "
                         f"{html.escape(_ranks(f.ranks))}{html.escape(_saving(f))}: {html.escape(f.explanation[:300])}</li>"
                         for f in self.findings[:5])
+        goodput = goodput_line(self.document.get("job_time"))
         ledger = self.document.get("ledger") or {}
-        went = (f"<p>{ledger.get('steady_steps')} steady steps, {ledger.get('job_s', 0):.2f} s of job time; ranks blocked "
-                f"{ledger.get('waiting_s', 0):.2f} s in collectives.</p>" if ledger else "")
+        went = (f"<p>{html.escape(goodput.capitalize())}.</p>" if goodput else "") + (
+            f"<p>{ledger.get('steady_steps')} steady steps, {ledger.get('job_s', 0):.2f} s of job time; ranks blocked "
+            f"{ledger.get('waiting_s', 0):.2f} s in collectives.</p>" if ledger else "")
         more = f"<p>... and {len(self.findings) - 5} more (run.findings)</p>" if len(self.findings) > 5 else ""
         return (f"<div><p><b>diagtrain run</b> {html.escape(str(self.path))}: <b>{html.escape(self.status)}</b>, "
                 f"{self.steps['rank'].nunique()} ranks, {self.steps['step'].nunique()} steps</p>"

@@ -77,6 +77,9 @@ CASES = [
     _plain("slow-loader-ddp", "median", "8-11"),
     _plain("checkpoint-ddp", "mean", "8-11"),
     _plain("slow-item-ddp", "mean", "8-13"),
+    # Time every rank loses together, priced by the job's own ledger.
+    _plain("input-bound-ddp", "median", "8-11"),
+    _plain("checkpoint-all-ddp", "mean", "8-13"),
     # A rank late at every collective (a slow communication hook): slow_collective's price, not yet validated.
     _plain("hook-delay-ddp", "median", "8-11"),
     _trainer("straggler-ddp-2", ["--strategy", "ddp", "--nproc", "2"], "straggler:rank=1,ms=60", STEPS,

@@ -83,6 +83,12 @@ FAULTS = [
     Case("checkpoint-ddp", "ddp_loader.py", 2,
          ["--checkpoint-rank", "0", "--checkpoint-every", "4", "--checkpoint-mb", CHECKPOINT_MB],
          (CHECKPOINT_KIND, [0])),
+    # Every rank transforms its samples in the main process (2 ms each, 32 a batch): the job waits for its input.
+    Case("input-bound-ddp", "ddp_loader.py", 2, ["--transform-ms", "2"], ("input_bound", [0, 1])),
+    # Every rank saves a checkpoint (torch.save + fsync) after every 3rd optimizer step: the whole job stalls.
+    Case("checkpoint-all-ddp", "ddp_loader.py", 2,
+         ["--checkpoint-rank", "all", "--checkpoint-every", "3", "--checkpoint-mb", CHECKPOINT_MB],
+         ("periodic_stall", [0, 1])),
     Case("slow-item-ddp-workers", "ddp_loader.py", 2,
          ["--workers", "2", "--slow-item-rank", "0", "--slow-item-every", "2", "--slow-item-ms", "600"],
          ("dataloader_stall", [0])),

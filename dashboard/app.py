@@ -124,6 +124,7 @@ class Dashboard:
             html.Div(["What to do: ", f["suggestion"]], className="suggestion"),
         ], id={"type": "finding", "index": i}, className="finding", n_clicks=0, title="show on the timeline")
             for i, f in findings]
+        goodput_text, goodput_bar = overview.goodput(run.report)
         lost_head, lost_rows = overview.time_lost(run.report)
         lost = html.Table([html.Tr([html.Th(h) for h in ("cause", "when", "lost", "per step", "share of the run")])]
                           + [html.Tr([html.Td(v) for v in row]) for row in lost_rows], className="facts")
@@ -136,7 +137,10 @@ class Dashboard:
             html.P("What live judgement finds in the recent steps, standing now; the final report replaces it when the "
                    "job ends and is analyzed.", className="hint") if following else None,
             html.Div(cards or [html.P("None standing now." if following else "No problems found.")], id="findings"),
-            html.Div([html.H3("Where the time went"), html.P(lost_head),
+            html.Div([html.H3("Where the job's time went"), html.P(goodput_text.capitalize()),
+                      dcc.Graph(figure=goodput_bar, config={"displayModeBar": False})],
+                     id="goodput") if goodput_bar is not None else None,
+            html.Div([html.H3("Between the ranks"), html.P(lost_head),
                       lost if lost_rows else html.P("No rank made the others wait beyond the noise.")],
                      id="time-lost") if lost_head else None,
             html.Div([html.H3("Trace health"), html.Ul(health)]) if health else None,

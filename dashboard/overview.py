@@ -7,6 +7,8 @@ from typing import Any
 
 from diagtrain.dashboard.data import RunData
 from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, saving_text
+from diagtrain.profiler.analyzer.report import job_bar
+from diagtrain.profiler.analyzer.report.sections import goodput_line
 from diagtrain.profiler.util.text import ranges
 
 
@@ -66,6 +68,12 @@ def _fault(f: dict[str, Any]) -> str:
     params = ", ".join(f"{k}={v}" for k, v in (f.get("params") or {}).items())
     rank = f" rank {f['rank']}" if f.get("rank") is not None else ""
     return f"{f['kind']}{rank}" + (f" ({params})" if params else "")
+
+
+def goodput(report: dict[str, Any]) -> tuple[str, Any]:
+    """The job's goodput in one line and its wall time by category as a bar; ("", None) without them."""
+    section = report.get("job_time")
+    return goodput_line(section), job_bar.figure(section)
 
 
 def time_lost(report: dict[str, Any]) -> tuple[str, list[list[str]]]:

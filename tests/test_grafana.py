@@ -26,7 +26,8 @@ def served() -> dict[str, set[str]]:
     metrics = LiveMetrics()
     row = {column: 12.5 for _, _, column, _ in RANK_GAUGES} | {column: 2.0**30 for column in MEMORY.values()}
     metrics.update({0: row, 1: row}, [{"kind": "straggler", "severity": "warning"},
-                                      {"kind": "dataloader_stall", "severity": "info"}])
+                                      {"kind": "dataloader_stall", "severity": "info"}],
+                   {"startup": 3.0, "compute": 4.0, "data": 2.0})
     registry = CollectorRegistry(auto_describe=False)
     registry.register(metrics)
     found: dict[str, set[str]] = {}

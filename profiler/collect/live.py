@@ -135,7 +135,7 @@ class LiveDiagnosis:
             self._say(f"live: {note}")
         self._active = verdict.active
         if self.metrics is not None:
-            self.metrics.update(verdict.latest, verdict.active)
+            self.metrics.update(verdict.latest, verdict.active, verdict.job_seconds)
         return verdict.next_in_s
 
     def standing(self) -> list[str]:

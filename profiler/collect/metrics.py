@@ -12,7 +12,7 @@ from collections import Counter
 from typing import Any, Iterator
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 # Per-rank gauges: (name, help, the step record's column, factor to the metric's unit).
 RANK_GAUGES = (
@@ -45,17 +45,21 @@ class LiveMetrics:
         self._lock = threading.Lock()
         self._latest: dict[int, dict[str, Any]] = {}
         self._active: list[dict[str, Any]] = []
+        self._job: dict[str, float] = {}
         self._server = None
 
-    def update(self, latest: dict[int, dict[str, Any]], active: list[dict[str, Any]]) -> None:
-        """Swap in each rank's latest step record and the live findings standing now."""
+    def update(self, latest: dict[int, dict[str, Any]], active: list[dict[str, Any]],
+               job_seconds: dict[str, float] | None = None) -> None:
+        """Swap in each rank's latest step record, the live findings standing now and the job's time so far by
+        category (seconds, only growing)."""
         with self._lock:
             self._latest, self._active = dict(latest), list(active)
+            self._job = dict(job_seconds or self._job)
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         """What a scrape reads (prometheus-client's collector protocol)."""
         with self._lock:
-            latest, active = self._latest, self._active
+            latest, active, job = self._latest, self._active, self._job
         for name, help_text, column, factor in RANK_GAUGES:
             gauge = GaugeMetricFamily(name, help_text, labels=["rank"])
             for rank, row in sorted(latest.items()):
@@ -74,6 +78,7 @@ class LiveMetrics:
         for (kind, severity), n in sorted(Counter((f["kind"], f["severity"]) for f in active).items()):
             findings.add_metric([kind, severity], n)
         yield findings
+        yield from _job_metrics(job)
 
     def close(self) -> None:
         """Stop serving."""
@@ -91,6 +96,22 @@ def serve(host: str, port: int) -> LiveMetrics:
     server, _thread = start_http_server(port, addr=host, registry=registry)
     metrics._server = server
     return metrics
+
+
+def _job_metrics(job: dict[str, float]) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    """The job's time so far by category (a counter: its rate per category is where the time goes now), and its
+    goodput (the share of it spent computing)."""
+    seconds = CounterMetricFamily("diagtrain_job_seconds", "the job's wall time so far, by where it went (compute, "
+                                  "data, communication, imbalance, other, between, profiler, startup)",
+                                  labels=["category"])
+    for category, value in job.items():
+        seconds.add_metric([category], value)
+    yield seconds
+    goodput = GaugeMetricFamily("diagtrain_goodput", "the share of the job's wall time so far spent computing")
+    total = sum(job.values())
+    if total > 0:
+        goodput.add_metric([], job.get("compute", 0.0) / total)
+    yield goodput
 
 
 def _number(value: Any) -> bool:

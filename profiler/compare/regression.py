@@ -86,6 +86,7 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
     time_lost: list[dict[str, Any]] = field(default_factory=list)  # per cause: BASE's and NEW's cost (time_lost())
     settings: dict[str, Any] = field(default_factory=dict)  # the thresholds it judged with (thresholds.in_force)
+    goodput: dict[str, float | None] = field(default_factory=dict)  # "base" (mean of its runs) and "new"
 
     @property
     def regressions(self) -> list[MetricResult]:
@@ -159,6 +160,7 @@ def compare(base: list[dict], new: dict, threshold_pct: float, same_machine: boo
         comparison.results.append(judge.metric(name, scope, runs, mine, unit))
     comparison.notes += check.notes + settings_notes(base, new)
     comparison.time_lost = time_lost(base, new)
+    comparison.goodput = goodput(base, new)
     comparison.settings = in_force()
     if len(base) == 1 and comparison.inconclusive:
         comparison.notes.append(f"One baseline run cannot tell a change below x{CompareSettings.active().one_run_ceiling:g} from the "
@@ -178,6 +180,16 @@ def time_lost(base: list[dict], new: dict) -> list[dict[str, Any]]:
     rows = [{"rank": r, "part": part, "base_ms_per_step": float(np.mean([t.get((r, part), 0.0) for t in theirs])) if theirs else 0.0,
              "new_ms_per_step": mine.get((r, part), 0.0)} for r, part in keys]
     return sorted(rows, key=lambda x: (-x["new_ms_per_step"], -x["base_ms_per_step"], x["rank"], x["part"]))
+
+
+def goodput(base: list[dict], new: dict) -> dict[str, float | None]:
+    """BASE's goodput (the mean of its runs that measured it) and NEW's; None where none did. Shown, not judged:
+    it holds the start-up, which a run's length alone moves."""
+    def of(summary: dict) -> float | None:
+        return (summary.get("job_time") or {}).get("goodput")
+
+    theirs = [g for g in map(of, base) if g is not None]
+    return {"base": float(np.mean(theirs)) if theirs else None, "new": of(new)}
 
 
 def settings_notes(base: list[dict], new: dict) -> list[str]:

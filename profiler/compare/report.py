@@ -51,6 +51,8 @@ def markdown(c: regression.Comparison) -> str:
     out = [f"## diagtrain compare: {emphasised}", "",
            f"BASE `{c.base}` · NEW `{c.new}` · threshold {c.threshold_pct:g}% · the verdict: NEW's pace (p25 of its "
            f"steps; p75 for throughput, median for memory) against the baseline runs' noise band; per-step evidence: Mann-Whitney U, bootstrap 95% interval of the ratio", ""]
+    goodput = goodput_line(c)
+    out += [goodput, ""] if goodput else []
     out += [f"- {line}" for line in lines(c)]
     out += c.notes and [""] + [f"> {n}" for n in c.notes] or []
     changed = (c.settings or {}).get("overridden") or {}
@@ -69,6 +71,14 @@ def markdown(c: regression.Comparison) -> str:
         out += [f"| rank {x['rank']}, {x['part']} | {x['base_ms_per_step']:.1f} ms | {x['new_ms_per_step']:.1f} ms |"
                 for x in c.time_lost[:10]]
     return "\n".join(out) + "\n"
+
+
+def goodput_line(c: regression.Comparison) -> str:
+    """``Goodput: BASE 41% (mean of 3 runs) → NEW 23%``, and where NEW's time went; '' where a run has none."""
+    if not c.goodput or c.goodput.get("new") is None or c.goodput.get("base") is None:
+        return ""
+    return (f"Goodput (share of the wall time spent computing): BASE {c.goodput['base']:.0%}"
+            + (f" (mean of {c.base_runs} runs)" if c.base_runs > 1 else "") + f" → NEW {c.goodput['new']:.0%}")
 
 
 def by_cause(c: regression.Comparison) -> list[str]:

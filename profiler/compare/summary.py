@@ -35,6 +35,12 @@ PER_STEP_METRICS = {  # column in analysis/steps.parquet -> (metric name, unit)
     "exposed_comm_ms": ("exposed communication per step", "ms"),
     "idle_ms": ("idle per step", "ms"),
 }
+# The job's steps by category (analysis/job_steps.parquet) -> metric name: a job whose data wait, or work outside
+# its phases, grew is slower for it whatever its ranks did. The time between steps and the profiler's are left out:
+# a fraction of a millisecond a step.
+JOB_METRICS = {"compute_ms": "job compute per step", "data_ms": "job data wait per step",
+               "communication_ms": "job communication wait per step",
+               "imbalance_ms": "job wait for slower ranks per step", "other_ms": "job other work per step"}
 
 
 class SummaryError(ValueError):
@@ -72,6 +78,7 @@ def summarize(run: Path) -> dict[str, Any]:
     for column, (name, _) in PER_STEP_METRICS.items():
         if column in steps and steps[column].notna().any():
             samples[name] = _clean(steps.dropna(subset=[column]).groupby("step")[column].median())
+    samples.update(_job_samples(run, set(timed["step"])))
     per_rank = {}
     for rank, rows in steps.groupby("rank"):
         record = {"peak memory": _clean(rows["peak_mem_bytes"] / MIB)} if "peak_mem_bytes" in rows else {}
@@ -95,6 +102,8 @@ def summarize(run: Path) -> dict[str, Any]:
         # What each cause cost the job (the ledger; absent in runs without step counters).
         "time_lost": [{k: c[k] for k in ("rank", "part", "per_step_ms", "lost_s", "pattern")}
                       for c in (report.get("ledger") or {}).get("causes") or []],
+        # Where the job's wall time went, and its goodput (absent in runs analyzed before it was measured).
+        "job_time": report.get("job_time"),
         # The thresholds its findings were judged with (None: analyzed before settings were recorded).
         "settings": (report.get("settings") or {}).get("values"),
     }
@@ -122,6 +131,19 @@ def load(path: Path) -> list[dict[str, Any]]:
     if not runs or not all(isinstance(r, dict) and "samples" in r for r in runs):
         raise SummaryError(f"{path}: a diagtrain baseline without run summaries")
     return runs
+
+
+def _job_samples(run: Path, steps: set[int]) -> dict[str, list[float]]:
+    """Per metric of JOB_METRICS, the job's steps' values (those of ``steps``: after warm-up, not profiled)."""
+    path = run / "analysis" / "job_steps.parquet"
+    if not path.exists():
+        return {}
+    try:
+        job = pd.read_parquet(path)
+    except (OSError, ValueError) as e:
+        raise SummaryError(f"{path}: cannot read it ({e}); run `diagtrain analyze {run}` again") from None
+    job = job[job["step"].isin(steps)]
+    return {name: _clean(job[column]) for column, name in JOB_METRICS.items() if column in job and len(job)}
 
 
 def _after_warmup(steps: pd.DataFrame) -> pd.DataFrame:

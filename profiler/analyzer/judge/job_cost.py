@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from diagtrain.profiler.analyzer.judge.cost import INTERMITTENT, Cost, severity
 from diagtrain.profiler.analyzer.judge.detectors.base import job_totals, steady_job_steps
-from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.judge.findings import UPPER_BOUND, Finding
 from diagtrain.profiler.analyzer.judge.verdict import JOB_PRICE, Assessed, Assessment
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.util.settings import values
@@ -40,8 +40,11 @@ def priced(findings: list[Finding], t: Tables) -> Assessed:
         says = {"says": "job_price", "lost_ms": lost, "share": share, "job_s": whole / 1e3, "steady_steps": len(steps),
                 "pattern": f.metrics.get("pattern"), "step_ranges": ranges(f.steps) if f.steps else "",
                 "once": f.kind == ONCE}
-        out.add(i, Assessment(JOB_PRICE, metrics={"share_of_run": share, "lost_ms_per_step": per_step,
-                                                  "lost_s": round(lost / 1e3, 4), "impact_source": "job_ledger"},
+        metrics = {"share_of_run": share, "lost_ms_per_step": per_step, "lost_s": round(lost / 1e3, 4),
+                   "impact_source": "job_ledger"}
+        if f.kind not in c.validated_kinds.split(","):
+            metrics[UPPER_BOUND] = True  # a price not yet held against a clean twin: claimed as a bound
+        out.add(i, Assessment(JOB_PRICE, metrics=metrics,
                               # Once is no pattern: by the rule of a cause that came and went.
                               severity=severity(share, INTERMITTENT if f.kind == ONCE else f.metrics["pattern"], c),
                               impact_ms=per_step,

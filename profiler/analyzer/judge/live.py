@@ -27,7 +27,9 @@ from typing import Any
 from diagtrain.profiler.analyzer.judge import pipeline
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady
 from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, Finding
+from diagtrain.profiler.analyzer.run import job_time
 from diagtrain.profiler.analyzer.run.live_tables import LiveSteps, Window
+from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.util.settings import section, setting, values
 from diagtrain.profiler.util.text import ranges
 
@@ -90,6 +92,7 @@ class LiveVerdict:
     judged_in_s: float = 0.0  # wall time the judgement took
     next_in_s: float = 0.0  # when to judge again (see Live.max_cpu_share)
     notes: list[str] = field(default_factory=list)  # what it had to do without, each said once
+    job_seconds: dict[str, float] = field(default_factory=dict)  # the job's time so far by category (JobSoFar)
 
 
 @dataclass
@@ -111,6 +114,32 @@ class Tracked:
         return sum(self.lost_by_step.values()) + self.lost_extra_ms
 
 
+class JobSoFar:
+    """The job's wall time so far by category (run/job_time.py), for counters that only grow: each step the
+    windows hold is counted once, when first judged; the start-up is the launch to the first step counted
+    (the final report moves the warm-up steps' excess into it as well)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.counted: int | None = None  # the last step counted
+
+    def add(self, t: Tables) -> None:
+        """Count the job steps of ``t`` (a window's tables) not counted yet."""
+        steps = t.job_steps
+        if steps.empty:
+            return
+        new = steps[steps["step"] > self.counted] if self.counted is not None else steps
+        if new.empty:
+            return
+        if self.counted is None:
+            launched = t.manifest.get("started_at")
+            first = float(new["start"].min())
+            self.seconds[job_time.STARTUP] = max(first - launched, 0.0) if isinstance(launched, (int, float)) else 0.0
+        for c in job_time.STEP_CATEGORIES:
+            self.seconds[c] = self.seconds.get(c, 0.0) + float(new[job_time.column(c)].sum()) / 1e3
+        self.counted = int(new["step"].max())
+
+
 class LiveJudge:
     """Judges a running job's recent steps and follows its findings (call :meth:`judge` every few seconds)."""
 
@@ -124,6 +153,7 @@ class LiveJudge:
         self._window: Window | None = None  # those tables' window (rebuilt for new steps or a loaded profile)
         self.problems: list[str] = []  # what judgement had to do without (a detector failed, ...), each said once
         self._said = 0  # problems already handed to the caller
+        self.job = JobSoFar()
 
     def judge(self, now: float | None = None) -> LiveVerdict:
         """Read the new step records, judge the recent steps, and return what changed."""
@@ -144,6 +174,7 @@ class LiveJudge:
             if window is not self._window:  # the same tables judged again would give the same findings
                 self._judged, self._window = self._detect(window) if _past_warm_up(window) else [], window
             findings = self._judged + self._stalled(window, now)
+            self.job.add(window.tables)
         events = self._follow(findings, window, step, now, moved)
         self.judged_step = step if step is not None else self.judged_step
         active = [self._record(t, "active", now, step) for t in self.tracked.values()]
@@ -153,7 +184,7 @@ class LiveJudge:
         took_cpu = 0.0 if first else time.thread_time() - cpu
         notes, self._said = self.problems[self._said:], len(self.problems)
         return LiveVerdict(events, active, step, window.latest, time.perf_counter() - started,
-                           self._next_in_s(took_cpu, events), notes)
+                           self._next_in_s(took_cpu, events), notes, dict(self.job.seconds))
 
     def _next_in_s(self, took_cpu: float, events: list[LiveEvent]) -> float:
         """Paced by the CPU a judgement took, except after a finding started below warning: a cause seen in

@@ -73,8 +73,9 @@ ASSESSMENTS: tuple[tuple[str, Callable[[list[Finding], Context], Assessed]], ...
     ("more work", lambda found, c: contention.hidden_work(found, c.tables)),
     # A late arrival that a straggler explains says nothing new.
     ("explained", lambda found, c: explained(found)),
-    # Where a priced rank's excess went in its traced steps.
+    # Where a priced rank's excess went in its traced steps; where a periodic stall's went in its traced stalls.
     ("traced excess", lambda found, c: traced_excess.refine(found, c.tables, c.spans_of)),
+    ("traced stall", lambda found, c: traced_excess.stall_operators(found, c.tables, c.spans_of)),
     # The what-if of the profiled steps: a straggler's price where the ledger has none, its check where it has.
     ("critical path", lambda found, c: critical_path.with_impacts(found, c.paths, c.tables.ledger)
      if c.paths is not None else Assessed()),

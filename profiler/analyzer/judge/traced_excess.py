@@ -80,6 +80,45 @@ def refine(findings: list[Finding], t: Tables, spans_of: SpansOf) -> Assessed:
     return out
 
 
+def stall_operators(findings: list[Finding], t: Tables, spans_of: SpansOf) -> Assessed:
+    """Each periodic stall whose steps were profiled, told where its extra time went in them: every rank's
+    operators against the same rank's traced steps without a stall (``torch.save``'s copies, an evaluation's
+    forward ops), and the rest outside any operator (its file I/O, a sleep, gc)."""
+    out = Assessed()
+    for i, f in enumerate(findings):
+        if f.kind != "periodic_stall" or not f.steps:
+            continue
+        found = _stall_excess(t, spans_of, f)
+        if found is not None and (remark := found.remark()):
+            out.add(i, Assessment(TRACED, metrics=found.to_metrics(), says={**remark, "says": "traced_stall"},
+                                  settings=values(TracedExcessSettings.active())))
+    return out
+
+
+def _stall_excess(t: Tables, spans_of: SpansOf, f: Finding) -> TracedExcess | None:
+    """Where a stall's extra time went in its profiled steps, against the other profiled steps (None without both)."""
+    seg = t.segments
+    if seg is None or seg.empty:
+        return None
+    traced = set(seg["step"].astype(int))
+    stalled = sorted(traced & set(f.steps))
+    others = sorted(traced - set(f.steps) - set(f.metrics.get("unperiodic_stalls") or []) - {1})
+    if not stalled or not others:
+        return None
+    ranks = sorted(int(r) for r in seg["rank"].unique())
+    busy = _busy_by_op(t, spans_of, ranks, stalled + others)
+    if busy.empty:
+        return None
+    steps = busy.index.get_level_values("step")
+    # Per rank, its operators in the stall steps above its own steps without one; the median over the ranks.
+    above = (busy[steps.isin(stalled)].groupby(level="rank").median()
+             - busy[steps.isin(others)].groupby(level="rank").median()).median()
+    excess = float(f.metrics.get("stall_ms") or 0.0)
+    least = TracedExcessSettings.active().min_share * excess
+    ops = sorted(((str(op), float(ms)) for op, ms in above.dropna().items() if ms >= least and ms > 0), key=lambda x: -x[1])
+    return TracedExcess(stalled, excess, ops, max(excess - sum(ms for _, ms in ops), 0.0)) if excess > 0 else None
+
+
 def traced_excess(t: Tables, spans_of: SpansOf, rank: int, steps: list[int] | None) -> TracedExcess | None:
     """Where ``rank``'s excess went in those of ``steps`` (None: any) that were profiled; None without
     traces of them, of a peer, or an excess."""

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from diagtrain.profiler.analyzer.judge.findings import Finding, saving_text
+from diagtrain.profiler.analyzer.report import job_bar
 from diagtrain.profiler.analyzer.report.sections import (critical_path_lines, expected_lines, job_time_lines,
                                                          ledger_lines)
 from diagtrain.profiler.analyzer.report.wording import finding_json
@@ -132,7 +133,7 @@ def html_page(report: dict[str, Any], tables: Tables) -> str:
     import plotly.graph_objects as go
     from plotly.io import to_html
 
-    figures = []
+    figures = [f for f in (job_bar.figure(report.get("job_time")),) if f is not None]
     steps = tables.steps
     if not steps.empty:
         grid = steps.pivot_table(index="rank", columns="step", values="wall_ms")

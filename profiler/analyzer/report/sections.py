@@ -57,15 +57,15 @@ def job_time_lines(section: dict[str, Any] | None) -> list[str]:
         return []
     if not section.get("wall_s"):
         return ["### Where the time went", "", f"Not measured: {section.get('reason', 'no steps')}.", ""]
-    wall, seconds, steps = section["wall_s"], section["seconds"], max(section["steady_steps"], 1)
+    wall, seconds, per_step = section["wall_s"], section["seconds"], section.get("per_step_ms") or {}
     lines = ["### Where the time went", "",
              f"Goodput **{section['goodput']:.0%}**: of the job's {wall:.2f} s from launch to end, "
              f"{seconds['compute']:.2f} s went to computing. Over {section['steady_steps']} steady steps "
              f"({section['step_ms']:.1f} ms typical), after {section['warmup_steps']} warm-up step(s):", "",
              "| where | seconds | share | per steady step | what it holds |", "| --- | ---: | ---: | ---: | --- |"]
     for c, value in seconds.items():
-        per_step = "" if c in ("startup", "teardown") else f"{value * 1e3 / steps:.1f} ms"
-        lines.append(f"| {JOB_WORDS.get(c, c)} | {value:.2f} | {value / wall:.0%} | {per_step} | {JOB_NOTES.get(c, '')} |")
+        typical = f"{per_step[c]:.1f} ms" if c in per_step else ""
+        lines.append(f"| {JOB_WORDS.get(c, c)} | {value:.2f} | {value / wall:.0%} | {typical} | {JOB_NOTES.get(c, '')} |")
     if section.get("startup"):
         lines += ["", "Start-up: " + ", ".join(f"{name} {value:.2f} s" for name, value in section["startup"].items())
                   + "."]

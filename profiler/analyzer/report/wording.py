@@ -94,16 +94,27 @@ def _leak_time(r: dict[str, Any]) -> str:
 
 
 def _traced_operators(r: dict[str, Any]) -> str:
-    where = [f"in {p['op']} (+{p['ms']:.1f} ms)" if p["op"] is not None else
-             f"outside any operator (+{p['ms']:.1f} ms: a sleep, I/O, a lock, or Python between operators)"
-             for p in r["parts"]]
     steps = f"traced step {r['steps'][0]}" if len(r["steps"]) == 1 else f"{len(r['steps'])} traced steps"
-    listed = where[0] if len(where) == 1 else ", ".join(where[:-1]) + " and " + where[-1]
-    return f"In its {steps}, the traces put its excess over its peers, per step, {listed}."
+    where = _operators(r["parts"], "a sleep, I/O, a lock, or Python between operators")
+    return f"In its {steps}, the traces put its excess over its peers, per step, {where}."
+
+
+def _traced_stall(r: dict[str, Any]) -> str:
+    steps = f"traced stall step {r['steps'][0]}" if len(r["steps"]) == 1 else f"{len(r['steps'])} traced stall steps"
+    where = _operators(r["parts"], "file I/O, a sleep, garbage collection or Python between operators")
+    return f"In its {steps}, the traces put the extra time, against the ranks' traced steps without a stall, {where}."
+
+
+def _operators(parts: list[dict[str, Any]], outside: str) -> str:
+    """``in aten::mm (+3.0 ms) and outside any operator (+1.0 ms: ...)``: where a traced excess went."""
+    where = [f"in {p['op']} (+{p['ms']:.1f} ms)" if p["op"] is not None else
+             f"outside any operator (+{p['ms']:.1f} ms: {outside})" for p in parts]
+    return where[0] if len(where) == 1 else ", ".join(where[:-1]) + " and " + where[-1]
 
 
 # What each remark says, by its "says" (the judge's remarks: tests/test_verdict.py holds every one to a sentence).
 PHRASES: dict[str, Callable[[dict[str, Any]], str]] = {
     "ledger_price": _ledger_price, "job_price": _job_price, "ledger_charged_nothing": _ledger_charged_nothing, "not_own_work": _not_own_work,
     "more_work": _more_work, "leak_time": _leak_time, "traced_operators": _traced_operators,
+    "traced_stall": _traced_stall,
 }

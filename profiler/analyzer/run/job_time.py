@@ -160,6 +160,7 @@ class JobTime:
     wall_s: float
     seconds: dict[str, float]  # category -> seconds, in CATEGORIES' order
     startup: dict[str, float] = field(default_factory=dict)  # segment -> seconds, adding up to seconds["startup"]
+    per_step_ms: dict[str, float] = field(default_factory=dict)  # step category -> its mean over the steady steps
     steady_steps: int = 0
     warmup_steps: int = 0
     step_ms: float = 0.0  # the median steady step
@@ -182,6 +183,7 @@ class JobTime:
         d["goodput"] = round(self.goodput, 4)
         d["seconds"] = {k: round(v, 4) for k, v in self.seconds.items()}
         d["startup"] = {k: round(v, 4) for k, v in self.startup.items()}
+        d["per_step_ms"] = {k: round(v, 3) for k, v in self.per_step_ms.items()}
         d["wall_s"], d["step_ms"] = round(self.wall_s, 4), round(self.step_ms, 3)
         return d
 
@@ -211,7 +213,9 @@ def totals(t: Tables, steady_steps: list[int], finished: bool = True) -> JobTime
     seconds[STARTUP] = sum(startup.values())
     seconds[TEARDOWN] = max(ended - last, 0.0)
     # Launch to end, whole: the steps lie end to end from the warm-up's end (time_ms, build()).
-    return JobTime(wall_s=sum(seconds.values()), seconds=seconds, startup=startup, steady_steps=len(steady),
+    per_step = {c: v * 1e3 / len(steady) for c, v in steady_s.items()}
+    return JobTime(wall_s=sum(seconds.values()), seconds=seconds, startup=startup, per_step_ms=per_step,
+                   steady_steps=len(steady),
                    warmup_steps=len(warm), step_ms=step_ms, launched_at=launched, ended_at=ended, finished=finished)
 
 

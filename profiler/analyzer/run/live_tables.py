@@ -200,7 +200,10 @@ class LiveSteps:
                    for r, t in tails.items() if t.found.device]
         p2p = {r: p2p_from_step_records(t.found.p2p) for r, t in tails.items() if t.found.p2p}
         steps = step_table(rows, profiled=requested)
+        launched = [h["started_at"] for h in self.hosts() if isinstance(h.get("started_at"), (int, float))]
         tables = Tables(steps=steps, ranks=pd.DataFrame(), phases=self.phases(), trainer=self.trainer or None,
+                        # what a manifest written at the job's end would say by now (the job's start-up: job_time.py)
+                        manifest={"status": "running", **({"started_at": min(launched)} if launched else {})},
                         # the profiled windows' collectives (live_traces.py), lined up across hosts as the final ones
                         collectives=self.traces.collectives.copy() if self.traces is not None else pd.DataFrame(),
                         world_size=self.world_size(), rank_hosts=self.rank_hosts(), hosts=self.hosts(),

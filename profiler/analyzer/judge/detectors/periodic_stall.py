@@ -52,7 +52,9 @@ def detect(tables: Tables) -> list[Finding]:
     steps = steady_job_steps(tables)
     if len(steps) < 2 * s.min_stalls:
         return []
-    shared = (steps["time_ms"] - steps[job_time.column(job_time.IMBALANCE)]).to_numpy()
+    # What every rank lost together, less diagtrain's own trace writing after a profiled window.
+    shared = (steps["time_ms"] - steps[job_time.column(job_time.IMBALANCE)]
+              - steps[job_time.column(job_time.PROFILER)]).to_numpy()
     typical = float(np.median(shared))
     noise = MAD_TO_SIGMA * float(np.median(np.abs(shared - typical)))
     bar = max(s.min_extra_share * typical, s.noise_sigmas * noise, s.min_extra_ms)
@@ -87,17 +89,19 @@ def detect(tables: Tables) -> list[Finding]:
 
 
 def period(stalled: list[int], s: PeriodicStall | None = None) -> tuple[int, list[int]] | None:
-    """The interval and the stalls on it: of every interval between two stalls, the one that holds the most
-    stalls (at least ``min_stalls``, and ``lattice_share`` of its steps from the first to the last); None."""
+    """The interval and the stalls on it, or None: of every interval between two stalls, with at least
+    ``min_stalls`` stalls on it and ``lattice_share`` of its steps from the first to the last, the one whose
+    stalls less its missed steps are most (a stall every 5 steps with one hidden, not every 10), then the
+    fullest (an odd stall between two of every 4 does not make it every 2)."""
     s = s or PeriodicStall.active()
-    best: tuple[int, int, list[int]] | None = None
+    best: tuple[tuple[int, float], int, list[int]] | None = None
     for every in sorted({b - a for a, b in zip(stalled, stalled[1:]) if b - a > 1}):
-        for residue in {x % every for x in stalled}:
+        for residue in sorted({x % every for x in stalled}):
             on = [x for x in stalled if x % every == residue]
             slots = (on[-1] - on[0]) // every + 1
-            if len(on) >= s.min_stalls and len(on) >= s.lattice_share * slots and \
-                    (best is None or len(on) > best[0]):
-                best = (len(on), every, on)
+            score = (2 * len(on) - slots, len(on) / slots)
+            if len(on) >= s.min_stalls and len(on) >= s.lattice_share * slots and (best is None or score > best[0]):
+                best = (score, every, on)
     return None if best is None else (best[1], best[2])
 
 
