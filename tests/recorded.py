@@ -38,6 +38,11 @@ RECORDINGS: dict[str, list[str]] = {
     "leak": ["--profile-steps", "none", "--", sys.executable, "-m", "torch.distributed.run", "--standalone",
              "--nproc-per-node=2", str(REPO / "benchmarks" / "user_scripts" / "ddp_loader.py"), "--steps", "30",
              "--leak-rank", "1", "--leak-mb", "16"],
+    # The origin, not the victim (tests/test_origins.py): rank 1 skips its 5th batch (`continue` before backward),
+    # runs a step's collectives ahead, ends its script after step 9; rank 0 dies waiting ("Connection closed by peer").
+    "early-exit": ["--profile-steps", "none", "--", sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   "--nproc-per-node=2", str(REPO / "benchmarks" / "user_scripts" / "ddp_loader.py"), "--steps", "10",
+                   "--skip-rank", "1", "--skip-step", "5"],
 }
 
 

@@ -99,6 +99,24 @@ def test_a_busier_host_or_another_machine_is_inconclusive_never_a_regression():
     assert by_key(vouched)[("step time", "run")].verdict == "regression"
 
 
+def test_a_baseline_beside_more_load_than_new_cannot_say_no_regression():
+    """A clean baseline recorded beside a busy host, NEW with rank 1 30% slower on a quiet one: the base's load hides
+    the regression. Every time is inconclusive (exit 3), never unchanged; memory is still judged."""
+    loaded = [summary(f"b{i}", ms, fw, seed, others_cpus=1.6)
+              for i, (ms, fw, seed) in enumerate(((130.0, 26.0, 10), (134.0, 26.5, 20), (128.0, 25.5, 30)), 1)]
+    quiet_slower = summary("new", 130.0, 26.0, 40)
+    c = regression.compare(loaded, quiet_slower, 5.0)
+    step = by_key(c)[("step time", "run")]
+    assert step.verdict == "inconclusive" and "BASE run 1 ran with 1.6 other CPUs busy on the host (python)" in step.reason
+    assert c.verdict == "inconclusive" and EXIT_CODES[c.verdict] == 3
+    assert any("BASE run 2" in line for line in report.lines(c))
+    heavier = regression.compare(loaded, summary("new", 130.0, 26.0, 40, memory_mib=700.0), 5.0)
+    assert by_key(heavier)[("peak memory", "rank 0")].verdict == "regression"
+    # A NEW slower even than the loaded baseline is still a regression.
+    far = regression.compare(loaded, summary("new", 260.0, 60.0, 40), 5.0)
+    assert by_key(far)[("step time", "run")].verdict == "regression"
+
+
 def test_the_rank_and_phase_that_explain_the_run_come_first():
     straggler = {"kind": "straggler", "ranks": [1], "severity": "warning", "explanation": "rank 1 is late", "impact_ms": 40.0}
     c = regression.compare(BASE, summary("new", 150.0, 70.0, 40, findings_=[straggler]), 5.0)

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import JOB_TIMEOUT_S, diagtrain_run, torchrun
+from live_helpers import append_step, two_ranks
 from diagtrain.profiler.util import settings
 from diagtrain.profiler.analyzer.analyze import analyze
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady
@@ -266,27 +267,6 @@ def test_a_rank_without_progress_is_said_before_the_hang_watchdog(tmp_path):
     assert event.record["severity"] == "warning" and "rank 1" in event.line and "since step 7" in event.line
 
 
-def two_ranks(run: Path) -> float:
-    """The rank records of a 2-rank job started a minute ago (its step records are appended by the test)."""
-    for rank in (0, 1):
-        folder = run / "ranks" / str(rank)
-        folder.mkdir(parents=True)
-        write_json_atomic(folder / "rank.json", {"rank": rank, "world_size": 2, "host": "h", "pid": 1})
-    return time.time() - 60
-
-
-def append_step(run: Path, rank: int, step: int, start: float, late_ms: float, slowest_ms: float) -> None:
-    """One step record of a 100 ms step (+ the slowest rank's ``slowest_ms``) in which ``rank`` spends
-    ``late_ms`` more in its forward and waits for the slowest rank for the rest."""
-    t0 = start + 0.4 * step
-    with open(run / "ranks" / str(rank) / "steps.jsonl", "a") as f:
-        f.write(json.dumps({"rank": rank, "step": step, "start": t0, "end": t0 + (100.0 + slowest_ms) / 1e3,
-                            "duration_ms": 100.0 + slowest_ms,
-                            "phases_ms": {"forward": 40.0 + late_ms, "backward": 50.0 + slowest_ms - late_ms},
-                            "phase_comm_ms": {"forward": 0.0, "backward": 20.0 + slowest_ms - late_ms},
-                            "comm_ms": 20.0 + slowest_ms - late_ms}) + "\n")
-
-
 def test_ranks_are_compared_only_once_the_steps_after_warm_up_are_there(tmp_path):
     """Rank 1 is 60 ms slower in steps 1 and 3 of 3 (start-up, a slow first steps): the final analysis of
     such a short run would have to judge its warm-up step too; live judgement waits for the steps after
@@ -349,7 +329,7 @@ def test_each_event_is_appended_and_said_and_warnings_stand_until_they_end(tmp_p
 def test_a_finding_that_starts_below_warning_is_judged_again_at_the_next_interval(tmp_path):
     """Judgements are paced by their CPU (here made to wait for hours), except the one after a finding
     starts: rank 1 late by 150 ms from step 12 is a straggler in too few steps at first (info), and the
-    judgement after the next interval names it a warning."""
+    judgement after the next interval names it a warning or worse."""
     start = two_ranks(tmp_path)
     # A share so small that even a judgement of a few microseconds' CPU (a fast host) waits for hours.
     with settings.overriding({"live": {"max_cpu_share": 1e-10}}):
@@ -365,6 +345,8 @@ def test_a_finding_that_starts_below_warning_is_judged_again_at_the_next_interva
     started = min(s for s in said if said[s])
     assert said[started] == [("new", [1], "info")], said
     assert waits[started] == judge.settings.interval_s
-    assert ("update", [1], "warning") in said[started + 1], said
+    # Actionable at the next interval: a warning, or an error where its steps since it began cost that much.
+    assert {("update", (1,), severity) for severity in ("warning", "error")} & {
+        (e, tuple(r), sev) for e, r, sev in said[started + 1]}, said
     assert all(w > 3600 for s, w in waits.items() if 1 < s != started), waits  # paced: nothing started
 

@@ -67,6 +67,29 @@ def test_a_steady_rise_on_one_rank_is_found_with_its_rate(tmp_path):
     assert found["settings"]["memory_growth.min_rate_mib"] == 1.0
 
 
+def test_a_rise_that_movements_every_rank_shares_hide_is_growth_against_its_peers(tmp_path):
+    """Every rank's heap moves by up to 12 MiB a step together (gc, the allocator); rank 1 also keeps 5 MiB a step.
+    Its own series rises in too few steps to be called a leak; less its peers' movements it rises in every one."""
+    steps = 40
+    shared = np.random.default_rng(7).normal(0.0, 8 * MIB, steps)
+    flat = [350 * MIB + x for x in shared]
+    leak = [360 * MIB + 5 * MIB * max(i - 3, 0) + x for i, x in enumerate(shared)]
+    [found] = growth_findings(fake_run(tmp_path / "leak", {0: flat, 1: leak, 2: list(np.asarray(flat) + MIB)}))
+    assert found["ranks"] == [1] and found["metrics"]["against_peers"] is True
+    assert found["metrics"]["observed_mib_per_step"] == pytest.approx(5.0, abs=0.5)
+    assert "against its peers" in found["explanation"]
+    # The same rank alone, its peers' movements not its own: not enough rising steps to be sure of a leak.
+    own = memory_growth._growth(1, "rss_bytes", pd.DataFrame({"step": range(5, steps + 1), "rss_bytes": leak[4:],
+                                                               "wall_ms": 500.0}), memory_growth.MemoryGrowth())
+    assert own is None
+    # A one-off jump on one rank (a cache filled once) is no growth against its peers either.
+    jump = [360 * MIB + (60 * MIB if i >= 20 else 0.0) + x for i, x in enumerate(shared)]
+    assert not growth_findings(fake_run(tmp_path / "jump", {0: flat, 1: jump, 2: list(np.asarray(flat) + MIB)}))
+    # Every rank rising alike is each rank's own growth, or none: never one rank's against the others.
+    alike = growth_findings(fake_run(tmp_path / "alike", {0: leak, 1: list(np.asarray(leak) + MIB)}))
+    assert not any(f["metrics"].get("against_peers") for f in alike)
+
+
 def test_a_plateau_after_warm_up_and_a_single_jump_are_not_leaks(tmp_path):
     # Rank 1: flat, then 200 MiB at once (a cache filled once), with a heap's creep of 8 KiB a step.
     jump = [350 * MIB + (200 * MIB if s >= 8 else 0) + 8 * 1024 * s for s in range(STEPS)]

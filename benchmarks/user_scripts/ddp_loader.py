@@ -3,7 +3,8 @@
     torchrun --nproc-per-node 2 ddp_loader.py [--workers 2] [--slow-rank 1] [--batch-rank 1]
         [--slow-item-rank 1 --slow-item-every 3] [--hook-delay-rank 1] [--hold-rank 1] [--leak-rank 1] ...
         [--slow-loader-rank 1 --slow-loader-ms 2] [--checkpoint-rank 0|all --checkpoint-every 4 --checkpoint-mb 64]
-        [--transform-ms 3]
+        [--transform-ms 3] [--skip-rank 1 --skip-step 5] [--break-rank 1 --break-step 8]
+        [--extra-collective-rank 0 --extra-collective-step 5]
 """
 
 import argparse
@@ -47,6 +48,17 @@ parser.add_argument("--checkpoint-mb", type=int, default=0,
 parser.add_argument("--transform-ms", type=float, default=0.0,
                     help="every rank's CPU time per item in its transform (decoding, augmentation): in the main "
                          "process unless --workers, so that with 0 workers every rank waits for its input")
+parser.add_argument("--skip-rank", type=int, default=-1,
+                    help="this rank skips one batch at --skip-step (a data-quality guard: `continue` before backward): "
+                         "from then on it is one gradient all-reduce ahead of its peers")
+parser.add_argument("--skip-step", type=int, default=5)
+parser.add_argument("--break-rank", type=int, default=-1,
+                    help="this rank leaves the training loop after --break-step (uneven data, a `break` on one rank)")
+parser.add_argument("--break-step", type=int, default=8)
+parser.add_argument("--extra-collective-rank", type=int, default=-1,
+                    help="this rank all-reduces a metric of its own at --extra-collective-step: one collective its "
+                         "peers never make")
+parser.add_argument("--extra-collective-step", type=int, default=5)
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
@@ -123,8 +135,12 @@ leaked = []  # --leak-rank: what the loop keeps from every step
 step = 0
 for x, y in loader:
     step += 1
-    if step > args.steps:
+    if step > args.steps or (rank == args.break_rank and step > args.break_step):
         break
+    if rank == args.skip_rank and step == args.skip_step:
+        continue  # "a bad batch": skipped on this rank alone, so its collectives run one ahead from here
+    if rank == args.extra_collective_rank and step == args.extra_collective_step:
+        dist.all_reduce(torch.ones(1))  # a metric only this rank reports
     faults.before_forward(step)
     loss = torch.nn.functional.mse_loss(model(x), y)
     if rank == args.leak_rank:

@@ -73,10 +73,15 @@ def spans_reader(t: tables.Tables, results: list[RankResult], cache: Path) -> Ca
     return spans_of
 
 
+ANALYZER = "diagtrain.profiler.analyzer"  # the package whose settings sections judge an analysis
+
+
 def used_settings(overrides: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """What the report records of its settings: every value in force, and which were overridden."""
     values = {}
     for cls in pipeline.all_sections().values():
-        values.update(settings.values(cls.active()))
+        # The analysis' own: another stage's sections (compare's) are registered in some processes and not others.
+        if cls.__module__.startswith(ANALYZER):
+            values.update(settings.values(cls.active()))
     return {"values": values,
             "overridden": {f"{s}.{k}": v for s, fields in sorted(overrides.items()) for k, v in sorted(fields.items())}}

@@ -3,7 +3,9 @@
 A run's facts (hosts, versions, GPUs, how busy the host was with other processes, GPU throttling)
 are stored in its summary; :func:`check` says in words how NEW's differ from the baseline runs'.
 A time that changed while NEW ran on another machine, or beside more competing processes, is
-machine noise until shown otherwise: the gate reports it as inconclusive, never as a regression.
+machine noise until shown otherwise: the gate reports it as inconclusive, never as a regression. A
+baseline run beside more load than NEW hides a slower NEW just as surely: a time that did not regress
+then is inconclusive too, never "unchanged".
 """
 
 from __future__ import annotations
@@ -32,12 +34,13 @@ class MachineCheck:
 
     different: list[str] = field(default_factory=list)  # another machine: hardware, host, telemetry source
     contention: list[str] = field(default_factory=list)  # NEW ran beside more load, or throttled
+    loaded_base: list[str] = field(default_factory=list)  # a BASE run ran beside more load than NEW, or throttled
     notes: list[str] = field(default_factory=list)  # told, not judged (versions: may be the change under test)
 
     @property
     def same(self) -> bool:
         """Whether a time that changed can be put down to the code (no machine or load difference)."""
-        return not self.different and not self.contention
+        return not self.different and not self.contention and not self.loaded_base
 
 
 def facts(run: Path, steps: pd.DataFrame) -> dict[str, Any]:
@@ -103,27 +106,32 @@ def check(base: list[dict[str, Any]], new: dict[str, Any], same_hosts: bool = Fa
         mine = (theirs.get("versions") or {}).get(key)
         if seen and mine not in seen:
             result.notes.append(f"NEW ran {key} {mine}, BASE {' / '.join(map(str, sorted(seen, key=str)))}")
-    result.contention = _more_contended([m.get("contention") or {} for m in known], theirs.get("contention") or {})
+    mine = theirs.get("contention") or {}
+    result.contention = _more_contended([m.get("contention") or {} for m in known], mine)
+    for i, m in enumerate(known):
+        label = f"BASE run {i + 1}" if len(known) > 1 else "BASE"
+        result.loaded_base += _more_contended([mine], m.get("contention") or {}, label, "NEW")
     return result
 
 
-def _more_contended(base: list[dict[str, Any]], new: dict[str, Any]) -> list[str]:
+def _more_contended(others: list[dict[str, Any]], loaded: dict[str, Any], who: str = "NEW",
+                    than: str = "BASE") -> list[str]:
+    """Sentences on how ``loaded`` (``who``'s facts) ran beside more load than every one of ``others`` (``than``)."""
     said = []
-    waited = max((c["runq_share"] for c in base if c.get("runq_share") is not None), default=None)
-    share = new.get("runq_share")
+    waited = max((c["runq_share"] for c in others if c.get("runq_share") is not None), default=None)
+    share = loaded.get("runq_share")
     if waited is not None and share is not None and share >= waited + CompareSettings.active().more_runq_share:
-        said.append(f"NEW's ranks waited for a CPU {share:.0%} of each step ({new.get('runq_ms') or 0:.0f} ms), "
-                    f"BASE's at most {waited:.0%}")
-    busiest = max((c["others_cpus"] for c in base if c.get("others_cpus") is not None), default=None)
-    mine = new.get("others_cpus")
+        said.append(f"{who}'s ranks waited for a CPU {share:.0%} of each step ({loaded.get('runq_ms') or 0:.0f} ms), "
+                    f"{than}'s at most {waited:.0%}")
+    busiest = max((c["others_cpus"] for c in others if c.get("others_cpus") is not None), default=None)
+    mine = loaded.get("others_cpus")
     if busiest is not None and mine is not None and mine >= busiest + MORE_CONTENDED_CPUS:
-        names = f" ({', '.join(new['others'])})" if new.get("others") else ""
-        said.append(f"NEW ran with {mine:.1f} other CPUs busy on the host{names}; the busiest BASE run with "
-                    f"{busiest:.1f}")
-    throttled = max((c["throttled_share"] for c in base if c.get("throttled_share") is not None), default=None)
-    slowed = new.get("throttled_share")
+        names = f" ({', '.join(loaded['others'])})" if loaded.get("others") else ""
+        said.append(f"{who} ran with {mine:.1f} other CPUs busy on the host{names}; {than} with at most {busiest:.1f}")
+    throttled = max((c["throttled_share"] for c in others if c.get("throttled_share") is not None), default=None)
+    slowed = loaded.get("throttled_share")
     if throttled is not None and slowed is not None and slowed >= throttled + CompareSettings.active().more_throttled_share:
-        said.append(f"NEW's GPUs were throttled in {slowed:.0%} of the samples, BASE's in at most {throttled:.0%}")
+        said.append(f"{who}'s GPUs were throttled in {slowed:.0%} of the samples, {than}'s in at most {throttled:.0%}")
     return said
 
 

@@ -243,6 +243,11 @@ class _Judge:
             result.verdict, result.reason = "too few samples", f"fewer than {s.min_samples} steps in a run"
         else:
             result.verdict, result.reason = self._verdict(result, band, worse, better, ceiling)
+            if unit in LOAD_BOUND_UNITS and self.check.loaded_base and result.verdict in ("unchanged", "improvement"):
+                # A slower NEW hides under a slowed BASE; a NEW slower even than that is still a regression.
+                result.verdict, result.reason = "inconclusive", (
+                    "; ".join(self.check.loaded_base) + ": the baseline's own load could hide a regression of NEW "
+                    "(rerun the baseline where the host is as quiet as NEW's)")
         return result
 
     def _evidence(self, name: str, scope: str, unit: str, runs: list[list[float]], run_paces: list[float],

@@ -40,7 +40,7 @@ def lines(c: regression.Comparison) -> list[str]:
            f"worse finding: {f.words}" for f in c.findings if f.actionable]
     out += [f"**{r.metric}** ({r.scope}): {_change(r)}, outside the noise band {r.noise_band}" for r in c.regressions]
     out += [f"inconclusive: **{r.metric}** ({r.scope}): {_change(r)}: {r.reason}" for r in c.inconclusive]
-    out += [f"the machine differed: {d}" for d in c.machine.different + c.machine.contention]
+    out += [f"the machine differed: {d}" for d in c.machine.different + c.machine.contention + c.machine.loaded_base]
     return out
 
 

@@ -121,3 +121,27 @@ def _betainc(a: float, b: float, x: float) -> float:
         if abs(c * d - 1.0) < 1e-14:
             break
     return front * f / a
+
+
+def rate_change(flags: np.ndarray) -> tuple[int, float]:
+    """Where a 0/1 series most likely changed from one rate of ones to a higher one: the index of the first
+    element after the change, and twice the log-likelihood ratio of two Bernoulli rates (before, after) against
+    one for the whole series (0.0 at index 0 where no split fits better)."""
+    x = np.asarray(flags, dtype=float)
+    n = len(x)
+    if n < 2:
+        return 0, 0.0
+    ones_before = np.cumsum(x)[:-1]  # ones among the first k elements, k = 1..n-1
+    k = np.arange(1, n)
+    before, after = ones_before / k, (x.sum() - ones_before) / (n - k)
+    split = k * _bernoulli_ll(before) + (n - k) * _bernoulli_ll(after)
+    llr = 2 * (split - n * _bernoulli_ll(np.array([x.mean()]))[0])
+    llr = np.where(after > before, llr, -np.inf)  # only a rise: a cause that began
+    best = int(np.argmax(llr))
+    return (int(k[best]), float(llr[best])) if np.isfinite(llr[best]) else (0, 0.0)
+
+
+def _bernoulli_ll(p: np.ndarray) -> np.ndarray:
+    """The mean log-likelihood of one element of a Bernoulli series with rate ``p`` (0 log 0 taken as 0)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.nan_to_num(p * np.log(p)) + np.nan_to_num((1 - p) * np.log(1 - p))

@@ -11,13 +11,13 @@ pattern (every step, or periodic) or came and went.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from diagtrain.profiler.analyzer.judge.detectors.base import Steady, profiled_steps, steady
+from diagtrain.profiler.analyzer.judge.detectors.base import Steady, onset, profiled_steps, steady
 from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, UPPER_BOUND, Finding
 from diagtrain.profiler.analyzer.judge.own_time import SOURCE as COUNTERS
 from diagtrain.profiler.analyzer.judge.quantities import CAUSE_OF, Measure, Quantity, SlowCause
@@ -76,13 +76,16 @@ class Cause:
     own_ms: float  # the rank's median work in that part, in the charged steps
     peer_ms: float  # its peers' median there
     cpu_bounded_ms: float  # at most what removing it saves, given the CPUs its host had free (= lost_ms if unbounded)
+    onset: int | None = None  # the step it began at, where it came far more often from there on (base.onset)
+    blips: list[int] = field(default_factory=list)  # steps charged before its onset: another cause's, told apart
 
     def to_json(self) -> dict[str, Any]:
         """The report's record of this cause."""
         return {"rank": self.rank, "part": self.part, "steps": self.steps, "lost_s": round(self.lost_ms / 1e3, 4),
                 "per_step_ms": round(self.per_step_ms, 3), "share": round(self.share, 4), "pattern": self.pattern,
                 "period_steps": self.period, "own_ms": round(self.own_ms, 3), "peer_ms": round(self.peer_ms, 3),
-                "cpu_bounded_s": round(self.cpu_bounded_ms / 1e3, 4)}
+                "cpu_bounded_s": round(self.cpu_bounded_ms / 1e3, 4), "onset": self.onset,
+                "blips_before_onset": len(self.blips)}
 
 
 SETTINGS = (Cost, Steady)
@@ -114,13 +117,17 @@ def causes(t: Tables, c: Cost | None = None) -> tuple[list[Cause], dict[str, Any
         if len(rows) < c.min_steps:
             continue
         charged_steps = sorted(int(s) for s in rows["step"])
-        pattern, period = _pattern(charged_steps, steps, c)
+        began = onset(charged_steps, steps)
+        blips = [x for x in charged_steps if began is not None and x < began]
+        if blips:  # before it began: a busy host's blips, not this cause
+            rows, charged_steps = rows[rows["step"] >= began], charged_steps[len(blips):]
+        pattern, period = _pattern(charged_steps, [x for x in steps if began is None or x >= began], c)
         lost = float(rows["lost_ms"].sum())
         peers = ledger[ledger["step"].isin(charged_steps) & (ledger["rank"] != rank)]
         found.append(Cause(int(rank), str(part), charged_steps, lost, lost / len(steps), lost / job_ms if job_ms else 0.0,
                            pattern, period, float(rows[work_column(part)].median()),
                            float(peers[work_column(part)].median()) if len(peers) else float("nan"),
-                           float(np.minimum(rows["lost_ms"], bound[rows.index]).sum())))
+                           float(np.minimum(rows["lost_ms"], bound[rows.index]).sum()), began, blips))
     found.sort(key=lambda x: -x.lost_ms)
     totals = {"steady_steps": len(steps), "job_s": round(job_ms / 1e3, 4), "noise_ms": round(noise, 3),
               "charged_above_ms": round(bar, 3),
@@ -324,6 +331,8 @@ def _seen_pattern(f: Finding, main: Cause, mine: list[Cause], t: Tables, c: Cost
     if main.pattern != INTERMITTENT:
         return {}
     steps = sorted(int(s) for s in _steady(t)["step"].unique())
+    if main.onset is not None:  # since it began
+        steps = [x for x in steps if x >= main.onset]
     seen = sorted(set().union(*(x.steps for x in mine)) | (set(f.steps) & set(steps)))
     pattern, period = _pattern(seen, steps, c)
     return {"steps": seen, "pattern": pattern, "period": period} if pattern != INTERMITTENT else {}
@@ -344,7 +353,7 @@ def _price_remark(main: Cause, lost_ms: float, share: float, totals: dict[str, A
     """The ledger's price as a remark (report/wording.py): what it cost, when, and what bounds the saving."""
     return {"says": "ledger_price", "lost_ms": lost_ms, "share": share, "job_s": totals["job_s"],
             "steady_steps": totals["steady_steps"], "pattern": main.pattern, "periodic": bool(main.period),
-            "step_ranges": ranges(main.steps),
+            "step_ranges": ranges(main.steps), "onset": main.onset, "blips": len(main.blips),
             **{k: metrics[k] for k in ("cpu_bound_ms", "ledger_impact_ms", "host_ranks", "host_cpus") if k in metrics}}
 
 
@@ -356,6 +365,8 @@ def _finding(cause: Cause, totals: dict[str, Any], c: Cost, t: Tables) -> Findin
     device_cause = CAUSE_OF.get(quantity.measure)
     when = ("in every step" if cause.pattern == EVERY_STEP else f"in steps {ranges(cause.steps)}"
             if cause.pattern == INTERMITTENT else f"{cause.pattern} (steps {ranges(cause.steps)})")
+    if cause.onset is not None:
+        when += f" since step {cause.onset}"
     data = cause.part == "data"
     f = Finding(
         kind="dataloader_stall" if data else "straggler", severity=severity(cause.share, cause.pattern, c),

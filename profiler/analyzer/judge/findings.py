@@ -10,7 +10,7 @@ SEVERITIES = ("info", "warning", "error", "critical")
 # communication overlapped), not a what-if's measured saving: shown as "up to".
 UPPER_BOUND = "impact_is_upper_bound"
 # The verdicts on why a run stopped (detectors/hang.py): read first whatever their severity.
-STOP_KINDS = ("hang", "crash", "crash_at_exit", "interrupted")
+STOP_KINDS = ("hang", "crash", "crash_at_exit", "interrupted", "sequence_divergence")
 
 
 @dataclass

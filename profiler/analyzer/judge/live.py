@@ -246,6 +246,9 @@ class LiveJudge:
                 events.append(self._event(tracked, "new", now, step))
                 continue
             tracked.record, tracked.absent, tracked.last_step = f.to_json(), 0, step
+            if not tracked.said and SEVERITIES.index(f.severity) >= ACTIONABLE:
+                # Said for the first time: since where its cause began, not a busy host's earlier blip it was then.
+                tracked.since_step = min(f.steps, default=tracked.since_step)
             self._count_lost(tracked, f, steps_judged, now)
             grew = tracked.lost_ms - tracked.said_lost_ms >= self.settings.grown_share * max(tracked.said_lost_ms, 1.0)
             if f.severity != tracked.severity or (grew and tracked.lost_ms > 0):

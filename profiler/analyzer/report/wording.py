@@ -38,6 +38,11 @@ def _composed(own: str, remarks: list[dict[str, Any]]) -> str:
 def _ledger_price(r: dict[str, Any]) -> str:
     when = ("in every step" if r["pattern"] == EVERY_STEP else
             f"{r['pattern']} (steps {r['step_ranges']})" if r["periodic"] else f"in steps {r['step_ranges']}")
+    if r.get("onset") is not None:
+        blips = r.get("blips") or 0
+        when += f" since step {r['onset']}" + (
+            f" (before it, {blips} step{'s' if blips > 1 else ''} charged now and then: a busy host's pauses, left out)"
+            if blips else "")
     words = (f"Over the run it cost the job {r['lost_ms'] / 1e3:.2f} s of {r['job_s']:.2f} s ({r['share']:.0%}), "
              f"{r['lost_ms'] / r['steady_steps']:.1f} ms per step on average, {when}.")
     if "cpu_bound_ms" in r:

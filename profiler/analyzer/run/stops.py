@@ -43,6 +43,7 @@ SIGNALLED = "signalled"  # a rank ended on SIGINT or SIGTERM (its own record)
 KILLED = "killed"  # a rank ended with no record at all (SIGKILL, a C++ abort)
 EXCEPTION = "exception"  # a rank raised, or called sys.exit with a failure code
 EXIT_CRASH = "exit_crash"  # a rank's script ended well, then its process died while Python shut down
+LEFT = "left"  # a rank's script ended well (code 0) while its peers still waited for it in a collective
 CONNECTION = "connection"  # a rank raised because a peer went away
 BY_SIGNAL = (HOST_INTERRUPTED, SIGNALLED)
 
@@ -90,6 +91,8 @@ def collect(tables: Tables) -> list[Stop]:
             stop = _rank_stop(tables, rank, record)
             if stop is not None:
                 found.append(stop)
+    if tables.manifest.get("status") in ("failed", "hung"):
+        found += _left_early(tables, found)
     if tables.manifest.get("status") == "failed":
         found += _exit_crashes(tables)
         # A rank with no exit record died abruptly (a C++ abort, SIGKILL): its last step is when it was last seen.
@@ -133,6 +136,35 @@ def _rank_stop(tables: Tables, rank: int, record: dict) -> Stop | None:
     if reason == "sys.exit" and record.get("code") not in (0, None):
         return Stop(EXCEPTION, detail=f"sys.exit({record.get('code')})", **common)
     return None
+
+
+def _left_early(tables: Tables, stops: list[Stop]) -> list[Stop]:
+    """Ranks whose script ended with code 0 before a peer that was no further along failed with a lost connection,
+    or, in a hung run, while a peer was still running: a rank that skipped a batch, left its loop early or issued
+    one collective fewer ends its script first, and leaves its peers waiting in a collective it never issues.
+    (A rank that died on its way out is an exit crash, not this.)"""
+    ended = {r: e for r, e in tables.exits.items() if e and e.get("code") == 0 and isinstance(e.get("time"), (int, float))
+             and not any(d.kind in PROCESS_DEATHS for d in tables.log_events.get(r, []))}
+    hung = tables.manifest.get("status") == "hung"
+    left = []
+    for rank, record in sorted(ended.items()):
+        mine = _last_step(tables, rank)
+        waited = [s for s in stops if rank not in s.ranks and s.kind == CONNECTION and s.time is not None
+                  and s.time >= record["time"] - CONSEQUENCE_SLACK_S]
+        still = [r for r in tables.rank_hosts if r != rank and r not in ended] if hung else []
+        behind = [r for s in waited for r in s.ranks] + still
+        if behind and all(mine <= _last_step(tables, r) for r in behind):
+            left.append(Stop(LEFT, record["time"], [rank], tables.rank_hosts.get(rank),
+                             f"its script ended (exit code 0) after step {mine}", code=0,
+                             evidence=[{"type": "exit", "rank": rank, "code": 0, "reason": record.get("reason"),
+                                        "last_step": mine}]))
+    return left
+
+
+def _last_step(tables: Tables, rank: int) -> int:
+    steps = tables.steps
+    mine = steps.loc[steps["rank"] == rank, "step"] if not steps.empty else []
+    return int(max(mine)) if len(mine) else 0
 
 
 def _exit_crashes(tables: Tables) -> list[Stop]:

@@ -10,7 +10,7 @@ import pandas as pd
 from diagtrain.profiler.analyzer.run import job_time
 from diagtrain.profiler.analyzer.run.job_time import JobTime
 from diagtrain.profiler.util.settings import section, setting
-from diagtrain.profiler.util.stats import binomial_tail
+from diagtrain.profiler.util.stats import binomial_tail, rate_change
 
 if TYPE_CHECKING:
     from diagtrain.profiler.analyzer.run.tables import Tables
@@ -50,6 +50,33 @@ class LateArrival:
     gap_explains_share: float = setting(1 / 3, "a late rank that pauses right before its calls this much longer than "
                                         "its peers, as a share of its lateness (and by min_lateness_ms), was held up "
                                         "on its way to the collective (a comm hook, a delay before each call)")
+
+
+@section("onset")
+class Onset:
+    """When a cause's first step is where it began, not the first blip the same evidence showed before it."""
+
+    min_llr: float = setting(10.0, "how often the cause came changed at one step this surely (twice the log-likelihood "
+                             "ratio of a rate before and one after, against one rate: 10 is p < 0.002)...")
+    min_rise: float = setting(3.0, "... and it came at least this many times as often after that step as before: a "
+                              "busy host's blips before a fault begins are told apart from it")
+    min_after: int = setting(3, "... with at least this many of its steps after it")
+
+
+def onset(flagged: list[int], steps: list[int]) -> int | None:
+    """The step a cause flagged in ``flagged`` (of ``steps``, in order) began at, where it came far more often from
+    a step on than before it (Onset); None where it came at one rate (its first step is then its start)."""
+    s = Onset.active()
+    steps = sorted(steps)
+    marked = set(flagged)
+    at, llr = rate_change(np.array([x in marked for x in steps]))
+    if llr < s.min_llr or at == 0:
+        return None
+    before, after = sum(x in marked for x in steps[:at]), [x for x in steps[at:] if x in marked]
+    rate_before, rate_after = before / at, len(after) / (len(steps) - at)
+    if len(after) < s.min_after or rate_after < s.min_rise * rate_before:
+        return None
+    return int(after[0])
 
 
 # Phases that alone say too little of a rank's own work to compare ranks by: the optimizer step

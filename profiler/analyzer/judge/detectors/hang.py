@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from diagtrain.profiler.analyzer.read import flight_records as fr
-from diagtrain.profiler.analyzer.run import stops
+from diagtrain.profiler.analyzer.run import divergence, stops
 from diagtrain.profiler.analyzer.judge.findings import Finding
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.util.settings import section, setting
@@ -73,6 +73,8 @@ def detect(tables: Tables) -> list[Finding]:
         findings.append(_host_lost(tables, cause, record))
     elif cause.kind == stops.EXIT_CRASH:
         findings.append(_exit_crash(tables, cause))
+    elif cause.kind == stops.LEFT:
+        findings.append(_left(tables, cause, record))
     elif cause.kind in stops.BY_SIGNAL:
         # Ranks stopped mid-step, some inside a collective their peers had not reached: not a hang.
         findings.append(_interrupted(tables, cause, record, stalled_s))
@@ -297,6 +299,49 @@ def _crash(tables: Tables, cause: stops.Stop, record: list[stops.Stop], blocked:
         metrics={"exit_code": cause.code, "waiting_in": waiting.op if waiting else None, "cause": cause.kind},
         evidence=_stop_evidence(cause, record) + (_evidence(tables, waiting) if waiting else []),
         time_range=_instant(cause),
+    )
+
+
+# How a rank's sequence parted from its peers', in words (run/divergence.py).
+PARTED = {
+    divergence.SKIPPED: "in step {step} it took {mine:.0f} samples where its peers took {peers:.0f}: it skipped a batch's "
+                        "backward and optimizer step (a `continue` in the loop), so from there its collectives ran one "
+                        "step's worth ahead and its data ran out first",
+    divergence.COLLECTIVES: "in step {step} it issued {mine:.0f} collectives where its peers issued {peers:.0f}: from "
+                            "there its collectives were paired with the wrong ones of its peers",
+    divergence.FEWER_STEPS: "it finished {last} steps and left while its peers went on into step {peers_last}: it left "
+                            "the loop early (uneven data, a `break` on one rank)",
+    divergence.AT_THE_END: "it finished the same steps as its peers ({last}), then ended while they were still in a "
+                           "collective (one more than it made: a final barrier or all-reduce of theirs)",
+}
+
+
+def _left(tables: Tables, cause: stops.Stop, record: list[stops.Stop]) -> Finding:
+    """A rank whose script ended well while its peers waited for it: the origin, and they the consequence."""
+    rank = cause.ranks[0]
+    after = stops.consequences(record, cause)
+    waiting = sorted({r for s in after for r in s.ranks}) or sorted(r for r in tables.rank_hosts if r != rank)
+    parted = divergence.parting(tables, rank, waiting)
+    words = PARTED[parted.how].format(step=parted.step, mine=parted.mine or 0, peers=parted.peers or 0,
+                                      last=parted.last_step, peers_last=parted.peers_last_step)
+    missed = parted.missed[0] if parted.missed else None
+    entered = (f" Rank{'s' if len(missed.entered_by) > 1 else ''} {_list(missed.entered_by)} entered {missed.op} #{missed.seq} "
+               f"on {missed.group}, which rank {rank} never issued (its last there was #{missed.last_of_leaver})."
+               if missed else "")
+    return Finding(
+        kind="sequence_divergence", severity="critical", ranks=[rank], steps=[parted.step] if parted.step else [],
+        explanation=(f"rank {rank}{_on_host(tables, rank)} left the job while its peers still needed it: "
+                     f"{cause.detail}{_at(cause)}. Where its sequence parted from its "
+                     f"peers': {words}.{entered}{_followed(tables, cause, record)}"),
+        suggestion=("Keep every rank's collectives in step: skip a bad batch on every rank together (all-reduce a "
+                    "flag first), give every rank the same number of batches (DistributedSampler(drop_last=True), or "
+                    "DDP's join() for uneven inputs), make a collective inside an `if` run on every rank, and end with "
+                    "dist.barrier() before destroy_process_group()."),
+        metrics={"exit_code": 0, "cause": cause.kind, "parted": parted.how, "parted_step": parted.step,
+                 "mine": parted.mine, "peers": parted.peers, "last_step": parted.last_step,
+                 "peers_last_step": parted.peers_last_step, "waiting": waiting,
+                 "missed": [{"group": m.group, "seq": m.seq, "op": m.op, "entered_by": m.entered_by} for m in parted.missed]},
+        evidence=_stop_evidence(cause, record), time_range=_instant(cause),
     )
 
 

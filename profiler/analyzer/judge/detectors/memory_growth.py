@@ -79,6 +79,7 @@ class Growth:
     capacity_bytes: float | None = None  # the GPU's memory, or the host's
     steps_left: float | None = None  # at this pace (the host's: with every growing rank on it)
     sharing: int = 1  # ranks whose RSS grows on the same host (their rises together fill it)
+    against_peers: bool = False  # judged on its memory less its peers' movements (theirs level off)
 
     @property
     def per_min(self) -> float | None:
@@ -92,8 +93,10 @@ def detect(tables: Tables) -> list[Finding]:
     if steps.empty or not any(m in steps for m in MEMORIES):
         return []
     steps = steps[steps["step"] > max(s.warmup_steps, Steady.active().warmup_steps)]
-    growths = [g for memory in MEMORIES if memory in steps
-               for rank, rows in steps.groupby("rank") if (g := _growth(int(rank), memory, rows, s)) is not None]
+    peers = {r: g for g in tables.structure.peer_groups(sorted(int(r) for r in steps["rank"].unique())) for r in g}
+    growths = [g for memory in MEMORIES if memory in steps for rank, rows in steps.groupby("rank")
+               if (g := _growth(int(rank), memory, rows, s)
+                   or _against_peers(int(rank), memory, rows, steps, peers.get(int(rank), []), s)) is not None]
     _capacity(growths, tables)
     by_rank: dict[int, list[Growth]] = {}
     for g in growths:
@@ -136,6 +139,26 @@ def _growth(rank: int, memory: str, rows: pd.DataFrame, s: MemoryGrowth) -> Grow
     return Growth(rank, memory, [int(v) for v in rows["step"]], start, end, own_growth, rate, rising, len(own),
                   float(wall.median()) if wall.notna().any() else math.nan,
                   profiled_steps=[int(v) for v, t in zip(rows["step"].iloc[1:], touched) if t])
+
+
+def _against_peers(rank: int, memory: str, rows: pd.DataFrame, steps: pd.DataFrame, group: list[int],
+                   s: MemoryGrowth) -> Growth | None:
+    """The rank's rise once what its peers' memory did step by step is taken out, where their memory levels off:
+    the heap's and allocator's movements every rank shares (a few MiB either way each step) can hide a leak's rise
+    in the steps a rank's own series is judged by, and a rank that rises while its peers do not is no warm-up."""
+    others = steps[steps["rank"].isin([r for r in group if r != rank])].dropna(subset=[memory])
+    if others.empty:
+        return None
+    level = others.groupby("step")[memory].median()
+    if len(level) < s.min_steps or theil_sen(level.index.to_numpy(float), level.to_numpy(float)) >= s.min_rate_mib * MIB:
+        return None  # no peers to compare with, or they grow too: each is judged on its own series
+    rows = rows[rows["step"].isin(level.index)]
+    shared = (level - level.iloc[0]).reindex(rows["step"]).to_numpy()
+    found = _growth(rank, memory, rows.assign(**{memory: rows[memory].to_numpy(float) - shared}), s)
+    if found is not None:
+        found.against_peers = True
+        found.start_bytes, found.end_bytes = float(rows[memory].iloc[0]), float(rows[memory].iloc[-1])
+    return found
 
 
 def theil_sen(x: np.ndarray, y: np.ndarray) -> float:
@@ -218,6 +241,7 @@ def _finding(found: list[Growth], tables: Tables, s: MemoryGrowth) -> Finding:
             "growth_share": lead.own_growth_bytes / lead.start_bytes if lead.start_bytes else None,
             "threshold_growth_share": s.min_growth_share,
             "rising_steps": lead.rising, "compared_steps": lead.compared, "threshold_rising_share": s.rising_share,
+            "against_peers": lead.against_peers,
             "capacity_bytes": lead.capacity_bytes,
             "projected_full_step": None if lead.steps_left is None else lead.steps[-1] + math.ceil(lead.steps_left),
             "growing": {g.memory: {"mib_per_step": g.rate / MIB, "growth_bytes": g.end_bytes - g.start_bytes,
@@ -234,6 +258,8 @@ def _sentence(g: Growth) -> str:
     text = (f"its {MEMORIES[g.memory]} rises {g.rate / MIB:.1f} MiB a step{per_min} over steps {ranges(g.steps)}, "
             f"from {fmt_bytes(g.start_bytes)} to {fmt_bytes(g.end_bytes)} (+{fmt_bytes(growth)}, "
             f"{growth / g.start_bytes:.0%}), rising in {g.rising} of {g.compared} steps"
+            + (" against its peers, whose memory levels off (the movements every rank shares taken out)"
+               if g.against_peers else "")
             + (f" (steps {ranges(g.profiled_steps)}, profiled or building the trace, are not judged: the profiler's "
                "buffers are not the job's)." if g.profiled_steps else "."))
     if g.capacity_bytes is not None and g.steps_left is not None:

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.util.settings import section, setting
-from diagtrain.profiler.analyzer.judge.detectors.base import (LateArrival, Steady, informative_phases, late_on_their_path,
+from diagtrain.profiler.analyzer.judge.detectors.base import (LateArrival, Steady, onset, informative_phases, late_on_their_path,
                                                               steady, time_range)
 from diagtrain.profiler.analyzer.judge.findings import Finding
 from diagtrain.profiler.analyzer.judge.own_time import SOURCE as COUNTERS, OwnTime, blocked_column, own_time, waited
@@ -100,11 +100,18 @@ def _stragglers(steps: pd.DataFrame, phases: list[str], s: Straggler) -> list[Fi
             continue
         by_source = rows.groupby("source")["step"].nunique()
         source = max(by_source.index, key=lambda src: (by_source[src], -SOURCES.index(src)))
+        # Per step it could be seen in: traces cover only the profiled steps.
+        seen_in = sorted(steps.loc[steps["profiled"], "step"].unique() if (rows["source"] == "trace").all()
+                         else steps["step"].unique())
+        began = onset(sorted(int(x) for x in rows["step"].unique()), seen_in)
+        blips = sorted({int(x) for x in rows.loc[rows["step"] < began, "step"]}) if began is not None else []
+        if blips:  # before it began: a busy host's pauses, told apart
+            rows = rows[rows["step"] >= began]
         phase = rows.loc[rows["source"] == source, "phase"].mode().iloc[0]
         per_step = float(rows["excess_ms"].median())
-        # Per step it could be seen in: traces cover only the profiled steps.
-        observed = steps.loc[steps["profiled"], "step"].nunique() if (rows["source"] == "trace").all() else steps["step"].nunique()
+        observed = len(seen_in)
         impact = float(rows["excess_ms"].sum() / max(observed, 1))
+        since = sum(x >= began for x in seen_in) if began is not None else observed
         others = sorted(int(r) for r in steps["rank"].unique() if r != rank)
         work = _work_ratio(steps, int(rank), rows["step"]) if measured[phase].measure is Measure.COMPUTE else None
         same_work = work is not None and work < s.more_work
@@ -113,11 +120,11 @@ def _stragglers(steps: pd.DataFrame, phases: list[str], s: Straggler) -> list[Fi
             continue  # its host waited for data: the dataloader_stall detector's finding, priced by the device's idle time
         findings.append(Finding(
             kind="straggler",
-            severity="info" if same_work else _severity(per_step, rows["step"].nunique() / max(observed, 1), step_ms, s),
+            severity="info" if same_work else _severity(per_step, rows["step"].nunique() / max(since, 1), step_ms, s),
             ranks=[int(rank)], steps=sorted(int(s) for s in rows["step"]),
             time_range=time_range(steps[steps["rank"].eq(rank) & steps["step"].isin(rows["step"])]),
             explanation=(
-                f"rank {rank} is a straggler in steps {ranges(rows['step'])}: {phase} "
+                f"rank {rank} is a straggler {_when(rows['step'], began, blips)}: {phase} "
                 f"{rows['value_ms'].median():.1f} ms, {per_step:.1f} ms more than its peers' "
                 f"{rows['peer_ms'].median():.1f} ms; rank{'s' if len(others) > 1 else ''} {ranges(others)} "
                 f"wait{'' if len(others) > 1 else 's'} for it at the next collective."
@@ -135,6 +142,7 @@ def _stragglers(steps: pd.DataFrame, phases: list[str], s: Straggler) -> list[Fi
                      "quantity": measured[phase].key,
                      "step_time_median_ms": step_ms,
                      "source": source, "steps_seen": _seen(compared, int(rank), steps, source),
+                     "onset_step": began, "blips_before_onset": len(blips),
                      "time_source": TIME_SOURCE[source], **({"cause": cause.value} if cause else {})},
             evidence=[{"type": "steps", "rank": int(rank), "step": int(s), "phase": p, "excess_ms": round(float(e), 3)}
                       for s, p, e in zip(rows["step"], rows["phase"], rows["excess_ms"])][:20],
@@ -156,6 +164,14 @@ DEVICE_SUGGESTIONS = {
     DeviceCause.HOST_LATE: "Look at what rank {rank}'s host does between its steps: data loading (workers, prefetching), "
                            "a checkpoint, logging or evaluation on that rank, Python work or garbage collection.",
 }
+
+
+def _when(slow_steps: pd.Series, began: int | None, blips: list[int]) -> str:
+    """``in steps 3-5, 9`` or, for a cause with an onset, ``since step 100 (steps 100-200; ...)``."""
+    if began is None:
+        return f"in steps {ranges(slow_steps)}"
+    before = f"; {len(blips)} slow step{'s' if len(blips) > 1 else ''} before it, now and then, left out" if blips else ""
+    return f"since step {began} (steps {ranges(slow_steps)}{before})"
 
 
 def _waited_for_data(steps: pd.DataFrame, rank: int, slow_steps: pd.Series, at_least_ms: float) -> bool:
