@@ -40,6 +40,7 @@ class FakeDevice:
     def __init__(self) -> None:
         self.at_ms, self.done_ms, self.queries, self.host_s, self.stuck = 0.0, 0.0, 0, 0.0, False
         self.capturing = False
+        self.current = 0  # torch.cuda.current_device(): the job never set it
 
     def record(self) -> FakeEvent | None:
         return None if self.capturing else FakeEvent(self, self.at_ms)
@@ -51,6 +52,19 @@ class FakeDevice:
 
     def clock(self, **kw) -> DeviceClock:
         return DeviceClock(self.record, sleep=self.sleep, now=lambda: self.host_s, **kw)
+
+
+class SwitchDevice:
+    """``torch.cuda.device(index)``: the current device of ``state`` (a FakeDevice) is ``index`` for a while."""
+
+    def __init__(self, state, index) -> None:
+        self.state, self.index = state, index
+
+    def __enter__(self) -> None:
+        self.before, self.state.current = self.state.current, self.index
+
+    def __exit__(self, *exc) -> None:
+        self.state.current = self.before
 
 
 def _run_steps(dev: FakeDevice, clock: DeviceClock, steps: list[tuple[float, float]], first: int = 1) -> None:
@@ -216,21 +230,40 @@ def test_the_recorder_is_read_within_its_budget():
 # -- the recorder on a CUDA device, its CUDA calls replaced by recorded values ------------------------
 
 
+def _counted(calls: dict, name: str, result=None):
+    def call(*a, **k):
+        calls[name] = calls.get(name, 0) + 1
+        return result() if callable(result) else result
+    return call
+
+
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    """torch.cuda as a CUDA rank sees it: counted synchronize and peak resets, allocator statistics."""
-    dev, calls = FakeDevice(), {"synchronize": 0, "reset_peak": 0}
+    """torch.cuda as a CUDA rank sees it: counted synchronize, peak resets, allocator reads (by device) and
+    recorder dumps; the current device 0, the current stream capturing a graph while ``dev.capturing``."""
+    dev, calls = FakeDevice(), {"synchronize": 0, "reset_peak": 0, "allocator_reads": 0, "dumps": 0}
     stats = {"allocated_bytes.all.peak": 7 * 2**20}
     nested = {"allocated_bytes": {"all": {"current": 2**20, "peak": 7 * 2**20}},
               "reserved_bytes": {"all": {"current": 8 * 2**20}}}
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.__setitem__("synchronize", calls["synchronize"] + 1))
-    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
-                        lambda *a: calls.__setitem__("reset_peak", calls["reset_peak"] + 1))
-    monkeypatch.setattr(torch.cuda, "memory_stats", lambda *a: stats)
-    monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", lambda *a: nested)
-    monkeypatch.setattr(instrument, "cuda_clock", lambda torch_, device: dev.clock())
+    calls["stats_devices"] = []
+
+    def read(result):
+        def stats_of(device=None):
+            calls["allocator_reads"] += 1
+            calls["stats_devices"].append(device)
+            return result
+        return stats_of
+
+    monkeypatch.setattr(torch.cuda, "synchronize", _counted(calls, "synchronize"))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", _counted(calls, "reset_peak"))
+    monkeypatch.setattr(torch.cuda, "memory_stats", read(stats))
+    monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", read(nested))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: dev.capturing)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: dev.current)
+    monkeypatch.setattr(torch.cuda, "device", lambda index: SwitchDevice(dev, index))
+    monkeypatch.setattr(instrument, "cuda_clock", lambda torch_, device, **kw: dev.clock(**kw))
     fr = {"entries": []}
-    monkeypatch.setattr(instrument, "nccl_dump", lambda torch_: lambda: json.dumps(fr))
+    monkeypatch.setattr(instrument, "nccl_dump", lambda torch_: _counted(calls, "dumps", lambda: json.dumps(fr)))
     return dev, calls, fr
 
 
@@ -278,13 +311,13 @@ def test_a_failing_device_clock_is_said_once_and_training_goes_on(tmp_path, caps
     assert capsys.readouterr().err.count("device times are not recorded") == 1
 
 
-def test_peak_memory_on_cuda_reads_without_resetting(monkeypatch):
+def test_peak_memory_on_cuda_is_the_allocators_peak_read_without_resetting(monkeypatch):
     resets = []
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: resets.append(a))
-    monkeypatch.setattr(torch.cuda, "memory_stats", lambda *a: {"allocated_bytes.all.peak": 123})
     memory = PeakMemory(torch.device("cuda", 0))
     memory.reset()
-    assert memory.read() == 123 and memory.source == "cuda_lifetime_peak" and resets == []
+    assert memory.read(123) == 123 and memory.source == "cuda_lifetime_peak" and resets == []
+    assert memory.read(None) is None  # the allocator was not read this step (a graph capture)
 
 
 
@@ -369,3 +402,62 @@ def test_a_cpu_rank_records_exactly_as_before(tmp_path):
     assert [r["step"] for r in lines] == [1, 2, 3]  # no end-of-run device line
     assert not any(k.startswith("device_") for r in lines for k in r)
     assert {r["mem_source"] for r in lines} <= {"rss_peak", "rss_lifetime_peak"}
+
+
+# -- a CUDA graph captured by the program: nothing of diagtrain's touches CUDA meanwhile (issue 61) ----------------
+
+
+def test_nothing_touches_cuda_while_the_program_captures_a_graph(tmp_path, fake_cuda, monkeypatch):
+    """PyTorch's whole-network capture runs optimizer.step() inside the capture: the hooks' step ends then. An event
+    queried, the recorder dumped (it queries events) or the allocator read during it would break the job."""
+    dev, calls, fr = fake_cuda
+    now = [0.0]
+    monkeypatch.setattr(device_colls.time, "perf_counter", lambda: now[0])
+    with StepRecorder(tmp_path, rank=0, device=torch.device("cuda", 0)) as rec:
+        dev.at_ms = 100
+        rec.step()  # step 1, eager (the capture recipe's warm-up)
+        fr["entries"].append(_entry(1, time.time_ns(), 2.0))
+        dev.capturing, dev.done_ms, now[0] = True, 1000, 1000.0  # step 1 done on the device, a read long due
+        before = (dev.queries, calls["dumps"], calls["allocator_reads"])
+        rec.step()  # step 2: its end comes inside the capture
+        assert (dev.queries, calls["dumps"], calls["allocator_reads"]) == before
+        dev.capturing = False  # the capture ended: replays follow, then eager steps again
+        dev.at_ms = 300
+        rec.step()
+    lines = [json.loads(line) for line in (tmp_path / "ranks/0/steps.jsonl").read_text().splitlines()]
+    assert lines[1]["device_steps"] == [] and "gpu_allocated_bytes" not in lines[1]
+    assert lines[1]["peak_mem_bytes"] is None  # unknown, not a peak of 0
+    assert [d["step"] for d in lines[2]["device_steps"]] == [1]  # taken once the capture had ended
+    assert [c["seq"] for c in lines[3]["device_colls"]] == [1] and lines[2]["gpu_peak_bytes"] == 7 * 2**20
+
+
+def test_the_capture_check_asks_the_ranks_own_device_when_it_is_not_the_current_one(monkeypatch):
+    from diagtrain.profiler.rank.device_clock import graph_capture
+
+    state, switched = FakeDevice(), []
+    capturing_on = {3}
+
+    def switch(index):
+        switched.append(index)
+        return SwitchDevice(state, index)
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: state.current in capturing_on)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: state.current)
+    monkeypatch.setattr(torch.cuda, "device", switch)
+    assert graph_capture(torch.cuda, torch.device("cuda", 3))() and state.current == 0
+    assert not graph_capture(torch.cuda, torch.device("cuda", 2))()
+    switched.clear()
+    capturing_on = {0}
+    assert graph_capture(torch.cuda, torch.device("cuda", 3))() and switched == []  # the current device's, first
+
+
+def test_the_allocator_is_read_once_a_step_on_the_ranks_device(tmp_path, fake_cuda):
+    _, calls, _ = fake_cuda
+    with StepRecorder(tmp_path, rank=0, device=torch.device("cuda", 3)) as rec:
+        for _ in range(4):
+            rec.step()
+    assert calls["allocator_reads"] == 4
+    assert {str(torch.device(d)) for d in calls["stats_devices"]} == {"cuda:3"}
+    lines = [json.loads(line) for line in (tmp_path / "ranks/0/steps.jsonl").read_text().splitlines()]
+    assert {(r["peak_mem_bytes"], r["gpu_peak_bytes"], r["gpu_allocated_bytes"]) for r in lines if "step" in r} \
+        == {(7 * 2**20, 7 * 2**20, 2**20)}

@@ -419,7 +419,8 @@ class Counters:
 
     def gpu_memory(self, device: Any = None, peak_since_step: bool = False) -> dict[str, Any]:
         """The step record's GPU memory fields now (:func:`gpu_memory_fields`), on the recorder's CUDA
-        ``device`` or, where the job initialized CUDA, its current device; ``{}`` on a CPU job.
+        ``device`` (whose recorder checks for a graph capture first) or, where the job initialized CUDA and
+        captures no graph, its current device; ``{}`` on a CPU job.
         ``peak_since_step``: the recorder reset the allocator's peak when the step began."""
         if self._gpu_failed:
             return {}
@@ -428,8 +429,8 @@ class Counters:
             if cuda is None:
                 return {}
             if device is None or getattr(device, "type", None) != "cuda":
-                if not cuda.is_initialized():
-                    return {}  # a CPU job, or one that has not touched its GPU: nothing to read, nothing started
+                if not cuda.is_initialized() or cuda.is_current_stream_capturing():
+                    return {}  # a CPU job, one that has not touched its GPU, or one capturing a CUDA graph
                 device = cuda.current_device()
             return gpu_memory_fields(cuda.memory_stats_as_nested_dict(device), peak_since_step)
         except Exception as e:  # noqa: BLE001 - GPU memory is optional; the other counters stay

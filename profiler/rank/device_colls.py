@@ -53,8 +53,10 @@ def collective_entries(entries: Iterable[dict[str, Any]], seen: "OrderedDict[tup
 class CollectiveTimes:
     """Reads the NCCL flight recorder now and then, turning its new timed entries into ``device_colls``."""
 
-    def __init__(self, dump: Callable[[], bytes | str], clock: Callable[[], float] | None = None) -> None:
-        self._dump, self._clock = dump, clock or time.perf_counter
+    def __init__(self, dump: Callable[[], bytes | str], clock: Callable[[], float] | None = None,
+                 capturing: Callable[[], bool] = lambda: False) -> None:
+        """``capturing()``: a CUDA graph is being captured; the dump queries CUDA events, which would break it."""
+        self._dump, self._clock, self._capturing = dump, clock or time.perf_counter, capturing
         self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._next_read = self._clock() + MIN_READ_INTERVAL_S
         self._steps: list[int] = []
@@ -68,9 +70,10 @@ class CollectiveTimes:
             del self._steps[: MAX_SEEN // 2], self._starts[: MAX_SEEN // 2]
 
     def take(self, force: bool = False) -> list[dict[str, Any]]:
-        """New collectives' device times, when a read is due (or ``force``: at the end of the run)."""
+        """New collectives' device times, when a read is due (or ``force``: at the end of the run); none while
+        a graph is captured (a read due then is made at the first step after)."""
         now = self._clock()
-        if not force and now < self._next_read:
+        if (not force and now < self._next_read) or self._capturing():
             return []
         raw = self._dump()
         entries = json.loads(raw if isinstance(raw, str) else raw.decode()).get("entries") or []

@@ -30,7 +30,7 @@ import torch
 
 from diagtrain.profiler.rank import trouble
 from diagtrain.profiler.rank.counters import COUNTERS, Reading
-from diagtrain.profiler.rank.device_clock import MAX_PENDING_STEPS, DeviceClock, cuda_clock
+from diagtrain.profiler.rank.device_clock import MAX_PENDING_STEPS, DeviceClock, cuda_clock, graph_capture
 from diagtrain.profiler.rank.device_colls import CollectiveTimes, nccl_dump
 from diagtrain.profiler.rank.peak_memory import PeakMemory
 from diagtrain.profiler.rank.profile_requests import ProfileRequests
@@ -123,6 +123,7 @@ class StepRecorder:
         self._clock: DeviceClock | None = None  # the device's view of each step, on CUDA
         self._colls: CollectiveTimes | None = None  # NCCL collectives' device times, on CUDA
         self._colls_read: list[dict[str, Any]] = []  # read after the last record, for the next one
+        self._capturing = lambda: False  # on CUDA: whether a CUDA graph is being captured on the device now
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -220,6 +221,7 @@ class StepRecorder:
         counters = reading.since(self._counted) if reading is not None and self._counted is not None else {}
         p2p = COUNTERS.take_p2p()
         samples = COUNTERS.take_samples()
+        gpu = self._gpu_memory()
         record = {
             "schema_version": SCHEMA_VERSION,
             "rank": self.rank,
@@ -232,9 +234,9 @@ class StepRecorder:
                if "comm_ms" in counters else {}),
             **counters,
             **({"p2p": p2p} if p2p else {}),
-            "peak_mem_bytes": self._memory.read(),
+            "peak_mem_bytes": self._memory.read(gpu.get("gpu_peak_bytes")),
             "mem_source": self._memory.source,
-            **COUNTERS.gpu_memory(self.device),
+            **gpu,
             **device,
             **({"device_colls": self._colls_read} if self._colls_read else {}),
             **({"samples": samples} if samples else {}),
@@ -283,13 +285,34 @@ class StepRecorder:
         if self.device.type != "cuda":
             return
         try:
-            self._clock = cuda_clock(torch, self.device)
+            capturing = graph_capture(torch.cuda, self.device)
+            self._capturing = self._guarded(capturing)
+            self._clock = cuda_clock(torch, self.device, capturing=self._capturing)
             dump = nccl_dump(torch)
-            self._colls = CollectiveTimes(dump) if dump is not None else None
+            self._colls = CollectiveTimes(dump, capturing=self._capturing) if dump is not None else None
             if self.implicit:  # the counters see the phases: the first work phase starts the device clock
                 COUNTERS.phases.on_enter = self._work_begins
         except Exception as e:  # noqa: BLE001 - the device view is optional; the host's records stay
             self._device_view_failed(e)
+
+    def _guarded(self, capturing: Any) -> Any:
+        """``capturing`` that never raises: a check that fails stands the device view down and answers True
+        from then on, so that nothing of diagtrain's touches a device whose capture state is not known."""
+
+        def check() -> bool:
+            try:
+                return bool(capturing())
+            except Exception as e:  # noqa: BLE001 - as in _open_device_view
+                self._device_view_failed(e)
+                self._capturing = lambda: True
+                return True
+
+        return check
+
+    def _gpu_memory(self) -> dict[str, Any]:
+        """The step record's GPU memory fields: the allocator's statistics read once a step, not while a
+        CUDA graph is captured on the device."""
+        return {} if self._capturing() else COUNTERS.gpu_memory(self.device)
 
     def _work_begins(self, phase: str) -> None:
         if self._clock is not None:
