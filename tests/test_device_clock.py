@@ -261,7 +261,12 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: dev.capturing)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: dev.current)
     monkeypatch.setattr(torch.cuda, "device", lambda index: SwitchDevice(dev, index))
-    monkeypatch.setattr(instrument, "cuda_clock", lambda torch_, device, **kw: dev.clock(**kw))
+
+    def clock(torch_, device, **kw):
+        calls["clock_device"] = device
+        return dev.clock(**kw)
+
+    monkeypatch.setattr(instrument, "cuda_clock", clock)
     fr = {"entries": []}
     monkeypatch.setattr(instrument, "nccl_dump", lambda torch_: _counted(calls, "dumps", lambda: json.dumps(fr)))
     return dev, calls, fr
@@ -461,3 +466,57 @@ def test_the_allocator_is_read_once_a_step_on_the_ranks_device(tmp_path, fake_cu
     lines = [json.loads(line) for line in (tmp_path / "ranks/0/steps.jsonl").read_text().splitlines()]
     assert {(r["peak_mem_bytes"], r["gpu_peak_bytes"], r["gpu_allocated_bytes"]) for r in lines if "step" in r} \
         == {(7 * 2**20, 7 * 2**20, 2**20)}
+
+
+# -- the rank's device: where its parameters are, not the current device (issue 61) ----------------------------
+
+
+class FakeParameter:
+    """A parameter as the hooks see it: on ``device``."""
+
+    def __init__(self, device: str) -> None:
+        self.device = torch.device(device)
+        self.is_cuda = self.device.type == "cuda"
+
+
+def test_a_model_moved_with_to_rank_is_timed_on_its_own_gpu_not_the_current_one(tmp_path, fake_cuda, monkeypatch):
+    """PyTorch's DDP tutorial: ``model.to(rank)``, never ``torch.cuda.set_device``: rank 3 trains on cuda:3 while
+    the current device stays 0. Its events, allocator statistics and rank.json's GPU are cuda:3's."""
+    from types import SimpleNamespace
+
+    from diagtrain.profiler.rank import step_hooks
+
+    _, calls, _ = fake_cuda
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: SimpleNamespace(name=f"GPU {torch.device(device).index}", uuid=f"GPU-{device}"))
+    folder = tmp_path / "ranks" / "3"
+    folder.mkdir(parents=True)
+    (folder / "rank.json").write_text(json.dumps({"rank": 3}))
+    optimizer = SimpleNamespace(param_groups=[{"params": [FakeParameter("cuda:3"), FakeParameter("cuda:3")]}])
+    hooks = step_hooks._HookRecorder(tmp_path, claim=lambda: 3)
+    hooks.rank = 3
+    try:
+        for _ in range(2):
+            hooks._pre_step(optimizer, (), {})
+            hooks._post_step(optimizer, (), {})
+    finally:
+        hooks.close()
+    records = [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines()]
+    assert [r.get("device_source") for r in records if "step" in r] == ["cuda_events", "cuda_events"]
+    assert json.loads((folder / "rank.json").read_text())["device"] == "cuda:3"
+    assert str(calls["clock_device"]) == "cuda:3"
+    assert calls["stats_devices"] and {str(torch.device(d)) for d in calls["stats_devices"]} == {"cuda:3"}
+
+
+def test_the_ranks_device_is_its_optimizers_first_cuda_parameter_else_its_modules():
+    from types import SimpleNamespace
+
+    from diagtrain.profiler.rank.step_hooks import rank_device
+
+    on_cpu = SimpleNamespace(param_groups=[{"params": [FakeParameter("cpu")]}])  # state offloaded to the CPU
+    mixed = SimpleNamespace(param_groups=[{"params": [FakeParameter("cpu")]}, {"params": [FakeParameter("cuda:5")]}])
+    module = SimpleNamespace(parameters=lambda: iter([FakeParameter("cpu"), FakeParameter("cuda:2")]))
+    assert rank_device(mixed, [module]) == torch.device("cuda", 5)
+    assert rank_device(on_cpu, [module]) == torch.device("cuda", 2)
+    assert rank_device(on_cpu, []) is None  # a CPU job: no device view

@@ -336,6 +336,11 @@ class Counters:
         if not _is_compiling():
             self.phase_exit("forward")
 
+    def modules(self) -> list[Any]:
+        """The job's models as far as the hooks saw them: those wrapped in DDP, then the outermost modules
+        called in a forward (while the global hooks still learn them)."""
+        return [*self._ddp, *self._roots]
+
     def ddp_alive(self) -> bool:
         return len(self._ddp) > 0
 

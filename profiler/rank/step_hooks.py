@@ -17,8 +17,10 @@ rank unless it starts the ranks itself): its first optimizer step then asks whet
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
@@ -108,7 +110,7 @@ class _HookRecorder:
         if self.recorder is None:
             import torch
 
-            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_initialized() else None
+            device = rank_device(optimizer, COUNTERS.modules())
             if device is not None:
                 _add_device(self._folder() / "rank.json", torch, device)
             self.recorder = instrument.StepRecorder(
@@ -132,6 +134,18 @@ class _HookRecorder:
         if self.recorder is not None:
             recorder, self.recorder = self.recorder, None
             recorder.__exit__(None, None, None)
+
+
+def rank_device(optimizer: Any, modules: Iterable[Any]) -> Any:
+    """The GPU this rank trains on: its optimizer's first CUDA parameter's device, else its modules' (an
+    optimizer that keeps its state on the CPU); None where no parameter is on a GPU.
+
+    Not ``torch.cuda.current_device()``: a script that moves its model with ``.to(rank)`` (PyTorch's DDP
+    tutorial) and never calls ``torch.cuda.set_device`` trains on its own GPU while the current device stays 0.
+    """
+    params = (p for group in getattr(optimizer, "param_groups", ()) for p in group.get("params", ()))
+    in_modules = (p for module in modules for p in module.parameters())
+    return next((p.device for p in itertools.chain(params, in_modules) if getattr(p, "is_cuda", False)), None)
 
 
 def arm(run_dir: Path, claim: Callable[[], int | None]) -> _HookRecorder:
