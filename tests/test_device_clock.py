@@ -520,3 +520,40 @@ def test_the_ranks_device_is_its_optimizers_first_cuda_parameter_else_its_module
     assert rank_device(mixed, [module]) == torch.device("cuda", 5)
     assert rank_device(on_cpu, [module]) == torch.device("cuda", 2)
     assert rank_device(on_cpu, []) is None  # a CPU job: no device view
+
+
+# -- AMP's GradScaler skips optimizer.step() on inf or NaN gradients (issue 61) ----------------------------------------
+
+
+def test_a_step_the_grad_scaler_skipped_ends_its_own_step_marked(tmp_path, monkeypatch):
+    """A real GradScaler (on the CPU) skips the step whose gradients hold an inf: the optimizer's hooks never fire
+    then, and without GradScaler's call followed that iteration would merge into the next."""
+    from torch.amp.grad_scaler import GradScaler
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    from diagtrain.profiler.rank import step_hooks
+
+    folder = tmp_path / "ranks" / "0"
+    folder.mkdir(parents=True)
+    (folder / "rank.json").write_text(json.dumps({"rank": 0}))
+    hooks = step_hooks._HookRecorder(tmp_path, claim=lambda: 0)
+    hooks.rank = 0
+    monkeypatch.setattr(GradScaler, "_maybe_opt_step", step_hooks.follow_skipped_steps(GradScaler._maybe_opt_step, hooks))
+    handles = [register_optimizer_step_pre_hook(hooks._pre_step), register_optimizer_step_post_hook(hooks._post_step)]
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = GradScaler("cpu")
+    try:
+        for iteration in (1, 2, 3):
+            scaler.scale(model(torch.ones(2, 4)).sum()).backward()
+            if iteration == 2:
+                model.weight.grad[0, 0] = float("inf")  # an overflow: this step is skipped
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+    finally:
+        for handle in handles:
+            handle.remove()
+        hooks.close()
+    records = [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines()]
+    assert [(r["step"], r.get("optimizer_skipped", False)) for r in records] == [(1, False), (2, True), (3, False)]

@@ -7,7 +7,10 @@ torch's global optimizer pre- and post-step hooks and starts the always-on count
 records of a program that has no StepRecorder of its own.
 
 A step ends when the *lead* optimizer (the first one that steps) finishes ``step()``, so a
-program with several optimizers (pipeline stages, GANs) still counts one step per iteration.
+program with several optimizers (pipeline stages, GANs) still counts one step per iteration. AMP's
+GradScaler skips ``optimizer.step()`` when the gradients hold an inf or NaN: the hooks would not see
+that iteration end, and it would merge into the next (twice the time: a false slow step). GradScaler's
+call is followed instead, and a step it skipped ends there, marked ``optimizer_skipped``.
 Step 1 starts when torch is imported, so it includes start-up. A program that opens its own
 :class:`~diagtrain.profiler.rank.instrument.StepRecorder` takes over and these hooks stand down.
 
@@ -17,6 +20,7 @@ rank unless it starts the ranks itself): its first optimizer step then asks whet
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import time
@@ -46,6 +50,7 @@ class _HookRecorder:
         self.recorder: instrument.StepRecorder | None = None
         self.lead: int | None = None
         self.stood_down = False
+        self.post_steps = 0  # optimizer.step() calls finished, of any optimizer: tells a step GradScaler skipped
 
     def on_torch_imported(self, torch: ModuleType) -> None:
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -58,6 +63,8 @@ class _HookRecorder:
         self.torch, self.torch_imported_at = torch, time.time()
         if self.rank is not None:
             _add_torch_facts(rank_dir(self.run_dir, self.rank) / "rank.json", torch, self.torch_imported_at)
+        scaler = torch.amp.grad_scaler.GradScaler
+        scaler._maybe_opt_step = follow_skipped_steps(scaler._maybe_opt_step, self)
 
     def bind(self, rank: int) -> None:
         """Record steps as ``rank`` (its rank.json exists now); a forked child counts from now, not its parent."""
@@ -99,8 +106,17 @@ class _HookRecorder:
             trouble.warn(self._folder(), "hooks", f"step hook failed ({trouble.reason(e)}); training goes on")
 
     def _post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.post_steps += 1
         try:
             self._end(optimizer)
+        except Exception as e:  # noqa: BLE001 - as in _pre_step
+            trouble.warn(self._folder(), "hooks", f"step hook failed ({trouble.reason(e)}); training goes on")
+
+    def skipped(self, optimizer: Any) -> None:
+        """GradScaler skipped ``optimizer.step()`` (inf or NaN gradients): the iteration ends here all the same."""
+        try:
+            self._begin(optimizer)
+            self._end(optimizer, optimizer_skipped=True)
         except Exception as e:  # noqa: BLE001 - as in _pre_step
             trouble.warn(self._folder(), "hooks", f"step hook failed ({trouble.reason(e)}); training goes on")
 
@@ -119,11 +135,11 @@ class _HookRecorder:
         COUNTERS.phase_enter("optimizer")
         self.recorder.begin_phase("optimizer")
 
-    def _end(self, optimizer: Any) -> None:
+    def _end(self, optimizer: Any, **marks: Any) -> None:
         if self.recorder is not None and self._active(optimizer):
             self.recorder.end_phase("optimizer")
             COUNTERS.phase_exit("optimizer")
-            self.recorder.step()
+            self.recorder.step(**marks)
 
     def _stand_down(self) -> None:
         self.stood_down = True
@@ -134,6 +150,21 @@ class _HookRecorder:
         if self.recorder is not None:
             recorder, self.recorder = self.recorder, None
             recorder.__exit__(None, None, None)
+
+
+def follow_skipped_steps(maybe_step: Callable[..., Any], hooks: _HookRecorder) -> Callable[..., Any]:
+    """``GradScaler._maybe_opt_step`` (the one place it calls, or skips, ``optimizer.step()``) that tells
+    ``hooks`` of a step it skipped."""
+
+    @functools.wraps(maybe_step)
+    def _maybe_opt_step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        before = hooks.post_steps
+        result = maybe_step(scaler, optimizer, *args, **kwargs)
+        if hooks.post_steps == before:
+            hooks.skipped(optimizer)
+        return result
+
+    return _maybe_opt_step
 
 
 def rank_device(optimizer: Any, modules: Iterable[Any]) -> Any:
