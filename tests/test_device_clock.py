@@ -340,6 +340,21 @@ def test_the_rank_dump_holds_the_nccl_recorders_entries_and_the_generic_ones(tmp
     assert set(dumped["pg_config"]) == {"0", "1"}
 
 
+def test_a_recorder_both_dump_functions_read_has_each_entry_once_in_the_rank_dump(tmp_path, monkeypatch):
+    """A PyTorch that unifies the generic and NCCL recorders: both functions dump the same entries (the later
+    dump has moved on: the entry it still saw in progress has completed since)."""
+    from diagtrain.profiler.rank import flight_recorder
+
+    c10d = torch._C._distributed_c10d
+    first = [{**_entry(s, 5 + s, None, state="started"), "record_id": s} for s in (1, 2)]
+    later = [{**e, "state": "completed", "duration_ms": 2.0} for e in first] + [{**_entry(3, 8), "record_id": 3}]
+    monkeypatch.setattr(c10d, "_dump_nccl_trace_json", lambda *a: json.dumps({"entries": first}).encode(), raising=False)
+    monkeypatch.setattr(c10d, "_dump_fr_trace_json", lambda *a: json.dumps({"entries": later}).encode())
+    assert flight_recorder.dump(tmp_path / "fr.json")
+    dumped = json.loads((tmp_path / "fr.json").read_text())["entries"]
+    assert [(e["record_id"], e["state"]) for e in dumped] == [(1, "completed"), (2, "completed"), (3, "completed")]
+
+
 def test_a_plain_scripts_recorder_starts_the_device_clock_at_the_counters_first_work_phase(tmp_path, fake_cuda):
     from diagtrain.profiler.rank.counters import COUNTERS
 
