@@ -572,3 +572,39 @@ def test_a_step_the_grad_scaler_skipped_ends_its_own_step_marked(tmp_path, monke
         hooks.close()
     records = [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines()]
     assert [(r["step"], r.get("optimizer_skipped", False)) for r in records] == [(1, False), (2, True), (3, False)]
+
+
+# -- the environment every rank starts with (issue 61) -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("user, added, entries", [
+    ({}, {"TORCH_NCCL_ENABLE_TIMING": "1", "TORCH_FR_BUFFER_SIZE": "20000"}, 20_000),
+    ({"TORCH_NCCL_TRACE_BUFFER_SIZE": "500"}, {"TORCH_NCCL_ENABLE_TIMING": "1"}, 500),  # the older name: kept
+    ({"TORCH_FR_BUFFER_SIZE": "64", "TORCH_NCCL_ENABLE_TIMING": "0"}, {}, 64),
+    ({"TORCH_FR_BUFFER_SIZE": "64", "TORCH_NCCL_TRACE_BUFFER_SIZE": "500"}, {"TORCH_NCCL_ENABLE_TIMING": "1"}, 64),
+], ids=["nothing set", "the old name set", "both set", "both names"])
+def test_the_wrapper_gives_every_child_the_timing_and_recorder_size_keeping_the_users(tmp_path, monkeypatch,
+                                                                                       user, added, entries):
+    """Set in the command's environment before it starts, so that a process that becomes a rank at its own
+    init_process_group (mp.spawn's children) has them when its process group reads them; PyTorch reads the
+    first recorder name set, so a user's value under either name means setting neither."""
+    from types import SimpleNamespace
+
+    from diagtrain.profiler.collect import manifest
+    from diagtrain.profiler.collect.launcher import Collection
+    from diagtrain.profiler.run_dir import recorder_entries
+
+    for name in ("TORCH_NCCL_ENABLE_TIMING", "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in user.items():
+        monkeypatch.setenv(name, value)
+    host = tmp_path / "hosts" / "node-a"
+    host.mkdir(parents=True)
+    wrapper = SimpleNamespace(out=tmp_path, host_dir=host, bootstrap_dir=tmp_path / "bootstrap")
+    env, said = Collection._child_env(wrapper, "none")
+    assert said == added and {k: env[k] for k in user} == user
+    assert recorder_entries(env) == entries  # what the ranks' recorder holds, as PyTorch reads it
+    record = {**manifest.host_record(host, ["train.py"], ["diagtrain", "run"], 0.0, env), "env_added": said}
+    manifest.write_host(host, record)
+    written = manifest.build(tmp_path)
+    assert written["env_added"] == added and {**user, **added}.items() <= written["env"].items()
