@@ -2,16 +2,17 @@
 
 import json
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from diagtrain.profiler.analyzer.read.flight_records import read_dump
 from diagtrain.profiler.rank import device_colls, instrument
 from diagtrain.profiler.rank.device_clock import DeviceClock
-from diagtrain.profiler.rank.device_colls import READ_BUDGET, CollectiveTimes, collective_entries
+from diagtrain.profiler.rank.device_colls import CollectiveTimes, collective_entries
 from diagtrain.profiler.rank.instrument import StepRecorder
 from diagtrain.profiler.rank.peak_memory import PeakMemory
 
@@ -206,27 +207,6 @@ def test_an_entry_is_written_once_and_the_seen_set_is_bounded(monkeypatch):
     assert list(seen) == [("0", 2), ("0", 3), ("0", 4)]
 
 
-def test_the_recorder_is_read_within_its_budget():
-    now = [0.0]
-    dumps = []
-
-    def dump():
-        dumps.append(now[0])
-        now[0] += 0.2  # a read of a full ring takes 0.2 s
-        return json.dumps({"entries": [_entry(len(dumps), 1_000, 1.0)]})
-
-    colls = CollectiveTimes(dump, clock=lambda: now[0])
-    colls.step_began(1, 0)
-    assert colls.take() == [] and dumps == []  # not due yet
-    now[0] = 10.0
-    assert [c["seq"] for c in colls.take()] == [1]
-    now[0] = 10.2 + 0.2 / READ_BUDGET - 1
-    assert colls.take() == [] and len(dumps) == 1  # the read cost 0.2 s: the next waits 0.2 / budget
-    now[0] += 1
-    assert [c["seq"] for c in colls.take()] == [2]
-    assert [c["seq"] for c in colls.take(force=True)] == [3]
-
-
 # -- the recorder on a CUDA device, its CUDA calls replaced by recorded values ------------------------
 
 
@@ -269,7 +249,15 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(instrument, "cuda_clock", clock)
     fr = {"entries": []}
     monkeypatch.setattr(instrument, "nccl_dump", lambda torch_: _counted(calls, "dumps", lambda: json.dumps(fr)))
+    monkeypatch.setattr(instrument, "CollectiveTimes", ParsedAtOnce)  # a read's collectives in the next record
     return dev, calls, fr
+
+
+class ParsedAtOnce(CollectiveTimes):
+    """The recorder's reads parsed on the training thread, so that which record holds them is known."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **{**kwargs, "background": False})
 
 
 def test_a_cuda_rank_records_device_steps_without_synchronize_and_flushes_at_close(tmp_path, fake_cuda):
@@ -294,7 +282,9 @@ def test_a_cuda_rank_records_device_steps_without_synchronize_and_flushes_at_clo
     assert calls["synchronize"] == 0  # none per step, none at close
     assert "step" not in tail and tail["kind"] == "device" and tail["rank"] == 0
     assert tail["device_steps"] == [{"step": 3, "step_ms": 70.0, "idle_before_ms": 30.0}]
-    assert [(c["step"], c["seq"]) for c in tail["device_colls"]] == [(1, 1), (2, 2), (3, 3)]  # read at close only
+    # Read at the end of step 2 (the first reads: every 2 steps on every rank), into step 3's record; then at close.
+    assert ["device_colls" in r for r in steps] == [False, False, True]
+    assert [(c["step"], c["seq"]) for c in steps[2]["device_colls"] + tail["device_colls"]] == [(1, 1), (2, 2), (3, 3)]
     assert calls["reset_peak"] == 0
     assert {r["mem_source"] for r in steps} == {"cuda_lifetime_peak"}
     assert {r["peak_mem_bytes"] for r in steps} == {7 * 2**20}
@@ -391,24 +381,20 @@ def test_after_an_error_the_end_does_not_wait_for_the_device(tmp_path, fake_cuda
     assert dev.host_s == 0 and calls["synchronize"] == 0
 
 
-def test_the_flight_recorder_is_read_between_steps_and_its_failure_leaves_the_steps(tmp_path, fake_cuda, capsys,
-                                                                                   monkeypatch):
+def test_the_flight_recorder_is_read_between_steps_and_its_failure_leaves_the_steps(tmp_path, fake_cuda, capsys):
     dev, _, fr = fake_cuda
-    now = [100.0]
-    monkeypatch.setattr(device_colls.time, "perf_counter", lambda: now[0])  # the flight recorder's read clock
     with StepRecorder(tmp_path, rank=0, device=torch.device("cuda", 0)) as rec:
         fr["entries"].append(_entry(1, time.time_ns(), 2.0))
-        now[0] += 10  # a read is due at the end of step 1: it goes into step 2's record
         dev.at_ms = 100  # the device never gets to the steps' ends while they run
         rec.step()
-        rec.step()
+        rec.step()  # a read at the end of step 2: it goes into step 3's record
         fr["entries"] = [{"state": "completed", "duration_ms": 1.0, "process_group": ["0", ""]}]  # no seq: unreadable
-        now[0] += 1000
-        rec.step()
+        for _ in range(3):
+            rec.step()  # the read at the end of step 4 fails: the collectives stand down, the steps go on
     lines = [json.loads(line) for line in (tmp_path / "ranks/0/steps.jsonl").read_text().splitlines()]
-    assert ["device_colls" in r for r in lines[:3]] == [False, True, False]
-    assert lines[1]["device_colls"][0]["seq"] == 1
-    assert [s["step"] for s in lines[3]["device_steps"]] == [1, 2, 3] and lines[3]["device_colls"] == []
+    assert ["device_colls" in r for r in lines[:5]] == [False, False, True, False, False]
+    assert lines[2]["device_colls"][0]["seq"] == 1
+    assert [s["step"] for s in lines[5]["device_steps"]] == [1, 2, 3, 4, 5] and lines[5]["device_colls"] == []
     assert capsys.readouterr().err.count("collectives' device times are not recorded") == 1
 
 
@@ -427,19 +413,17 @@ def test_a_cpu_rank_records_exactly_as_before(tmp_path):
 # -- a CUDA graph captured by the program: nothing of diagtrain's touches CUDA meanwhile (issue 61) ----------------
 
 
-def test_nothing_touches_cuda_while_the_program_captures_a_graph(tmp_path, fake_cuda, monkeypatch):
+def test_nothing_touches_cuda_while_the_program_captures_a_graph(tmp_path, fake_cuda):
     """PyTorch's whole-network capture runs optimizer.step() inside the capture: the hooks' step ends then. An event
     queried, the recorder dumped (it queries events) or the allocator read during it would break the job."""
     dev, calls, fr = fake_cuda
-    now = [0.0]
-    monkeypatch.setattr(device_colls.time, "perf_counter", lambda: now[0])
     with StepRecorder(tmp_path, rank=0, device=torch.device("cuda", 0)) as rec:
         dev.at_ms = 100
         rec.step()  # step 1, eager (the capture recipe's warm-up)
         fr["entries"].append(_entry(1, time.time_ns(), 2.0))
-        dev.capturing, dev.done_ms, now[0] = True, 1000, 1000.0  # step 1 done on the device, a read long due
+        dev.capturing, dev.done_ms = True, 1000  # step 1 done on the device
         before = (dev.queries, calls["dumps"], calls["allocator_reads"])
-        rec.step()  # step 2: its end comes inside the capture
+        rec.step()  # step 2: its end, where a read of the recorder is due, comes inside the capture
         assert (dev.queries, calls["dumps"], calls["allocator_reads"]) == before
         dev.capturing = False  # the capture ended: replays follow, then eager steps again
         dev.at_ms = 300
@@ -608,3 +592,158 @@ def test_the_wrapper_gives_every_child_the_timing_and_recorder_size_keeping_the_
     manifest.write_host(host, record)
     written = manifest.build(tmp_path)
     assert written["env_added"] == added and {**user, **added}.items() <= written["env"].items()
+
+
+# -- the recorder's reads: the same steps on every rank, the ring never wrapping unnoticed (issue 61) -----------------
+
+
+class FakeRing:
+    """ProcessGroupNCCL's flight recorder as its JSON dump shows it: the last ``size`` entries, record ids counting
+    up from 0, each collective timed and retired; a dump costs the host ``cost_s`` for a full ring (less for fewer)."""
+
+    def __init__(self, size: int, cost_s: float, clock: list) -> None:
+        self.size, self.cost_s, self.clock = size, cost_s, clock
+        self.entries: deque = deque(maxlen=size)
+        self.issued = 0
+
+    def issue(self, count: int, created_ns: int) -> None:
+        for _ in range(count):
+            self.issued += 1
+            self.entries.append({**_entry(self.issued, created_ns, 1.0), "record_id": self.issued - 1, "retired": True})
+
+    def dump(self) -> str:
+        self.clock[0] += self.cost_s * len(self.entries) / self.size
+        return json.dumps({"version": "2.10", "entries": list(self.entries), "pg_config": {}})
+
+
+def _train(steps: int, step_s: float, per_step: float, ring: FakeRing, times: CollectiveTimes, t0: float = 0.0):
+    """``steps`` steps of ``step_s`` host seconds, ``per_step`` collectives each (on average); the steps at whose end
+    the rank read its recorder, and what it recorded (collectives, lost spans)."""
+    reads, colls, lost = [], [], []
+    for step in range(1, steps + 1):
+        start_ns = int((t0 + ring.clock[0]) * 1e9)
+        times.step_began(step, start_ns)
+        ring.clock[0] += step_s
+        ring.issue(int(step * per_step) - int((step - 1) * per_step), start_ns + 1)
+        before = ring.clock[0]
+        times.step_ended(step)
+        if ring.clock[0] != before:
+            reads.append(step)
+        found = times.take()
+        colls += found.get("device_colls", [])
+        lost += found.get("device_colls_lost", [])
+    return reads, colls, lost
+
+
+def test_two_ranks_on_their_own_clocks_read_the_recorder_at_the_same_steps():
+    """Rank 1's host is busier (its reads cost twice rank 0's) and its clock runs elsewhere: before, each read on its
+    own clock, at steps of its own, and the job stalled once per rank. Now the steps of the longer interval are
+    among those of the shorter: wherever rank 1 stalls, rank 0 stalls too, and the job pays one stall a read."""
+    found = {}
+    for rank, cost_s, t0 in ((0, 0.3, 1_790_000_000.0), (1, 0.6, 1_790_000_123.4)):
+        clock = [0.0]
+        ring = FakeRing(4_000, cost_s, clock)
+        times = CollectiveTimes(ring.dump, 4_000, clock=lambda clock=clock: clock[0], background=False)
+        found[rank] = _train(12_000, 0.1, 1.0, ring, times, t0)  # the ring full by step 4,000
+    reads0, reads1 = found[0][0], found[1][0]
+    assert set(reads1) <= set(reads0) and reads0[:2] == reads1[:2] == [2, 4]
+    full0, full1 = [s for s in reads0 if s > 4_096], [s for s in reads1 if s > 4_096]
+    assert set(np.diff(full0)) == {1_024} and set(np.diff(full1)) == {2_048}  # a full ring's read: 0.3 s and 0.6 s
+    # The job's stall: one per read step, the slowest reader's: within the budget of 0.5% of those steps.
+    stall = sum(0.6 if s in reads1 else 0.3 for s in full0)
+    assert stall / (0.1 * (full0[-1] - full0[0] + 1_024)) <= 0.005
+    for rank in (0, 1):  # the ring never wrapped between two reads: every collective once, none lost
+        _, colls, lost = found[rank]
+        assert lost == [] and sorted(c["seq"] for c in colls) == list(range(1, len(colls) + 1))
+        assert len(colls) >= 12_000 - 2_048
+
+
+def test_a_ring_that_wraps_between_reads_has_its_lost_collectives_counted_with_their_steps():
+    """200 collectives a step, reads of a full ring that cost 2 s: reading often enough to keep 2,000 entries would
+    cost more than the ceiling, so entries are lost. Every collective issued is recorded or counted lost, in its steps."""
+    clock = [0.0]
+    ring = FakeRing(2_000, 2.0, clock)
+    times = CollectiveTimes(ring.dump, 2_000, clock=lambda: clock[0], background=False)
+    reads, colls, lost = _train(2_000, 0.1, 200, ring, times)
+    found = times.finish(0.0, 2_000)
+    colls += found.get("device_colls", [])
+    lost += found.get("device_colls_lost", [])
+    reads.append(2_000)
+    assert lost and len(colls) + sum(span["entries"] for span in lost) == ring.issued
+    for span in lost:  # 10 steps' collectives fill the ring: those of the steps from the read before to 10 steps
+        # before this one were lost; the span holds them, from the last step read to the first one kept
+        before, this = max(s for s in reads if s < span["last_step"]), min(s for s in reads if s >= span["last_step"])
+        assert (span["first_step"], span["last_step"]) == (before, this - 9)
+        assert span["entries"] == (this - 10 - before) * 200
+
+
+def test_an_entry_read_in_flight_and_overwritten_before_it_completed_is_lost():
+    from diagtrain.profiler.rank.device_colls import LostEntries
+
+    gaps = LostEntries()
+    first = [{**_entry(s, 100 + s, None, state="started" if s == 3 else "completed"), "record_id": s, "retired": s != 3}
+             for s in range(1, 5)]
+    assert gaps.read(first, lambda ns: ns // 100) is None
+    later = [{**_entry(s, 200 + s), "record_id": s, "retired": True} for s in range(4, 9)]  # 1-3 overwritten
+    assert gaps.read(later, lambda ns: ns // 100) == {"first_step": 1, "last_step": 2, "entries": 1}  # only 3 was unread
+    reset = [{**_entry(1, 300), "record_id": 0, "retired": True}]  # the recorder was reset: its ids start again
+    assert gaps.read(reset, lambda ns: ns // 100) is None
+
+
+def test_the_interval_is_the_rings_unless_the_budget_or_the_ceiling_says_otherwise():
+    from diagtrain.profiler.rank.device_colls import next_interval
+
+    assert next_interval(0.01, 0.1, 30, 20_000) == 64  # cheap: every 5 s at least (50 steps), rounded to 64
+    assert next_interval(0.1, 0.1, 100, 20_000) == 128  # the ring fills in 200 steps: read before 3/4 of it (150)
+    assert next_interval(0.3, 0.1, 3, 20_000) == 1024  # a quiet ring: the budget (600 steps) decides
+    assert next_interval(2.0, 0.1, 2_000, 20_000) == 2048  # past the ceiling (1%): entries will be lost
+
+
+def test_a_process_group_that_started_untimed_is_said_once_and_records_no_device_waits(tmp_path, fake_cuda, capsys):
+    dev, _, fr = fake_cuda
+    with StepRecorder(tmp_path, rank=0, device=torch.device("cuda", 0)) as rec:
+        for step in range(1, 7):
+            fr["entries"].append({**_entry(step, time.time_ns(), None), "retired": True})  # completed, no duration
+            rec.step()
+    lines = [json.loads(line) for line in (tmp_path / "ranks/0/steps.jsonl").read_text().splitlines()]
+    assert not any(r.get("device_colls") for r in lines)  # no collective times at all: waits unknown, not 0
+    assert capsys.readouterr().err.count("NCCL collectives are not timed on the device") == 1
+
+
+def test_the_training_thread_only_dumps_and_a_helper_thread_parses(monkeypatch):
+    import threading
+
+    clock = [0.0]
+    ring = FakeRing(20_000, 0.5, clock)
+    ring.issue(20_000, 10)
+    parsing, parsed_on = threading.Event(), []
+    real = device_colls.dumped_entries
+
+    def slow_parse(raw):
+        parsed_on.append(threading.get_ident())
+        assert parsing.wait(5)
+        return real(raw)
+
+    monkeypatch.setattr(device_colls, "dumped_entries", slow_parse)
+    times = CollectiveTimes(ring.dump, 20_000, clock=lambda: clock[0])
+    times.step_began(1, 0)
+    times.step_ended(2)  # due: dumped here, parsed there
+    assert clock[0] == 0.5 and times.take() == {"untimed": False}  # the step goes on before the parse is done
+    parsing.set()
+    times._worker.join(5)
+    assert len(times.take()["device_colls"]) == 20_000 and parsed_on != [threading.get_ident()]
+
+
+@pytest.mark.parametrize("layout", ["compact", "indented", "entries last"])
+def test_the_dump_is_decoded_an_entry_at_a_time_as_json_reads_it(layout):
+    from diagtrain.profiler.rank.device_colls import dumped_entries
+
+    dump = {"version": "2.10", "comm_lib_version": "2.27", "entries": [_entry(s, s) for s in range(3)],
+            "pg_config": {"0": {"desc": "default_pg", "ranks": "[0, 1]"}}, "pg_status": {"0": {"x": "1"}}}
+    if layout == "entries last":
+        dump = {**{k: v for k, v in dump.items() if k != "entries"}, "entries": dump["entries"]}
+    text = json.dumps(dump, indent=2 if layout == "indented" else None,
+                      separators=(",", ":") if layout == "compact" else None)
+    assert dumped_entries(text.encode()) == dump["entries"] and dumped_entries("{}") == []
+    with pytest.raises(ValueError):
+        dumped_entries(text[: len(text) // 2])

@@ -3,26 +3,64 @@
 With ``TORCH_NCCL_ENABLE_TIMING=1`` (`diagtrain run` sets it unless the user did) the recorder
 times every collective with a pair of CUDA events and keeps ``duration_ms`` in its entries. DDP's
 reducer and FSDP issue their collectives from C++, out of Python's sight, so the recorder is the one
-place that sees them all. Reading it is not cheap: torch serializes its whole ring buffer (up to
-``TORCH_FR_BUFFER_SIZE`` entries, 0.25-0.5 s for 20,000 measured on a CPU host), so it is read at
-step boundaries no more often than keeps that cost within :data:`READ_BUDGET` of the run's time, and
-only entries not yet written are kept. A collective the ring overwrote between two reads is lost;
-the flight_recorder.json dump at the end still holds the last ones.
+place that sees them all. Only entries not yet written are kept. A process group that started with
+timing off leaves its completed entries without ``duration_ms``: the rank says so once, and its waits
+on the device are unknown (no ``device_colls``), never zero.
+
+When the recorder is read. A read is not cheap: torch serializes its whole ring (up to 20,000
+entries) in C++ holding the GIL, about half a second on a CPU host (benchmarks/results/recorder_read.md),
+and at the next collective every peer waits for the rank that read. Ranks that each read on their own
+clock would stall the job once per rank: N ranks, N stalls. So every rank reads at the same steps, and
+they agree without asking each other (no collective, no file, no store):
+
+- A rank reads at the end of the steps that are multiples of its interval, a power of two.
+- After each read it picks the next interval from the window since the read before (new record ids
+  per step, host time per step, what the read cost): the largest power of two at which the ring would
+  not wrap (those ids against :data:`RING_MARGIN` of the ring), but no shorter than keeps reads within
+  :data:`READ_BUDGET` of the run's time and :data:`MIN_READ_INTERVAL_S` apart, and never so short that
+  they cost more than :data:`READ_CEILING`.
+- Ranks measure alike (the same steps, step times equal in lockstep, the same collectives in a group),
+  so they pick the same interval. Where two differ (a rank on a busier host, a pipeline stage of more
+  collectives), the steps of the longer interval are among those of the shorter (multiples of a power
+  of two): the ranks that read at a step stall together, and the job pays one stall per read step, not
+  one per rank.
+- The first reads, while nothing is measured yet, are at every :data:`FIRST_INTERVAL` steps on every
+  rank: the ring is nearly empty then, and cheap to read.
+
+Where reading often enough to keep the ring from wrapping would cost more than :data:`READ_CEILING` (a
+job of thousands of collectives a second), entries are lost between reads: a gap in their record ids
+(or an entry seen in flight and overwritten before it completed) is counted and reported in the next
+step record as ``device_colls_lost`` (docs/run-directory.md); the analysis holds those steps' waits as
+unknown. The training thread only dumps: the JSON is decoded and filtered on a helper thread, one entry
+at a time (so that the GIL is shared at the interpreter's switch interval, not held for the whole
+document), and its collectives go into the next step record.
 """
 
 from __future__ import annotations
 
 import bisect
 import json
+import math
+import re
+import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-# Reading the recorder costs at most this share of the run's wall time (half the 1% overhead
+# Reading the recorder costs at most this share of the run's wall time by choice (half the 1% overhead
 # ceiling of the GPU instrumentation as a whole) ...
 READ_BUDGET = 0.005
-# ... and never more often than this, however cheap a read was: live figures need no more.
+# ... and never more often than this, however cheap a read was: live figures need no more ...
 MIN_READ_INTERVAL_S = 5.0
+# ... unless the ring would wrap between reads: then up to this share, past which entries are lost and counted.
+READ_CEILING = 0.01
+# A read is due before this share of the ring has been written since the last one: room for the rate of
+# collectives to rise by a third between two reads.
+RING_MARGIN = 0.75
+# Steps between reads until two reads have measured the window (every rank alike).
+FIRST_INTERVAL = 2
+MAX_INTERVAL = 1 << 20  # steps: a run of very short steps and a cheap recorder still reads now and then
 # The (group, seq) of collectives already written, kept to skip them in later reads: more than the
 # recorder's ring holds (20,000 as `diagtrain run` sets it), so none is written twice.
 MAX_SEEN = 50_000
@@ -50,17 +88,191 @@ def collective_entries(entries: Iterable[dict[str, Any]], seen: "OrderedDict[tup
     return out
 
 
-class CollectiveTimes:
-    """Reads the NCCL flight recorder now and then, turning its new timed entries into ``device_colls``."""
+def untimed(entries: Iterable[dict[str, Any]]) -> bool:
+    """Whether the recorder retired a completed NCCL collective without its device time: its process group
+    started with TORCH_NCCL_ENABLE_TIMING off (an entry completed but not yet retired may still get one)."""
+    return any(e.get("state") == "completed" and e.get("retired") and e.get("duration_ms") is None
+               and not e.get("is_p2p") and str(e.get("profiling_name", "")).startswith("nccl:") for e in entries)
 
-    def __init__(self, dump: Callable[[], bytes | str], clock: Callable[[], float] | None = None,
-                 capturing: Callable[[], bool] = lambda: False) -> None:
-        """``capturing()``: a CUDA graph is being captured; the dump queries CUDA events, which would break it."""
-        self._dump, self._clock, self._capturing = dump, clock or time.perf_counter, capturing
+
+# -- the shared schedule ---------------------------------------------------------------------------------------
+
+
+def next_interval(cost_s: float, step_s: float, ids_per_step: float, ring: int) -> int:
+    """The steps between two reads, a power of two: no more than keeps ``ring`` from wrapping at ``ids_per_step``,
+    no fewer than keeps a read of ``cost_s`` within READ_BUDGET of steps of ``step_s`` and MIN_READ_INTERVAL_S
+    apart, and never fewer than keeps it within READ_CEILING."""
+    step_s = max(step_s, 1e-9)
+    by_budget = _power_at_least(max(cost_s / (READ_BUDGET * step_s), MIN_READ_INTERVAL_S / step_s))
+    by_ceiling = _power_at_least(cost_s / (READ_CEILING * step_s))
+    by_ring = _power_at_most(ring * RING_MARGIN / ids_per_step) if ids_per_step > 0 else MAX_INTERVAL
+    return max(by_ceiling, min(by_budget, by_ring))
+
+
+def _power_at_least(x: float) -> int:
+    return MAX_INTERVAL if x >= MAX_INTERVAL else 1 << max(0, math.ceil(math.log2(max(x, 1.0))))
+
+
+def _power_at_most(x: float) -> int:
+    return MAX_INTERVAL if x >= MAX_INTERVAL else 1 << max(0, math.floor(math.log2(max(x, 1.0))))
+
+
+class ReadSchedule:
+    """The steps at which a rank reads the recorder: the multiples of ``interval`` (see the module's docstring)."""
+
+    def __init__(self, ring: int) -> None:
+        """``ring``: the recorder's size in entries (TORCH_FR_BUFFER_SIZE)."""
+        self.ring = ring
+        self.interval = FIRST_INTERVAL
+        self._last: tuple[int, float, int] | None = None  # (step, host time, newest record id) at the last read
+
+    def due(self, step: int) -> bool:
+        """Whether the recorder is read at the end of ``step``."""
+        return step % self.interval == 0
+
+    def measured(self, step: int, at: float, newest_id: int | None, cost_s: float) -> None:
+        """A read at the end of ``step`` (host time ``at``, seconds) found record ids up to ``newest_id`` and cost
+        ``cost_s``: the window since the read before sets the next interval."""
+        last = self._last
+        if newest_id is None:
+            return
+        self._last = (step, at, newest_id)
+        if last is None or step <= last[0]:
+            return
+        steps = step - last[0]
+        self.interval = next_interval(cost_s, (at - last[1]) / steps, max(newest_id - last[2], 0) / steps, self.ring)
+
+
+# -- entries lost between reads ---------------------------------------------------------------------------------
+
+
+class LostEntries:
+    """Entries the ring overwrote before a read saw them complete: a gap in the record ids since the last read,
+    or an entry seen in flight that is gone."""
+
+    def __init__(self) -> None:
+        self._newest: tuple[int, int] | None = None  # (record id, created ns) of the newest entry read
+        self._in_flight: dict[int, int] = {}  # record id -> created ns, of entries read before they completed
+
+    def read(self, entries: list[dict[str, Any]], step_of: Callable[[int], int | None]) -> dict[str, int] | None:
+        """``entries`` (one dump, oldest first) against the reads before: ``{"first_step", "last_step",
+        "entries"}`` of what was lost in between (steps during which the host issued it), or None."""
+        ids = [(int(e["record_id"]), int(e.get("time_created_ns") or 0)) for e in entries if "record_id" in e]
+        if not ids:
+            return None
+        (first, first_ns), newest = ids[0], self._newest
+        if newest is not None and ids[-1][0] < newest[0]:
+            newest, self._in_flight = None, {}  # the recorder was reset: its ids start again
+        gone = {i: ns for i, ns in self._in_flight.items() if i < first}
+        never_read = max(first - newest[0] - 1, 0) if newest is not None else 0
+        self._newest = ids[-1]
+        self._in_flight = {int(e["record_id"]): int(e.get("time_created_ns") or 0) for e in entries
+                           if "record_id" in e and not _final(e)}
+        if not gone and not never_read:
+            return None
+        since = min([*gone.values(), *([newest[1]] if never_read else [])])
+        first_step, last_step = step_of(since), step_of(first_ns)
+        if last_step is None:
+            return None  # lost before the first step: nothing of a step's
+        return {"first_step": first_step if first_step is not None else last_step, "last_step": last_step,
+                "entries": never_read + len(gone)}
+
+
+def _final(entry: dict[str, Any]) -> bool:
+    """An entry a later read has nothing more to learn from: completed and timed or retired, or point-to-point."""
+    return bool(entry.get("is_p2p")) or (entry.get("state") == "completed"
+                                         and (entry.get("duration_ms") is not None or entry.get("retired") is not False))
+
+
+# -- the dump, decoded an entry at a time ------------------------------------------------------------------------
+
+_DECODER = json.JSONDecoder()
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def dumped_entries(raw: bytes | str) -> list[dict[str, Any]]:
+    """The ``entries`` of a recorder's JSON dump, decoded one at a time (the GIL is shared between them at the
+    interpreter's switch interval, not held for the whole document); its other fields are skipped. ValueError
+    on what is not such a dump."""
+    text = raw if isinstance(raw, str) else raw.decode()
+    i = _skip(text, 0, "{")
+    entries: list[dict[str, Any]] = []
+    while text[i] != "}":
+        key, i = _DECODER.raw_decode(text, i)
+        i = _skip(text, _skip(text, i, ":"), "")
+        if key == "entries":
+            entries, i = _array(text, i)
+        else:
+            _, i = _DECODER.raw_decode(text, i)
+        i = _skip(text, i, "")
+        if text[i] == ",":
+            i = _skip(text, i + 1, "")
+    return entries
+
+
+def _array(text: str, i: int) -> tuple[list[dict[str, Any]], int]:
+    items: list[dict[str, Any]] = []
+    i = _skip(text, i, "[")
+    while text[i] != "]":
+        item, i = _DECODER.raw_decode(text, i)
+        items.append(item)
+        i = _skip(text, i, "")
+        if text[i] == ",":
+            i = _skip(text, i + 1, "")
+    return items, i + 1
+
+
+def _skip(text: str, i: int, expected: str) -> int:
+    """The index after the blanks at ``i`` and, when given, the ``expected`` character there (and blanks after)."""
+    i = _SPACE.match(text, i).end()
+    if i >= len(text):
+        raise ValueError("a flight-recorder dump that ends too early")
+    if expected:
+        if text[i] != expected:
+            raise ValueError(f"not a flight-recorder dump: {text[i]!r} at {i} where {expected!r} belongs")
+        i = _SPACE.match(text, i + 1).end()
+    return i
+
+
+# -- the reads ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Read:
+    """One read: where it was made, what it found, what it cost."""
+
+    step: int
+    at: float  # host time at the dump's start (the clock's seconds)
+    dump_s: float
+    newest_id: int | None = None
+    parse_s: float = 0.0
+    colls: list[dict[str, Any]] = field(default_factory=list)
+    lost: dict[str, int] | None = None
+    untimed: bool = False
+    error: BaseException | None = None
+
+
+def _never() -> bool:
+    return False
+
+
+class CollectiveTimes:
+    """Reads the NCCL flight recorder at the steps every rank shares, turning its new timed entries into
+    ``device_colls`` and the entries it lost into ``device_colls_lost``."""
+
+    def __init__(self, dump: Callable[[], bytes | str], ring: int, capturing: Callable[[], bool] = _never,
+                 clock: Callable[[], float] = time.perf_counter, background: bool = True) -> None:
+        """``ring``: the recorder's size; ``capturing()``: a CUDA graph is being captured (the dump queries CUDA
+        events, which would break it); ``background``: parse each dump on a helper thread."""
+        self._dump, self._capturing, self._clock, self._background = dump, capturing, clock, background
+        self.schedule = ReadSchedule(ring)
         self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
-        self._next_read = self._clock() + MIN_READ_INTERVAL_S
+        self._lost = LostEntries()
         self._steps: list[int] = []
         self._starts: list[int] = []  # each step's host start in Unix ns, ascending
+        self._done: deque[_Read] = deque()  # parsed reads not yet taken
+        self._worker: threading.Thread | None = None
+        self.skipped = 0  # reads due while the last one was still being parsed
 
     def step_began(self, step: int, start_ns: int) -> None:
         """The host began ``step`` at ``start_ns``; steps older than the recorder can hold are forgotten."""
@@ -69,22 +281,71 @@ class CollectiveTimes:
         if len(self._steps) > MAX_SEEN:
             del self._steps[: MAX_SEEN // 2], self._starts[: MAX_SEEN // 2]
 
-    def take(self, force: bool = False) -> list[dict[str, Any]]:
-        """New collectives' device times, when a read is due (or ``force``: at the end of the run); none while
-        a graph is captured (a read due then is made at the first step after)."""
-        now = self._clock()
-        if (not force and now < self._next_read) or self._capturing():
-            return []
-        raw = self._dump()
-        entries = json.loads(raw if isinstance(raw, str) else raw.decode()).get("entries") or []
-        colls = collective_entries(entries, self._seen, self._step_of)
-        spent = self._clock() - now
-        self._next_read = self._clock() + max(MIN_READ_INTERVAL_S, spent / READ_BUDGET)
-        return colls
+    def step_ended(self, step: int) -> None:
+        """At the end of ``step``: a read when the shared schedule says so (never while a graph is captured); the
+        training thread dumps, a helper thread parses."""
+        if not self.schedule.due(step) or self._capturing():
+            return
+        if self._worker is not None and self._worker.is_alive():
+            self.skipped += 1
+            return
+        self._read(step, self._background)
 
-    def _step_of(self, created_ns: int) -> int | None:
-        i = bisect.bisect_right(self._starts, created_ns)
-        return self._steps[i - 1] if i else None
+    def take(self) -> dict[str, Any]:
+        """What the reads parsed since the last call found, for the next step record: ``device_colls``,
+        ``device_colls_lost`` (each where there is some) and ``untimed``. Raises a parse's failure."""
+        colls: list[dict[str, Any]] = []
+        lost: list[dict[str, int]] = []
+        untimed_seen = False
+        while self._done:
+            read = self._done.popleft()
+            if read.error is not None:
+                raise read.error
+            self.schedule.measured(read.step, read.at, read.newest_id, read.dump_s + read.parse_s)
+            colls += read.colls
+            lost += [read.lost] if read.lost else []
+            untimed_seen = untimed_seen or read.untimed
+        return {**({"device_colls": colls} if colls else {}), **({"device_colls_lost": lost} if lost else {}),
+                "untimed": untimed_seen}
+
+    def finish(self, wait_s: float, step: int) -> dict[str, Any]:
+        """At the end of the run: the read in progress (waited for at most ``wait_s``), then a last one made and
+        parsed here; what they found, as :meth:`take`."""
+        if self._worker is not None:
+            self._worker.join(wait_s)
+        if not (self._worker is not None and self._worker.is_alive()) and not self._capturing():
+            self._read(step, background=False)
+        return self.take()
+
+    def _read(self, step: int, background: bool) -> None:
+        at = self._clock()
+        raw = self._dump()
+        read = _Read(step, at, self._clock() - at)
+        steps = (list(self._steps), list(self._starts))  # the parser's own copy: the training thread goes on
+        if background:
+            self._worker = threading.Thread(target=self._parse, args=(read, raw, steps), name="diagtrain-recorder",
+                                            daemon=True)
+            self._worker.start()
+        else:
+            self._parse(read, raw, steps)
+
+    def _parse(self, read: _Read, raw: bytes | str, steps: tuple[list[int], list[int]]) -> None:
+        started = self._clock()
+        try:
+            entries = dumped_entries(raw)
+
+            def step_of(created_ns: int) -> int | None:
+                i = bisect.bisect_right(steps[1], created_ns)
+                return steps[0][i - 1] if i else None
+
+            read.colls = collective_entries(entries, self._seen, step_of)
+            read.lost = self._lost.read(entries, step_of)
+            read.untimed = untimed(entries)
+            read.newest_id = max((int(e["record_id"]) for e in entries if "record_id" in e), default=None)
+        except Exception as e:  # noqa: BLE001 - handed to the training thread, which says so and stands down
+            read.error = e
+        read.parse_s = self._clock() - started
+        self._done.append(read)
 
 
 def nccl_dump(torch: Any) -> Callable[[], bytes] | None:
