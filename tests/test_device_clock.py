@@ -248,16 +248,8 @@ def fake_cuda(monkeypatch):
 
     monkeypatch.setattr(instrument, "cuda_clock", clock)
     fr = {"entries": []}
-    monkeypatch.setattr(instrument, "nccl_dump", lambda torch_: _counted(calls, "dumps", lambda: json.dumps(fr)))
-    monkeypatch.setattr(instrument, "CollectiveTimes", ParsedAtOnce)  # a read's collectives in the next record
+    monkeypatch.setattr(instrument, "nccl_dump", lambda torch_: _counted(calls, "dumps", lambda: json.loads(json.dumps(fr))))
     return dev, calls, fr
-
-
-class ParsedAtOnce(CollectiveTimes):
-    """The recorder's reads parsed on the training thread, so that which record holds them is known."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **{**kwargs, "background": False})
 
 
 def test_a_cuda_rank_records_device_steps_without_synchronize_and_flushes_at_close(tmp_path, fake_cuda):
@@ -611,9 +603,9 @@ class FakeRing:
             self.issued += 1
             self.entries.append({**_entry(self.issued, created_ns, 1.0), "record_id": self.issued - 1, "retired": True})
 
-    def dump(self) -> str:
+    def dump(self) -> dict:
         self.clock[0] += self.cost_s * len(self.entries) / self.size
-        return json.dumps({"version": "2.10", "entries": list(self.entries), "pg_config": {}})
+        return {"version": "2.10", "entries": [dict(e) for e in self.entries], "pg_config": {}}
 
 
 def _train(steps: int, step_s: float, per_step: float, ring: FakeRing, times: CollectiveTimes, t0: float = 0.0):
@@ -643,7 +635,7 @@ def test_two_ranks_on_their_own_clocks_read_the_recorder_at_the_same_steps():
     for rank, cost_s, t0 in ((0, 0.3, 1_790_000_000.0), (1, 0.6, 1_790_000_123.4)):
         clock = [0.0]
         ring = FakeRing(4_000, cost_s, clock)
-        times = CollectiveTimes(ring.dump, 4_000, clock=lambda clock=clock: clock[0], background=False)
+        times = CollectiveTimes(ring.dump, 4_000, clock=lambda clock=clock: clock[0])
         found[rank] = _train(12_000, 0.1, 1.0, ring, times, t0)  # the ring full by step 4,000
     reads0, reads1 = found[0][0], found[1][0]
     assert set(reads1) <= set(reads0) and reads0[:2] == reads1[:2] == [2, 4]
@@ -663,9 +655,9 @@ def test_a_ring_that_wraps_between_reads_has_its_lost_collectives_counted_with_t
     cost more than the ceiling, so entries are lost. Every collective issued is recorded or counted lost, in its steps."""
     clock = [0.0]
     ring = FakeRing(2_000, 2.0, clock)
-    times = CollectiveTimes(ring.dump, 2_000, clock=lambda: clock[0], background=False)
+    times = CollectiveTimes(ring.dump, 2_000, clock=lambda: clock[0])
     reads, colls, lost = _train(2_000, 0.1, 200, ring, times)
-    found = times.finish(0.0, 2_000)
+    found = times.finish(2_000)
     colls += found.get("device_colls", [])
     lost += found.get("device_colls_lost", [])
     reads.append(2_000)
@@ -710,40 +702,25 @@ def test_a_process_group_that_started_untimed_is_said_once_and_records_no_device
     assert capsys.readouterr().err.count("NCCL collectives are not timed on the device") == 1
 
 
-def test_the_training_thread_only_dumps_and_a_helper_thread_parses(monkeypatch):
-    import threading
+def test_the_nccl_recorder_is_read_pickled_without_stack_traces(monkeypatch):
+    """torch's pickled dump costs half the C++ time of its JSON one and decodes in C; stack traces would be
+    symbolized for every entry."""
+    import pickle
+    from types import SimpleNamespace
 
-    clock = [0.0]
-    ring = FakeRing(20_000, 0.5, clock)
-    ring.issue(20_000, 10)
-    parsing, parsed_on = threading.Event(), []
-    real = device_colls.dumped_entries
+    from diagtrain.profiler.rank.device_colls import nccl_dump
 
-    def slow_parse(raw):
-        parsed_on.append(threading.get_ident())
-        assert parsing.wait(5)
-        return real(raw)
+    asked = []
 
-    monkeypatch.setattr(device_colls, "dumped_entries", slow_parse)
-    times = CollectiveTimes(ring.dump, 20_000, clock=lambda: clock[0])
-    times.step_began(1, 0)
-    times.step_ended(2)  # due: dumped here, parsed there
-    assert clock[0] == 0.5 and times.take() == {"untimed": False}  # the step goes on before the parse is done
-    parsing.set()
-    times._worker.join(5)
-    assert len(times.take()["device_colls"]) == 20_000 and parsed_on != [threading.get_ident()]
+    def pickled(**kwargs):
+        asked.append(kwargs)
+        return pickle.dumps({"entries": [_entry(1, 5)]})
 
+    def as_json(*args):
+        raise AssertionError("the JSON dump, where a pickled one is to be had")
 
-@pytest.mark.parametrize("layout", ["compact", "indented", "entries last"])
-def test_the_dump_is_decoded_an_entry_at_a_time_as_json_reads_it(layout):
-    from diagtrain.profiler.rank.device_colls import dumped_entries
-
-    dump = {"version": "2.10", "comm_lib_version": "2.27", "entries": [_entry(s, s) for s in range(3)],
-            "pg_config": {"0": {"desc": "default_pg", "ranks": "[0, 1]"}}, "pg_status": {"0": {"x": "1"}}}
-    if layout == "entries last":
-        dump = {**{k: v for k, v in dump.items() if k != "entries"}, "entries": dump["entries"]}
-    text = json.dumps(dump, indent=2 if layout == "indented" else None,
-                      separators=(",", ":") if layout == "compact" else None)
-    assert dumped_entries(text.encode()) == dump["entries"] and dumped_entries("{}") == []
-    with pytest.raises(ValueError):
-        dumped_entries(text[: len(text) // 2])
+    c10d = SimpleNamespace(_dump_nccl_trace=pickled, _dump_nccl_trace_json=as_json)
+    assert nccl_dump(SimpleNamespace(_C=SimpleNamespace(_distributed_c10d=c10d)))()["entries"] == [_entry(1, 5)]
+    assert asked == [{"includeCollectives": True, "includeStackTraces": False, "onlyActive": False}]
+    json_only = SimpleNamespace(_dump_nccl_trace_json=lambda *a: json.dumps({"entries": []}))
+    assert nccl_dump(SimpleNamespace(_C=SimpleNamespace(_distributed_c10d=json_only)))() == {"entries": []}

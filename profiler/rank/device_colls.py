@@ -8,10 +8,11 @@ timing off leaves its completed entries without ``duration_ms``: the rank says s
 on the device are unknown (no ``device_colls``), never zero.
 
 When the recorder is read. A read is not cheap: torch serializes its whole ring (up to 20,000
-entries) in C++ holding the GIL, about half a second on a CPU host (benchmarks/results/recorder_read.md),
-and at the next collective every peer waits for the rank that read. Ranks that each read on their own
-clock would stall the job once per rank: N ranks, N stalls. So every rank reads at the same steps, and
-they agree without asking each other (no collective, no file, no store):
+entries) in C++ holding the GIL, and Python decodes it; about 0.4 s on a CPU host
+(benchmarks/results/recorder_read.md). At the next collective every peer waits for the rank that
+read. Ranks that each read on their own clock would stall the job once per rank: N ranks, N stalls.
+So every rank reads at the same steps, and they agree without asking each other (no collective, no
+file, no store):
 
 - A rank reads at the end of the steps that are multiples of its interval, a power of two.
 - After each read it picks the next interval from the window since the read before (new record ids
@@ -31,9 +32,13 @@ Where reading often enough to keep the ring from wrapping would cost more than :
 job of thousands of collectives a second), entries are lost between reads: a gap in their record ids
 (or an entry seen in flight and overwritten before it completed) is counted and reported in the next
 step record as ``device_colls_lost`` (docs/run-directory.md); the analysis holds those steps' waits as
-unknown. The training thread only dumps: the JSON is decoded and filtered on a helper thread, one entry
-at a time (so that the GIL is shared at the interpreter's switch interval, not held for the whole
-document), and its collectives go into the next step record.
+unknown.
+
+The training thread is held for as short a time as the recorder allows: torch's pickled dump without
+stack traces (half the C++ time of its JSON dump, and decoded in C), and only the entries after the
+last read's are looked at. Decoding on a helper thread would not shorten it: the two threads share the
+GIL, and a training thread that releases it at every CUDA call waits up to the switch interval to get
+it back each time (measured: a GPU-like loop kept 3% of its pace while a helper parsed).
 """
 
 from __future__ import annotations
@@ -41,11 +46,9 @@ from __future__ import annotations
 import bisect
 import json
 import math
-import re
-import threading
+import pickle
 import time
-from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from collections import OrderedDict
 from typing import Any, Callable, Iterable
 
 # Reading the recorder costs at most this share of the run's wall time by choice (half the 1% overhead
@@ -154,6 +157,10 @@ class LostEntries:
         self._newest: tuple[int, int] | None = None  # (record id, created ns) of the newest entry read
         self._in_flight: dict[int, int] = {}  # record id -> created ns, of entries read before they completed
 
+    def first_unread(self) -> int:
+        """The lowest record id a read has more to learn from: an entry still in flight, else the first not read."""
+        return min([*self._in_flight, self._newest[0] + 1 if self._newest is not None else 0])
+
     def read(self, entries: list[dict[str, Any]], step_of: Callable[[int], int | None]) -> dict[str, int] | None:
         """``entries`` (one dump, oldest first) against the reads before: ``{"first_step", "last_step",
         "entries"}`` of what was lost in between (steps during which the host issued it), or None."""
@@ -184,72 +191,7 @@ def _final(entry: dict[str, Any]) -> bool:
                                          and (entry.get("duration_ms") is not None or entry.get("retired") is not False))
 
 
-# -- the dump, decoded an entry at a time ------------------------------------------------------------------------
-
-_DECODER = json.JSONDecoder()
-_SPACE = re.compile(r"[ \t\n\r]*")
-
-
-def dumped_entries(raw: bytes | str) -> list[dict[str, Any]]:
-    """The ``entries`` of a recorder's JSON dump, decoded one at a time (the GIL is shared between them at the
-    interpreter's switch interval, not held for the whole document); its other fields are skipped. ValueError
-    on what is not such a dump."""
-    text = raw if isinstance(raw, str) else raw.decode()
-    i = _skip(text, 0, "{")
-    entries: list[dict[str, Any]] = []
-    while text[i] != "}":
-        key, i = _DECODER.raw_decode(text, i)
-        i = _skip(text, _skip(text, i, ":"), "")
-        if key == "entries":
-            entries, i = _array(text, i)
-        else:
-            _, i = _DECODER.raw_decode(text, i)
-        i = _skip(text, i, "")
-        if text[i] == ",":
-            i = _skip(text, i + 1, "")
-    return entries
-
-
-def _array(text: str, i: int) -> tuple[list[dict[str, Any]], int]:
-    items: list[dict[str, Any]] = []
-    i = _skip(text, i, "[")
-    while text[i] != "]":
-        item, i = _DECODER.raw_decode(text, i)
-        items.append(item)
-        i = _skip(text, i, "")
-        if text[i] == ",":
-            i = _skip(text, i + 1, "")
-    return items, i + 1
-
-
-def _skip(text: str, i: int, expected: str) -> int:
-    """The index after the blanks at ``i`` and, when given, the ``expected`` character there (and blanks after)."""
-    i = _SPACE.match(text, i).end()
-    if i >= len(text):
-        raise ValueError("a flight-recorder dump that ends too early")
-    if expected:
-        if text[i] != expected:
-            raise ValueError(f"not a flight-recorder dump: {text[i]!r} at {i} where {expected!r} belongs")
-        i = _SPACE.match(text, i + 1).end()
-    return i
-
-
 # -- the reads ---------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Read:
-    """One read: where it was made, what it found, what it cost."""
-
-    step: int
-    at: float  # host time at the dump's start (the clock's seconds)
-    dump_s: float
-    newest_id: int | None = None
-    parse_s: float = 0.0
-    colls: list[dict[str, Any]] = field(default_factory=list)
-    lost: dict[str, int] | None = None
-    untimed: bool = False
-    error: BaseException | None = None
 
 
 def _never() -> bool:
@@ -260,19 +202,17 @@ class CollectiveTimes:
     """Reads the NCCL flight recorder at the steps every rank shares, turning its new timed entries into
     ``device_colls`` and the entries it lost into ``device_colls_lost``."""
 
-    def __init__(self, dump: Callable[[], bytes | str], ring: int, capturing: Callable[[], bool] = _never,
-                 clock: Callable[[], float] = time.perf_counter, background: bool = True) -> None:
-        """``ring``: the recorder's size; ``capturing()``: a CUDA graph is being captured (the dump queries CUDA
-        events, which would break it); ``background``: parse each dump on a helper thread."""
-        self._dump, self._capturing, self._clock, self._background = dump, capturing, clock, background
+    def __init__(self, dump: Callable[[], dict[str, Any]], ring: int, capturing: Callable[[], bool] = _never,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        """``dump()``: the recorder's dump, decoded; ``ring``: its size; ``capturing()``: a CUDA graph is being
+        captured (the dump queries CUDA events, which would break it)."""
+        self._dump, self._capturing, self._clock = dump, capturing, clock
         self.schedule = ReadSchedule(ring)
         self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._lost = LostEntries()
         self._steps: list[int] = []
         self._starts: list[int] = []  # each step's host start in Unix ns, ascending
-        self._done: deque[_Read] = deque()  # parsed reads not yet taken
-        self._worker: threading.Thread | None = None
-        self.skipped = 0  # reads due while the last one was still being parsed
+        self._found: dict[str, Any] = {}  # what the reads since the last take() found
 
     def step_began(self, step: int, start_ns: int) -> None:
         """The host began ``step`` at ``start_ns``; steps older than the recorder can hold are forgotten."""
@@ -282,75 +222,65 @@ class CollectiveTimes:
             del self._steps[: MAX_SEEN // 2], self._starts[: MAX_SEEN // 2]
 
     def step_ended(self, step: int) -> None:
-        """At the end of ``step``: a read when the shared schedule says so (never while a graph is captured); the
-        training thread dumps, a helper thread parses."""
-        if not self.schedule.due(step) or self._capturing():
-            return
-        if self._worker is not None and self._worker.is_alive():
-            self.skipped += 1
-            return
-        self._read(step, self._background)
+        """At the end of ``step``: a read when the shared schedule says so, never while a graph is captured."""
+        if self.schedule.due(step) and not self._capturing():
+            self._read(step)
 
     def take(self) -> dict[str, Any]:
-        """What the reads parsed since the last call found, for the next step record: ``device_colls``,
-        ``device_colls_lost`` (each where there is some) and ``untimed``. Raises a parse's failure."""
-        colls: list[dict[str, Any]] = []
-        lost: list[dict[str, int]] = []
-        untimed_seen = False
-        while self._done:
-            read = self._done.popleft()
-            if read.error is not None:
-                raise read.error
-            self.schedule.measured(read.step, read.at, read.newest_id, read.dump_s + read.parse_s)
-            colls += read.colls
-            lost += [read.lost] if read.lost else []
-            untimed_seen = untimed_seen or read.untimed
-        return {**({"device_colls": colls} if colls else {}), **({"device_colls_lost": lost} if lost else {}),
-                "untimed": untimed_seen}
+        """What the reads since the last call found, for the next step record: ``device_colls`` and
+        ``device_colls_lost`` (each where there is some), and ``untimed``."""
+        found, self._found = self._found, {}
+        return {"untimed": False, **found}
 
-    def finish(self, wait_s: float, step: int) -> dict[str, Any]:
-        """At the end of the run: the read in progress (waited for at most ``wait_s``), then a last one made and
-        parsed here; what they found, as :meth:`take`."""
-        if self._worker is not None:
-            self._worker.join(wait_s)
-        if not (self._worker is not None and self._worker.is_alive()) and not self._capturing():
-            self._read(step, background=False)
+    def finish(self, step: int) -> dict[str, Any]:
+        """At the end of the run: a last read (unless a graph is being captured), and what is not taken yet."""
+        if not self._capturing():
+            self._read(step)
         return self.take()
 
-    def _read(self, step: int, background: bool) -> None:
+    def _read(self, step: int) -> None:
         at = self._clock()
-        raw = self._dump()
-        read = _Read(step, at, self._clock() - at)
-        steps = (list(self._steps), list(self._starts))  # the parser's own copy: the training thread goes on
-        if background:
-            self._worker = threading.Thread(target=self._parse, args=(read, raw, steps), name="diagtrain-recorder",
-                                            daemon=True)
-            self._worker.start()
-        else:
-            self._parse(read, raw, steps)
+        entries = self._dump().get("entries") or []
+        new = self._unread(entries)
+        colls = collective_entries(new, self._seen, self._step_of)
+        lost = self._lost.read(new, self._step_of)
+        newest = _record_id(entries[-1]) if entries else None
+        self.schedule.measured(step, at, newest if newest is not None and newest >= 0 else None, self._clock() - at)
+        found = self._found
+        found["untimed"] = found.get("untimed", False) or untimed(new)
+        if colls:
+            found.setdefault("device_colls", []).extend(colls)
+        if lost:
+            found.setdefault("device_colls_lost", []).append(lost)
 
-    def _parse(self, read: _Read, raw: bytes | str, steps: tuple[list[int], list[int]]) -> None:
-        started = self._clock()
-        try:
-            entries = dumped_entries(raw)
+    def _unread(self, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The entries a read has something to learn from: those from the first one not final at the last read on
+        (all of them where the recorder gives no record ids, or was reset since)."""
+        if not entries or "record_id" not in entries[-1]:
+            return entries
+        start = self._lost.first_unread()
+        if _record_id(entries[-1]) < start - 1:
+            return entries  # reset since: its ids start again
+        return entries[bisect.bisect_left(entries, start, key=_record_id):]
 
-            def step_of(created_ns: int) -> int | None:
-                i = bisect.bisect_right(steps[1], created_ns)
-                return steps[0][i - 1] if i else None
-
-            read.colls = collective_entries(entries, self._seen, step_of)
-            read.lost = self._lost.read(entries, step_of)
-            read.untimed = untimed(entries)
-            read.newest_id = max((int(e["record_id"]) for e in entries if "record_id" in e), default=None)
-        except Exception as e:  # noqa: BLE001 - handed to the training thread, which says so and stands down
-            read.error = e
-        read.parse_s = self._clock() - started
-        self._done.append(read)
+    def _step_of(self, created_ns: int) -> int | None:
+        i = bisect.bisect_right(self._starts, created_ns)
+        return self._steps[i - 1] if i else None
 
 
-def nccl_dump(torch: Any) -> Callable[[], bytes] | None:
-    """ProcessGroupNCCL's own recorder as JSON (completed collectives included), None on a build without NCCL."""
-    dump = getattr(torch._C._distributed_c10d, "_dump_nccl_trace_json", None)
-    if dump is None:
-        return None
-    return lambda: dump(True, False)  # includeCollectives, onlyActive
+def _record_id(entry: dict[str, Any]) -> int:
+    return int(entry.get("record_id", -1))
+
+
+def nccl_dump(torch: Any) -> Callable[[], dict[str, Any]] | None:
+    """ProcessGroupNCCL's own recorder, decoded (completed collectives included; no stack traces, whose symbols
+    cost most of a dump), None on a build without NCCL. Its pickled dump where torch has one: half the C++ time of
+    the JSON one, and decoded in C."""
+    c10d = torch._C._distributed_c10d
+    pickled, as_json = getattr(c10d, "_dump_nccl_trace", None), getattr(c10d, "_dump_nccl_trace_json", None)
+    if pickled is not None:
+        # torch's own bytes, made in this process a moment ago: nothing from outside is unpickled.
+        return lambda: pickle.loads(pickled(includeCollectives=True, includeStackTraces=False, onlyActive=False))
+    if as_json is not None:
+        return lambda: json.loads(as_json(True, False))  # includeCollectives, onlyActive
+    return None

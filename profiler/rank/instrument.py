@@ -361,7 +361,7 @@ class StepRecorder:
         """At the end: what is still pending (the steps complete within ``wait_s``), in one line that is not a step."""
         if self._clock is None and self._colls is None:
             return
-        colls = self._collectives(lambda times: times.finish(wait_s, self.step_num))
+        colls = self._collectives(lambda times: times.finish(self.step_num))
         try:
             steps = self._clock.flush(wait_s) if self._clock is not None else []
             if self._clock is not None and self._clock.unfinished and wait_s:
