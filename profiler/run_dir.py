@@ -19,7 +19,7 @@ import re
 import signal
 import stat
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -40,6 +40,35 @@ PROFILE_STEPS_ENV = "DIAGTRAIN_PROFILE_STEPS"  # the step ranges every rank prof
 PROFILE_AUTO = "auto"
 PROFILE_NONE = "none"
 PROFILE_WINDOWS_FILE = "profile_windows.json"  # {"windows": [{"first", "last", "reason", ...}]}
+
+# PyTorch's variables `diagtrain run` puts in every rank's environment before the rank starts, each only where the
+# user set none: a process group reads them when it starts, which may be before the rank knows it is one (a
+# process that becomes a rank at its own init_process_group).
+NCCL_TIMING_ENV = "TORCH_NCCL_ENABLE_TIMING"  # "1": NCCL times each collective (one more CUDA event pair each)
+# The flight recorder's size under its two names, as PyTorch reads them: the first one set wins, so a user's
+# value under either is kept by setting neither.
+FR_BUFFER_ENVS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+FR_BUFFER_ENTRIES = 20_000  # entries kept per process: several steps of a 3D run's collectives
+FR_DEFAULT_ENTRIES = 2_000  # PyTorch's own size, where neither name is set
+
+
+def device_env(env: Mapping[str, str]) -> dict[str, str]:
+    """What `diagtrain run` adds to an environment for its ranks: NCCL's collective timing and the flight
+    recorder's size, each where ``env`` holds no value of the user's (under either of the recorder's names)."""
+    added = {} if NCCL_TIMING_ENV in env else {NCCL_TIMING_ENV: "1"}
+    if not any(name in env for name in FR_BUFFER_ENVS):
+        added[FR_BUFFER_ENVS[0]] = str(FR_BUFFER_ENTRIES)
+    return added
+
+
+def recorder_entries(env: Mapping[str, str]) -> int:
+    """The flight recorder's ring size as PyTorch reads it from ``env``: the first of its names set."""
+    value = next((env[name] for name in FR_BUFFER_ENVS if name in env), None)
+    try:
+        return int(value) if value is not None else FR_DEFAULT_ENTRIES
+    except ValueError:
+        return FR_DEFAULT_ENTRIES
+
 
 # diagtrain's own trouble inside a rank (a profiled window dropped on a full disk, ...), one JSON
 # line each; the wrapper puts them in the manifest's ``warnings``.

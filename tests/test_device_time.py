@@ -377,3 +377,56 @@ def test_the_ledger_takes_the_devices_view_where_the_host_recorded_no_blocked_ti
                                   for x in lines) + "\n")
     [f] = named(findings(run), 3)
     assert price(f) == pytest.approx(0.2 * sum(SEGMENTS), rel=0.3)
+
+
+# -- waits the devices could not time: unknown, never zero (issue 61) -----------------------------------------------
+
+
+def _read_device_run(tmp_path: Path, lines_of: dict[int, list[dict]]) -> pd.DataFrame:
+    """Each rank's step records written and read back as the analysis does, with the device's columns."""
+    rows, records = [], []
+    for rank, lines in lines_of.items():
+        path = tmp_path / f"steps-{rank}.jsonl"
+        path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+        found = read_steps(path, rank)
+        rows += found.rows
+        records += device_time.records_of_rows(rank, found.rows, found.device)
+    steps = pd.DataFrame(rows).drop(columns=list(DEVICE_NAMES), errors="ignore")
+    return device_time.add_device_time(steps, records).set_index(["rank", "step"]).sort_index()
+
+
+DEVICE_NAMES = ("device_steps", "device_colls", "device_colls_lost")
+
+
+def _device_record(rank: int, step: int, **fields) -> dict:
+    return {"rank": rank, "step": step, "start": T0 + step, "end": T0 + step + 0.1, "duration_ms": 100.0,
+            "device_source": "cuda_events", "device_steps": [{"step": step, "step_ms": 90.0, "idle_before_ms": 0.0}],
+            **fields}
+
+
+def _call(step: int, ms: float) -> dict:
+    return {"step": step, "group": "0", "seq": step, "op": "nccl:all_reduce", "ms": ms}
+
+
+def test_steps_whose_collectives_the_ring_lost_have_unknown_waits_not_zero(tmp_path):
+    """Both ranks read their recorders at the same steps, so a ring that wrapped lost the same steps' collectives on
+    both: read as "no collective in the step" they would be waits of 0 and the step weighed on the devices."""
+    lost = [{"first_step": 2, "last_step": 3, "entries": 40}]
+    timed = _read_device_run(tmp_path, {
+        r: [_device_record(r, 1, device_colls=[_call(1, 9.0 if r == 0 else 5.0)]), _device_record(r, 2),
+            _device_record(r, 3), _device_record(r, 4, device_colls=[_call(4, 5.0 if r == 0 else 7.0)],
+                                                 device_colls_lost=lost)] for r in (0, 1)})
+    assert timed.loc[(0, 1), "device_comm_wait_ms"] == pytest.approx(4.0) and timed.loc[(1, 4), "device_comm_wait_ms"] == 2.0
+    assert timed.xs(2, level="step")["device_comm_wait_ms"].isna().all()
+    assert timed.xs(3, level="step")["device_comm_wait_ms"].isna().all()
+    assert timed.groupby("step")["time_source"].first().to_dict() == {1: "device", 2: "host", 3: "host", 4: "device"}
+
+
+def test_a_rank_whose_collectives_are_untimed_has_unknown_waits_and_its_steps_are_weighed_on_the_hosts(tmp_path):
+    """A process group that started with TORCH_NCCL_ENABLE_TIMING off: its rank times its steps, not its collectives."""
+    timed = _read_device_run(tmp_path, {
+        0: [_device_record(0, s, device_colls=[_call(s, 9.0)]) for s in (1, 2)],
+        1: [_device_record(1, s, device_colls=[_call(s, 5.0)]) for s in (1, 2)],
+        2: [_device_record(2, s) for s in (1, 2)]})  # untimed
+    assert timed.loc[(2, 1), "device_step_ms"] == 90.0 and np.isnan(timed.loc[(2, 1), "device_comm_wait_ms"])
+    assert set(timed["time_source"]) == {"host"}

@@ -37,6 +37,7 @@ from diagtrain.profiler.run_dir import (
     RUN_DIR_ENV,
     WRAPPER_PID_ENV,
     RankIndex,
+    device_env,
     remove_quietly,
 )
 from diagtrain.profiler.util.exit_codes import EXIT_FAILED, EXIT_HUNG, EXIT_NOT_FOUND
@@ -78,9 +79,11 @@ class Collection:
         if joined:
             self.say(f"joining the run of {', '.join(joined)} as host {self.host_dir.name}")
         self.started_at = time.time()
-        self.record = manifest.host_record(self.host_dir, command, ["diagtrain", "run", *argv], self.started_at)
+        self.env, added = self._child_env(windows)
+        self.record = manifest.host_record(self.host_dir, command, ["diagtrain", "run", *argv], self.started_at,
+                                           self.env)
+        self.record["env_added"] = added
         self.record["profile_steps"] = windows if isinstance(windows, str) else format_step_ranges(windows)
-        self.env = self._child_env(windows)
         self.interrupted: int | None = None
         self.ended = False  # the command has exited
         self.interrupted_after: int | None = None  # a signal that came after that: the caller stops too
@@ -112,15 +115,19 @@ class Collection:
             warnings.append({"time": round(time.time(), 3), "message": message})
             self.say(f"warning: {message}")
 
-    def _child_env(self, windows: list[StepRange] | str) -> dict[str, str]:
+    def _child_env(self, windows: list[StepRange] | str) -> tuple[dict[str, str], dict[str, str]]:
+        """The command's environment, and what of PyTorch's it holds because diagtrain added it: in place before
+        any process of the job starts, whatever the launch path (mp.spawn's children inherit it too)."""
         env = dict(os.environ)
+        added = device_env(env)
+        env.update(added)
         env[RUN_DIR_ENV] = str(self.out)
         env[WRAPPER_PID_ENV] = str(os.getpid())
         env[HOST_ENV] = self.host_dir.name
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.bootstrap_dir), env.get("PYTHONPATH")]))
         env["PYTHONUNBUFFERED"] = "1"  # rank output reaches the logs as it happens
         env[PROFILE_STEPS_ENV] = windows if isinstance(windows, str) else format_step_ranges(windows)
-        return env
+        return env, added
 
     def run(self) -> int:
         """Run the command to its end and collect; the host record is finalized however this ends."""

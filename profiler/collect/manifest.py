@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import platform
 import socket
+from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -79,19 +80,20 @@ def reserve_space(host_dir: Path) -> Path | None:
         return None
 
 
-def selected_env(env: dict[str, str] | os._Environ = os.environ) -> dict[str, str]:
+def selected_env(env: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The environment variables that matter for distributed training."""
     return {k: v for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES)}
 
 
-def host_record(host_dir: Path, command: list[str], argv: list[str], started_at: float) -> dict[str, Any]:
-    """The fields of host.json known when the command starts."""
+def host_record(host_dir: Path, command: list[str], argv: list[str], started_at: float,
+                env: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """The fields of host.json known when the command starts; ``env``: the environment the command runs with."""
     return {
         "name": host_dir.name,
         "hostname": socket.gethostname(),
         "command": command,
         "argv": argv,
-        "env": selected_env(),
+        "env": selected_env(env),
         "started_at": started_at,
         "ended_at": None,
         "status": "running",
@@ -171,6 +173,8 @@ def build(run_dir: Path, gone: list[str] = ()) -> dict[str, Any]:
         "command": hosts[0]["command"] if hosts else None,
         "argv": hosts[0]["argv"] if hosts else None,
         "env": hosts[0]["env"] if hosts else {},
+        # What of it diagtrain added (NCCL's collective timing, the flight recorder's size): the rest is the user's.
+        "env_added": hosts[0].get("env_added", {}) if hosts else {},
         "strategy": trainer["strategy"] if trainer else None,
         "mesh": trainer["mesh"] if trainer else None,
         "injected": read_json(run_dir / "injected.json") or [],

@@ -336,6 +336,11 @@ class Counters:
         if not _is_compiling():
             self.phase_exit("forward")
 
+    def modules(self) -> list[Any]:
+        """The job's models as far as the hooks saw them: those wrapped in DDP, then the outermost modules
+        called in a forward (while the global hooks still learn them)."""
+        return [*self._ddp, *self._roots]
+
     def ddp_alive(self) -> bool:
         return len(self._ddp) > 0
 
@@ -419,7 +424,8 @@ class Counters:
 
     def gpu_memory(self, device: Any = None, peak_since_step: bool = False) -> dict[str, Any]:
         """The step record's GPU memory fields now (:func:`gpu_memory_fields`), on the recorder's CUDA
-        ``device`` or, where the job initialized CUDA, its current device; ``{}`` on a CPU job.
+        ``device`` (whose recorder checks for a graph capture first) or, where the job initialized CUDA and
+        captures no graph, its current device; ``{}`` on a CPU job.
         ``peak_since_step``: the recorder reset the allocator's peak when the step began."""
         if self._gpu_failed:
             return {}
@@ -428,8 +434,8 @@ class Counters:
             if cuda is None:
                 return {}
             if device is None or getattr(device, "type", None) != "cuda":
-                if not cuda.is_initialized():
-                    return {}  # a CPU job, or one that has not touched its GPU: nothing to read, nothing started
+                if not cuda.is_initialized() or cuda.is_current_stream_capturing():
+                    return {}  # a CPU job, one that has not touched its GPU, or one capturing a CUDA graph
                 device = cuda.current_device()
             return gpu_memory_fields(cuda.memory_stats_as_nested_dict(device), peak_since_step)
         except Exception as e:  # noqa: BLE001 - GPU memory is optional; the other counters stay

@@ -9,6 +9,11 @@ A step's start event is recorded when the host begins the step's first work (its
 than ``data``), else it is the previous step's end event: the time between the previous end and this
 start is the device idle waiting for its host (data, a checkpoint, Python). A step record carries
 the steps completed since the last one as ``device_steps`` (see docs/run-directory.md).
+
+While the program captures a CUDA graph on the rank's device (PyTorch's whole-network capture runs
+``optimizer.step()`` inside the capture, so the step hooks fire then), nothing here touches CUDA: an
+event recorded, or one queried, during a capture invalidates it and the job fails. The steps of that
+time are left untimed, and the pending ones are taken once the capture has ended.
 """
 
 from __future__ import annotations
@@ -44,16 +49,21 @@ class _Step:
     end: Event
 
 
-class DeviceClock:
-    """Device step times and idle from events made by ``record_event()`` (None: the stream takes none
-    now, as while a CUDA graph is captured); never blocks, and waits a bounded time in :meth:`flush`."""
+def _never() -> bool:
+    return False
 
-    def __init__(self, record_event: Callable[[], Event | None], max_pending: int = MAX_PENDING_STEPS,
-                 sleep: Callable[[float], None] = time.sleep, now: Callable[[], float] = time.monotonic) -> None:
-        self._record, self._sleep, self._now = record_event, sleep, now
+
+class DeviceClock:
+    """Device step times and idle from events made by ``record_event()``; never blocks, waits a bounded time
+    in :meth:`flush`, and while ``capturing()`` (a CUDA graph is being captured) records and queries nothing."""
+
+    def __init__(self, record_event: Callable[[], Event], max_pending: int = MAX_PENDING_STEPS,
+                 sleep: Callable[[float], None] = time.sleep, now: Callable[[], float] = time.monotonic,
+                 capturing: Callable[[], bool] = _never) -> None:
+        self._record_event, self._sleep, self._now, self._capturing = record_event, sleep, now, capturing
         self._pending: deque[_Step] = deque()
         self._max_pending = max_pending
-        self._last_end: Event | None = record_event()  # the run's start, before step 1
+        self._last_end: Event | None = self._record()  # the run's start, before step 1
         self._work: Event | None = None  # where the open step's first work began
         self.dropped = 0  # steps whose events were given up because the device was too far behind
         self.unfinished = 0  # steps the device had not completed when the run's end stopped waiting
@@ -73,9 +83,16 @@ class DeviceClock:
             self._pending.popleft()
             self.dropped += 1
 
+    def _record(self) -> Event | None:
+        """An event on the stream now; None while a graph is captured (that step is left untimed)."""
+        return None if self._capturing() else self._record_event()
+
     def take(self) -> list[dict[str, Any]]:
-        """The steps whose events have completed, oldest first, as ``device_steps`` entries."""
-        done = []
+        """The steps whose events have completed, oldest first, as ``device_steps`` entries; none while a
+        graph is captured (they stay pending until it ends)."""
+        done: list[dict[str, Any]] = []
+        if self._capturing():
+            return done
         while self._pending and all(e.query() for e in (self._pending[0].start, self._pending[0].end)):
             s = self._pending.popleft()
             done.append({"step": s.step, "step_ms": round(s.start.elapsed_time(s.end), 3),
@@ -86,7 +103,7 @@ class DeviceClock:
         """At the end of the run: the pending steps that complete within ``wait_s``, polled, never
         synchronized; those still pending then are given up (``unfinished``)."""
         done, deadline = self.take(), self._now() + wait_s
-        while self._pending and self._now() < deadline:
+        while self._pending and self._now() < deadline and not self._capturing():
             self._sleep(FLUSH_POLL_S)
             done += self.take()
         self.unfinished = len(self._pending)
@@ -94,15 +111,30 @@ class DeviceClock:
         return done
 
 
-def cuda_clock(torch: Any, device: Any) -> DeviceClock:
-    """A clock on ``device``'s current stream (the stream the training loop issues its work on)."""
+def cuda_clock(torch: Any, device: Any, capturing: Callable[[], bool]) -> DeviceClock:
+    """A clock on ``device``'s current stream (the stream the training loop issues its work on), idle while
+    ``capturing()``."""
 
     def record() -> Any:
-        stream = torch.cuda.current_stream(device)
-        if torch.cuda.is_current_stream_capturing():
-            return None  # an event recorded now would break the program's CUDA graph capture
         event = torch.cuda.Event(enable_timing=True)
-        event.record(stream)
+        event.record(torch.cuda.current_stream(device))
         return event
 
-    return DeviceClock(record)
+    return DeviceClock(record, capturing=capturing)
+
+
+def graph_capture(cuda: Any, device: Any) -> Callable[[], bool]:
+    """Whether a CUDA graph is being captured now on ``device``'s current stream, or on the current device's
+    (a capture makes its stream and device current in the capturing thread: the training loop's, where the
+    step hooks run). The device is switched to ask only where it is not the current one."""
+
+    def capturing() -> bool:
+        if cuda.is_current_stream_capturing():
+            return True
+        index = getattr(device, "index", None)
+        if index is None or index == cuda.current_device():
+            return False
+        with cuda.device(index):
+            return bool(cuda.is_current_stream_capturing())
+
+    return capturing

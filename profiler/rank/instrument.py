@@ -24,13 +24,13 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
 from diagtrain.profiler.rank import trouble
 from diagtrain.profiler.rank.counters import COUNTERS, Reading
-from diagtrain.profiler.rank.device_clock import MAX_PENDING_STEPS, DeviceClock, cuda_clock
+from diagtrain.profiler.rank.device_clock import MAX_PENDING_STEPS, DeviceClock, cuda_clock, graph_capture
 from diagtrain.profiler.rank.device_colls import CollectiveTimes, nccl_dump
 from diagtrain.profiler.rank.peak_memory import PeakMemory
 from diagtrain.profiler.rank.profile_requests import ProfileRequests
@@ -43,6 +43,7 @@ from diagtrain.profiler.run_dir import (
     Heartbeat,
     JsonlAppender,
     rank_dir,
+    recorder_entries,
     remove_quietly,
 )
 from diagtrain.profiler.util.step_ranges import StepRange, parse_step_ranges
@@ -122,7 +123,7 @@ class StepRecorder:
         self.last_step_ms: float | None = None  # the last recorded step's duration_ms, for a loop's own progress
         self._clock: DeviceClock | None = None  # the device's view of each step, on CUDA
         self._colls: CollectiveTimes | None = None  # NCCL collectives' device times, on CUDA
-        self._colls_read: list[dict[str, Any]] = []  # read after the last record, for the next one
+        self._capturing = lambda: False  # on CUDA: whether a CUDA graph is being captured on the device now
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -209,6 +210,7 @@ class StepRecorder:
             return
         # No synchronize: the host keeps its lead, and the device's own times come from its events.
         device = self._device_steps()
+        colls = self._collectives(lambda times: times.take())  # what the reads since the last record found
         end_wall, end = time.time(), time.perf_counter()
         duration = end - self._step_start
         phases, phase_comm = self._phases, self._phase_comm
@@ -220,6 +222,7 @@ class StepRecorder:
         counters = reading.since(self._counted) if reading is not None and self._counted is not None else {}
         p2p = COUNTERS.take_p2p()
         samples = COUNTERS.take_samples()
+        gpu = self._gpu_memory()
         record = {
             "schema_version": SCHEMA_VERSION,
             "rank": self.rank,
@@ -232,23 +235,23 @@ class StepRecorder:
                if "comm_ms" in counters else {}),
             **counters,
             **({"p2p": p2p} if p2p else {}),
-            "peak_mem_bytes": self._memory.read(),
+            "peak_mem_bytes": self._memory.read(gpu.get("gpu_peak_bytes")),
             "mem_source": self._memory.source,
-            **COUNTERS.gpu_memory(self.device),
+            **gpu,
             **device,
-            **({"device_colls": self._colls_read} if self._colls_read else {}),
+            **colls,
             **({"samples": samples} if samples else {}),
             **metrics,
         }
         self.last_step_ms = record["duration_ms"]
-        self._colls_read = []
         try:
             self._steps.append(record)
             self._heartbeat.write({"step": self.step_num, "time": record["end"], "pid": os.getpid()})
         except OSError as e:
             trouble.warn(self.dir, "steps", f"step records are being lost: cannot write {self.dir / 'steps.jsonl'} "
                          f"({trouble.reason(e)}); training goes on")
-        self._read_collectives()  # between two steps: a read of the flight recorder is in neither's time
+        # Between two steps, at the steps every rank reads at: a read of the flight recorder is in neither's time.
+        self._collectives(lambda colls: colls.step_ended(self.step_num))
         self._end_profiled_step()
         if self._window is not None and self.step_num >= self._window.last:
             self._stop_profiler()
@@ -283,13 +286,35 @@ class StepRecorder:
         if self.device.type != "cuda":
             return
         try:
-            self._clock = cuda_clock(torch, self.device)
+            capturing = graph_capture(torch.cuda, self.device)
+            self._capturing = self._guarded(capturing)
+            self._clock = cuda_clock(torch, self.device, capturing=self._capturing)
             dump = nccl_dump(torch)
-            self._colls = CollectiveTimes(dump) if dump is not None else None
+            self._colls = None if dump is None else CollectiveTimes(dump, recorder_entries(os.environ),
+                                                                    capturing=self._capturing)
             if self.implicit:  # the counters see the phases: the first work phase starts the device clock
                 COUNTERS.phases.on_enter = self._work_begins
         except Exception as e:  # noqa: BLE001 - the device view is optional; the host's records stay
             self._device_view_failed(e)
+
+    def _guarded(self, capturing: Any) -> Any:
+        """``capturing`` that never raises: a check that fails stands the device view down and answers True
+        from then on, so that nothing of diagtrain's touches a device whose capture state is not known."""
+
+        def check() -> bool:
+            try:
+                return bool(capturing())
+            except Exception as e:  # noqa: BLE001 - as in _open_device_view
+                self._device_view_failed(e)
+                self._capturing = lambda: True
+                return True
+
+        return check
+
+    def _gpu_memory(self) -> dict[str, Any]:
+        """The step record's GPU memory fields: the allocator's statistics read once a step, not while a
+        CUDA graph is captured on the device."""
+        return {} if self._capturing() else COUNTERS.gpu_memory(self.device)
 
     def _work_begins(self, phase: str) -> None:
         if self._clock is not None:
@@ -313,23 +338,30 @@ class StepRecorder:
                          f"{MAX_PENDING_STEPS} steps behind its host; training goes on")
         return fields
 
-    def _read_collectives(self, force: bool = False) -> None:
-        """The collectives' device times the flight recorder has completed, when a read is due (or ``force``)."""
+    def _collectives(self, call: Callable[[CollectiveTimes], dict[str, Any] | None]) -> dict[str, Any]:
+        """``call(collective times)``: the fields it found for a record; a failure stands them down, said once."""
         if self._colls is None:
-            return
+            return {}
         try:
-            self._colls_read += self._colls.take(force)
+            found = dict(call(self._colls) or {})
         except Exception as e:  # noqa: BLE001 - the collectives' times are optional; the steps' stay
             self._colls = None
             trouble.warn(self.dir, "device_colls", f"collectives' device times are not recorded "
                          f"({trouble.reason(e)}); training goes on")
+            return {}
+        if found.pop("untimed", False):
+            trouble.warn(self.dir, "nccl_timing", "NCCL collectives are not timed on the device (a process group "
+                         "started with TORCH_NCCL_ENABLE_TIMING off): this rank's waits on the device are unknown")
+        if found.get("device_colls_lost"):
+            trouble.warn(self.dir, "device_colls_lost", "the flight recorder's ring wrapped between two reads: "
+                         "collectives' device times were lost (device_colls_lost); those steps' waits are unknown")
+        return found
 
     def _flush_device_view(self, wait_s: float) -> None:
         """At the end: what is still pending (the steps complete within ``wait_s``), in one line that is not a step."""
         if self._clock is None and self._colls is None:
             return
-        self._read_collectives(force=True)
-        colls, self._colls_read = self._colls_read, []
+        colls = self._collectives(lambda times: times.finish(self.step_num))
         try:
             steps = self._clock.flush(wait_s) if self._clock is not None else []
             if self._clock is not None and self._clock.unfinished and wait_s:
@@ -337,7 +369,7 @@ class StepRecorder:
                              f"steps are not recorded: the device had not reached them {wait_s:.0f} s after the end")
             if steps or colls:
                 self._steps.append({"schema_version": SCHEMA_VERSION, "rank": self.rank, "kind": "device",
-                                    "device_steps": steps, "device_colls": colls})
+                                    "device_steps": steps, "device_colls": [], **colls})
         except Exception as e:  # noqa: BLE001 - as in _open_device_view; a full disk included
             self._device_view_failed(e)
         self._stand_down_device_view()

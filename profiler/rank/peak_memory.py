@@ -46,10 +46,11 @@ class PeakMemory:
         if self._can_reset_rss:
             self._try_reset_rss()
 
-    def read(self) -> int:
-        """Peak bytes since the last :meth:`reset` (or since start, for the lifetime peaks)."""
+    def read(self, cuda_peak: int | None = None) -> int | None:
+        """Peak bytes since the last :meth:`reset` (or since start, for the lifetime peaks). On GPU it is
+        ``cuda_peak``, the allocator's peak from the step's one read of its statistics (None: not read)."""
         if self.source == "cuda_lifetime_peak":
-            return int(torch.cuda.memory_stats(self.device).get("allocated_bytes.all.peak", 0))
+            return cuda_peak
         if self._can_reset_rss:
             for line in _STATUS.read_text().splitlines():
                 if line.startswith("VmHWM:"):

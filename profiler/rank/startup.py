@@ -9,7 +9,7 @@ start the ranks itself. Launchers and helper processes of a rank (data-loader wo
 workers) are left alone.
 
 Per rank it writes ``rank.json`` (who and where), tees stdout and stderr to files, points NCCL's
-debug log and the flight recorder at the rank's folder, arms the optimizer-step hooks
+debug log at the rank's folder, arms the optimizer-step hooks
 (:mod:`diagtrain.profiler.rank.step_hooks`) and, at exit, writes ``exit.json`` and the flight
 recorder dump.
 """
@@ -39,6 +39,7 @@ from diagtrain.profiler.run_dir import (
     SCHEMA_VERSION,
     WRAPPER_PID_ENV,
     RankIndex,
+    device_env,
     rank_dir,
     write_json_atomic,
 )
@@ -47,11 +48,6 @@ from diagtrain.profiler.util.launchers import LAUNCHER_PROGRAMS, LaunchedRank, r
 RANK_PID_ENV = "DIAGTRAIN_RANK_PID"  # set by a rank, so that its child processes know they are not ranks
 # Where a process's output goes while its rank is not known: no rank's name, so readers of ranks/ skip it.
 PENDING_FOLDER = ".pending-{pid}"
-# Flight-recorder entries kept per process: several steps of a 3D run's collectives.
-FR_BUFFER_ENTRIES = "20000"
-# NCCL times each collective on the device (the flight recorder's duration_ms, see rank/device_colls.py).
-# Its cost: one extra CUDA event pair recorded per collective; a user's own setting is kept.
-NCCL_TIMING_ENV = "TORCH_NCCL_ENABLE_TIMING"
 SIGTERM_EXIT_CODE = 128 + signal.SIGTERM
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
@@ -175,8 +171,9 @@ class _Session:
         self.pid = os.getpid()
         self.rank: int | None = None
         self.noted: dict[str, float] = {"process_started_at": process_start_time()}  # rank.json's start-up times
-        os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FR_BUFFER_ENTRIES)  # before any process group starts
-        os.environ.setdefault(NCCL_TIMING_ENV, "1")
+        # The wrapper put these in the job's environment already; here for a process whose environment was
+        # made anew on the way (a launcher that passes its own), before any process group of its starts.
+        os.environ.update(device_env(os.environ))
         folder.mkdir(parents=True, exist_ok=True)
         _tee_output(folder)
         self.exit = _ExitRecorder(self.folder_at_exit)

@@ -7,7 +7,10 @@ torch's global optimizer pre- and post-step hooks and starts the always-on count
 records of a program that has no StepRecorder of its own.
 
 A step ends when the *lead* optimizer (the first one that steps) finishes ``step()``, so a
-program with several optimizers (pipeline stages, GANs) still counts one step per iteration.
+program with several optimizers (pipeline stages, GANs) still counts one step per iteration. AMP's
+GradScaler skips ``optimizer.step()`` when the gradients hold an inf or NaN: the hooks would not see
+that iteration end, and it would merge into the next (twice the time: a false slow step). GradScaler's
+call is followed instead, and a step it skipped ends there, marked ``optimizer_skipped``.
 Step 1 starts when torch is imported, so it includes start-up. A program that opens its own
 :class:`~diagtrain.profiler.rank.instrument.StepRecorder` takes over and these hooks stand down.
 
@@ -17,8 +20,11 @@ rank unless it starts the ranks itself): its first optimizer step then asks whet
 
 from __future__ import annotations
 
+import functools
+import itertools
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
@@ -44,6 +50,7 @@ class _HookRecorder:
         self.recorder: instrument.StepRecorder | None = None
         self.lead: int | None = None
         self.stood_down = False
+        self.post_steps = 0  # optimizer.step() calls finished, of any optimizer: tells a step GradScaler skipped
 
     def on_torch_imported(self, torch: ModuleType) -> None:
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -56,6 +63,8 @@ class _HookRecorder:
         self.torch, self.torch_imported_at = torch, time.time()
         if self.rank is not None:
             _add_torch_facts(rank_dir(self.run_dir, self.rank) / "rank.json", torch, self.torch_imported_at)
+        scaler = torch.amp.grad_scaler.GradScaler
+        scaler._maybe_opt_step = follow_skipped_steps(scaler._maybe_opt_step, self)
 
     def bind(self, rank: int) -> None:
         """Record steps as ``rank`` (its rank.json exists now); a forked child counts from now, not its parent."""
@@ -97,8 +106,17 @@ class _HookRecorder:
             trouble.warn(self._folder(), "hooks", f"step hook failed ({trouble.reason(e)}); training goes on")
 
     def _post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.post_steps += 1
         try:
             self._end(optimizer)
+        except Exception as e:  # noqa: BLE001 - as in _pre_step
+            trouble.warn(self._folder(), "hooks", f"step hook failed ({trouble.reason(e)}); training goes on")
+
+    def skipped(self, optimizer: Any) -> None:
+        """GradScaler skipped ``optimizer.step()`` (inf or NaN gradients): the iteration ends here all the same."""
+        try:
+            self._begin(optimizer)
+            self._end(optimizer, optimizer_skipped=True)
         except Exception as e:  # noqa: BLE001 - as in _pre_step
             trouble.warn(self._folder(), "hooks", f"step hook failed ({trouble.reason(e)}); training goes on")
 
@@ -108,7 +126,7 @@ class _HookRecorder:
         if self.recorder is None:
             import torch
 
-            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_initialized() else None
+            device = rank_device(optimizer, COUNTERS.modules())
             if device is not None:
                 _add_device(self._folder() / "rank.json", torch, device)
             self.recorder = instrument.StepRecorder(
@@ -117,11 +135,11 @@ class _HookRecorder:
         COUNTERS.phase_enter("optimizer")
         self.recorder.begin_phase("optimizer")
 
-    def _end(self, optimizer: Any) -> None:
+    def _end(self, optimizer: Any, **marks: Any) -> None:
         if self.recorder is not None and self._active(optimizer):
             self.recorder.end_phase("optimizer")
             COUNTERS.phase_exit("optimizer")
-            self.recorder.step()
+            self.recorder.step(**marks)
 
     def _stand_down(self) -> None:
         self.stood_down = True
@@ -132,6 +150,33 @@ class _HookRecorder:
         if self.recorder is not None:
             recorder, self.recorder = self.recorder, None
             recorder.__exit__(None, None, None)
+
+
+def follow_skipped_steps(maybe_step: Callable[..., Any], hooks: _HookRecorder) -> Callable[..., Any]:
+    """``GradScaler._maybe_opt_step`` (the one place it calls, or skips, ``optimizer.step()``) that tells
+    ``hooks`` of a step it skipped."""
+
+    @functools.wraps(maybe_step)
+    def _maybe_opt_step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        before = hooks.post_steps
+        result = maybe_step(scaler, optimizer, *args, **kwargs)
+        if hooks.post_steps == before:
+            hooks.skipped(optimizer)
+        return result
+
+    return _maybe_opt_step
+
+
+def rank_device(optimizer: Any, modules: Iterable[Any]) -> Any:
+    """The GPU this rank trains on: its optimizer's first CUDA parameter's device, else its modules' (an
+    optimizer that keeps its state on the CPU); None where no parameter is on a GPU.
+
+    Not ``torch.cuda.current_device()``: a script that moves its model with ``.to(rank)`` (PyTorch's DDP
+    tutorial) and never calls ``torch.cuda.set_device`` trains on its own GPU while the current device stays 0.
+    """
+    params = (p for group in getattr(optimizer, "param_groups", ()) for p in group.get("params", ()))
+    in_modules = (p for module in modules for p in module.parameters())
+    return next((p.device for p in itertools.chain(params, in_modules) if getattr(p, "is_cuda", False)), None)
 
 
 def arm(run_dir: Path, claim: Callable[[], int | None]) -> _HookRecorder:

@@ -355,15 +355,23 @@ STEP_COLUMNS = ("rank", "step", "start", "end", "wall_ms", "peak_mem_bytes", "sa
 # -- device timings (CUDA events, NCCL's collective timing): the fields of an earlier step, carried by a later
 # record or by the run's last line (docs/run-directory.md) ----------------------------------------------------
 
-DEVICE_LISTS = ("device_steps", "device_colls")
-# A record of the device's timings: its rank, its device_steps and its device_colls (lists, or None).
-DeviceRecord = tuple[int, Any, Any]
+DEVICE_LISTS = ("device_steps", "device_colls", "device_colls_lost")
+# A record of the device's timings: its rank, then its device_steps, device_colls and device_colls_lost (lists, or
+# None), in the order of DEVICE_LISTS.
+DeviceRecord = tuple[int, Any, Any, Any]
 MAX_DEVICE_ENTRIES = 100_000  # per record: a step of more collectives than this is a corrupt record
 # Each list's fields and their kinds: a step and a sequence number are counts, the rest are strings or ms.
 DEVICE_FIELDS: dict[str, dict[str, str]] = {
     "device_steps": {"step": "count", "step_ms": "ms", "idle_before_ms": "ms"},
     "device_colls": {"step": "count", "group": "str", "seq": "count", "op": "str", "ms": "ms"},
+    # collectives the flight recorder's ring overwrote before a read (issued during these steps): waits unknown
+    "device_colls_lost": {"first_step": "count", "last_step": "count", "entries": "count"},
 }
+
+
+def device_record(rank: int, lists: dict[str, Any]) -> DeviceRecord:
+    """The :data:`DeviceRecord` of ``lists`` (a record's or the end-of-run line's device lists, by name)."""
+    return (rank, *(lists.get(name) for name in DEVICE_LISTS))
 
 
 def is_device_line(record: Any) -> bool:

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from diagtrain.profiler.analyzer.read import run_files as rf
-from diagtrain.profiler.analyzer.read.run_files import DeviceRecord
+from diagtrain.profiler.analyzer.read.run_files import DeviceRecord, device_record
 from diagtrain.profiler.analyzer.read.flight_records import (Entry, dump_version_problem, groups_of_dump, keyed_by_members,
                                                               looks_like_dump, rank_of_dump, read_dump)
 from diagtrain.profiler.analyzer.read.inputs import Inputs, Skipped, rank_number
@@ -136,7 +136,7 @@ def read_step_records(folders: dict[int, Path], inputs: Inputs, notes: list[dict
         if found.p2p:
             p2p[rank] = found.p2p
         if found.device and flushed is not None:
-            flushed.append((rank, found.device.get("device_steps"), found.device.get("device_colls")))
+            flushed.append(device_record(rank, found.device))
     return pd.DataFrame(rows), phases, p2p
 
 

@@ -34,7 +34,7 @@ from diagtrain.profiler.analyzer.read.run_files import (SHOWN_PROBLEMS, StepFile
 from diagtrain.profiler.run_dir import remove_quietly, replacing, write_json_atomic
 from diagtrain.profiler.util.bounded_read import MAX_LINE_CHARS, InputError, display, open_regular
 
-CACHE_VERSION = 3  # bump when what the cache holds, or how a record is read, changes
+CACHE_VERSION = 4  # bump when what the cache holds, or how a record is read, changes
 STEPS_CACHE = "@steps"  # under analysis/cache: a trace's cache key never holds "@" (discover._key)
 STATE_FILE = "state.json"
 FINGERPRINT_BYTES = 4096

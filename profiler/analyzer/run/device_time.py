@@ -9,6 +9,8 @@ carry them for earlier steps, once their CUDA events completed (docs/run-directo
 - ``device_colls``: each collective's time on the device, which includes its wait for the last peer to
   arrive. The group's shortest (same group and sequence number, across ranks) is the transfer; a rank's
   wait is its time beyond that, and the rank with the shortest arrived last.
+- ``device_colls_lost``: the steps whose collectives the flight recorder's ring overwrote before the rank
+  read them: that rank's waits in those steps are unknown, not zero.
 
 Per rank and step this gives ``device_step_ms``, ``device_idle_ms``, ``device_comm_wait_ms`` (its waits
 summed: ``comm_wait_ms`` on a GPU) and ``last_arrivals``, and ``time_source``: "device" where the whole
@@ -24,13 +26,14 @@ import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.analyzer.read.flight_records import Entry
-from diagtrain.profiler.analyzer.read.run_files import DEVICE_LISTS, DeviceRecord
+from diagtrain.profiler.analyzer.read.run_files import DEVICE_LISTS, DeviceRecord, device_record
 from diagtrain.profiler.run_dir import GroupKeys
 
 DEVICE, HOST = "device", "host"  # the values of ``time_source``
 DEVICE_COLUMNS = ("device_step_ms", "device_idle_ms", "device_comm_wait_ms", "last_arrivals")
 STEP_FIELDS = ["rank", "step", "step_ms", "idle_before_ms"]
 COLL_FIELDS = ["rank", "step", "group", "seq", "op", "ms"]
+LOST_FIELDS = ["rank", "first_step", "last_step", "entries"]
 
 
 def records_of(steps: pd.DataFrame) -> list[DeviceRecord]:
@@ -38,26 +41,26 @@ def records_of(steps: pd.DataFrame) -> list[DeviceRecord]:
     if not any(c in steps for c in DEVICE_LISTS):
         return []
     lists = [steps[c] if c in steps else pd.Series(None, index=steps.index, dtype=object) for c in DEVICE_LISTS]
-    return [(int(r), s, c) for r, s, c in zip(steps["rank"], *lists) if _listed(s) or _listed(c)]
+    return [(int(r), *found) for r, *found in zip(steps["rank"], *lists) if any(_listed(x) for x in found)]
 
 
 def records_of_rows(rank: int, rows: Iterable[dict[str, Any]], flushed: dict[str, list]) -> list[DeviceRecord]:
     """The device timings of one rank's step rows as read (dicts) and of its end-of-run line (``flushed``)."""
-    found = [(rank, row.get("device_steps"), row.get("device_colls")) for row in rows
-             if "device_steps" in row or "device_colls" in row]
-    return found + ([(rank, flushed.get("device_steps"), flushed.get("device_colls"))] if flushed else [])
+    found = [device_record(rank, row) for row in rows if any(name in row for name in DEVICE_LISTS)]
+    return found + ([device_record(rank, flushed)] if flushed else [])
 
 
 def _listed(value: Any) -> bool:
     return isinstance(value, (list, np.ndarray)) and len(value) > 0
 
 
-def timings(records: list[DeviceRecord]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The device steps (rank, step, step_ms, idle_before_ms) and collectives (rank, step, group, seq, op, ms)
-    of the records; a timing read twice (a restarted job) counts once, the later one."""
+def timings(records: list[DeviceRecord]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The device steps (rank, step, step_ms, idle_before_ms), collectives (rank, step, group, seq, op, ms) and
+    lost collectives' steps (rank, first_step, last_step, entries) of the records; a timing read twice (a
+    restarted job) counts once, the later one."""
     steps_table = _entries(records, 1, STEP_FIELDS).drop_duplicates(["rank", "step"], keep="last")
     colls_table = _entries(records, 2, COLL_FIELDS).drop_duplicates(["rank", "group", "seq"], keep="last")
-    return steps_table, colls_table
+    return steps_table, colls_table, _entries(records, 3, LOST_FIELDS)
 
 
 def _entries(records: list[DeviceRecord], at: int, fields: list[str]) -> pd.DataFrame:
@@ -123,9 +126,11 @@ def collective_waits(colls: pd.DataFrame) -> pd.DataFrame:
     return out.drop(columns="unknown")
 
 
-def with_device_time(steps: pd.DataFrame, device_steps: pd.DataFrame, colls: pd.DataFrame) -> pd.DataFrame:
+def with_device_time(steps: pd.DataFrame, device_steps: pd.DataFrame, colls: pd.DataFrame,
+                     lost: pd.DataFrame | None = None) -> pd.DataFrame:
     """The step table with the device's columns and ``time_source`` (its rows' raw device lists dropped);
-    unchanged where no rank timed anything on a device (CPU runs read as before)."""
+    unchanged where no rank timed anything on a device (CPU runs read as before). ``lost``: the steps of a rank
+    whose collectives its flight recorder lost (LOST_FIELDS), whose waits are unknown."""
     steps = steps.drop(columns=[c for c in DEVICE_LISTS if c in steps])
     if steps.empty or (device_steps.empty and colls.empty):
         return steps
@@ -137,6 +142,7 @@ def with_device_time(steps: pd.DataFrame, device_steps: pd.DataFrame, colls: pd.
     timed = merged["device_step_ms"].notna()
     no_calls = timed & merged["last_arrivals"].isna() & merged["rank"].isin(colls["rank"].unique())
     merged.loc[no_calls, ["device_comm_wait_ms", "last_arrivals"]] = 0.0
+    merged.loc[_in_spans(merged, lost), ["device_comm_wait_ms", "last_arrivals"]] = np.nan
     # Ranks are compared within a step: one timed on the devices is compared on them only where all its ranks are.
     known = timed & merged["device_comm_wait_ms"].notna()
     whole = known.groupby(merged["step"]).transform("all")
@@ -152,12 +158,20 @@ def add_device_time(steps: pd.DataFrame, records: Iterable[DeviceRecord], flight
     records = list(records)
     if not records and not any(e.duration_ms is not None for e in flight_records):
         return steps.drop(columns=[c for c in DEVICE_LISTS if c in steps])  # a CPU run: nothing to add
-    device_steps, colls = timings(records)
+    device_steps, colls, lost = timings(records)
     colls = keyed_groups(colls, groups or {})
     recorded = flight_record_timings(list(flight_records), steps)
     if not recorded.empty:
         colls = pd.concat([colls, recorded], ignore_index=True).drop_duplicates(["rank", "group", "seq"], keep="first")
-    return with_device_time(steps, device_steps, colls)
+    return with_device_time(steps, device_steps, colls, lost)
+
+
+def _in_spans(steps: pd.DataFrame, lost: pd.DataFrame | None) -> pd.Series:
+    """Which rows are a step of their rank that a span of ``lost`` covers (a few spans a run: one mask each)."""
+    covered = pd.Series(False, index=steps.index)
+    for rank, first, last in ([] if lost is None else zip(lost["rank"], lost["first_step"], lost["last_step"])):
+        covered |= steps["rank"].eq(rank) & steps["step"].between(first, last)
+    return covered
 
 
 def on_device(steps: pd.DataFrame) -> pd.Series:

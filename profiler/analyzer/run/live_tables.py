@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from diagtrain.profiler.analyzer.read import run_files as rf
-from diagtrain.profiler.analyzer.read.run_files import STEP_COLUMNS
+from diagtrain.profiler.analyzer.read.run_files import STEP_COLUMNS, device_record
 from diagtrain.profiler.analyzer.read.host_summary import HostSummary, summary_path
 from diagtrain.profiler.analyzer.read.step_cache import CacheFeeder
 from diagtrain.profiler.analyzer.read.step_tail import JsonlTail, RankSteps, StepTail
@@ -196,8 +196,7 @@ class LiveSteps:
         # A step's device timings come in later records: the held rows from the window's first step on are read,
         # not only the window's (the ones before carry the timings of steps before it).
         device = device_time.records_of(self.rows.since(int(rows["step"].min())))
-        device += [(r, t.found.device.get("device_steps"), t.found.device.get("device_colls"))
-                   for r, t in tails.items() if t.found.device]
+        device += [device_record(r, t.found.device) for r, t in tails.items() if t.found.device]
         p2p = {r: p2p_from_step_records(t.found.p2p) for r, t in tails.items() if t.found.p2p}
         steps = step_table(rows, profiled=requested)
         launched = [h["started_at"] for h in self.hosts() if isinstance(h.get("started_at"), (int, float))]
