@@ -63,8 +63,9 @@ class _HookRecorder:
         self.torch, self.torch_imported_at = torch, time.time()
         if self.rank is not None:
             _add_torch_facts(rank_dir(self.run_dir, self.rank) / "rank.json", torch, self.torch_imported_at)
-        scaler = torch.amp.grad_scaler.GradScaler
-        scaler._maybe_opt_step = follow_skipped_steps(scaler._maybe_opt_step, self)
+        scaler = getattr(getattr(getattr(torch, "amp", None), "grad_scaler", None), "GradScaler", None)
+        if scaler is not None and hasattr(scaler, "_maybe_opt_step"):  # a torch without it: skipped steps merge, as before
+            scaler._maybe_opt_step = follow_skipped_steps(scaler._maybe_opt_step, self)
 
     def bind(self, rank: int) -> None:
         """Record steps as ``rank`` (its rank.json exists now); a forked child counts from now, not its parent."""
