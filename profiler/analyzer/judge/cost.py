@@ -46,7 +46,7 @@ class Cost:
     min_periods: int = setting(3, "a period is named only when the cause recurs at a fixed interval this many times")
     warning_share: float = setting(0.05, "a pattern that cost the job this share of its steady time is worth a warning")
     error_share: float = setting(0.25, "... and this share, an error: a quarter of the run lost to one cause")
-    validated_kinds: str = setting("straggler,dataloader_stall,slow_collective",
+    validated_kinds: str = setting("straggler,dataloader_stall,slow_collective,input_bound,periodic_stall",
                                    "kinds whose price benchmarks/impact.py holds within 30% of the saving measured "
                                    "against a clean twin; others claim a bound ('up to')")
     min_replay_coverage: float = setting(0.6, "the critical path's what-if is a check of the ledger's price only where "
