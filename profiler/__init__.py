@@ -1,4 +1,4 @@
-"""diagtrain's toolkit core, one sub-package per stage of the flow (DESIGN.md):
+"""diagtrain's toolkit core, one sub-package per stage of the flow (docs/contributing/architecture.md):
 
 - :mod:`~diagtrain.profiler.rank`: inside the user's ranks (bootstrap, step hooks, profiler
   windows, state dumps); where a bug would break the user's job.

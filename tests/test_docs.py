@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from diagtrain.profiler.analyzer.judge.kinds import KINDS
+from diagtrain.profiler.analyzer.judge.pipeline import DETECTORS
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 README_LIMIT = 12 * 1024
@@ -69,15 +72,28 @@ def test_no_link_or_path_leads_outside_the_repository():
 
 
 def test_every_finding_kind_has_its_page_and_every_page_a_kind():
-    kinds = emitted_kinds()
-    assert {"straggler", "hang", "memory_growth", "missing_evidence"} <= kinds  # the scan sees the detectors
+    kinds = {k.name for k in KINDS}
     documented = {p.stem for p in (DOCS / "findings").glob("*.md")} - {"index", "settings"}
     assert kinds - documented == set(), "finding kinds without a page in docs/findings/"
     assert documented - kinds == set(), "pages in docs/findings/ for kinds the analyzer never emits"
     nav = (ROOT / "mkdocs.yml").read_text()
     index = (DOCS / "findings" / "index.md").read_text()
-    for kind in kinds:
-        assert f"findings/{kind}.md" in nav and f"({kind}.md)" in index, kind
+    for kind in KINDS:
+        assert f"findings/{kind.name}.md" in nav and f"({kind.name}.md)" in index, kind.name
+        page = (ROOT / kind.page).read_text()
+        claimed = [m.split() for m in re.findall(r"<!-- settings: ([a-z_ ]+) -->", page)]
+        assert claimed == ([list(kind.settings)] if kind.settings else []), f"{kind.page}: settings are not {kind.settings}"
+
+
+def test_the_kinds_table_is_the_only_list_of_kinds():
+    """Every kind the analyzer's code can make is in judge/kinds.py, and every kind there is made somewhere."""
+    made = emitted_kinds()
+    assert {"straggler", "hang", "memory_growth", "missing_evidence"} <= made  # the scan sees the detectors
+    assert made - {k.name for k in KINDS} == set(), "kinds made in the code but not in judge/kinds.py"
+    assert {k.name for k in KINDS} - made == set(), "kinds in judge/kinds.py that no code makes"
+    assert DETECTORS == tuple(dict.fromkeys(k.detector for k in KINDS if k.detector not in ("model check", "live")))
+    for name in DETECTORS:
+        assert (ROOT / "profiler" / "analyzer" / "judge" / "detectors" / f"{name}.py").is_file(), name
 
 
 # -- the built site --------------------------------------------------------------------------------------

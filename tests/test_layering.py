@@ -1,4 +1,4 @@
-"""The tree reads as the data flow, and stays so: which stage may import which (DESIGN.md, "Rules of the house").
+"""The tree reads as the data flow, and stays so: which stage may import which (docs/contributing/architecture.md, "Rules of the house").
 
 Every import in the package is read from the source (module-level and inside functions alike) and
 checked against the table below. A new module needs no entry here unless it opens a new stage.

@@ -88,3 +88,15 @@ def test_the_check_catches_each_way_out():
     ]
     for source in fine:
         assert outside_paths(source, depth=1) == [], source
+
+
+def test_no_file_the_repository_does_not_hold_is_cited():
+    """A document the code or tests cite (a Markdown file) is in the checkout: a reader who follows it finds it. Names of
+    files the analysis writes (report.md) and benchmarks write into their own folders are outputs, not citations."""
+    outputs = {"report.md", "PROVENANCE.md"}
+    have = {p.name for p in REPO.rglob("*.md") if not {".git", "site", "build"} & set(p.parts)}
+    cited = {(name, str(path.relative_to(REPO))) for folder in ("profiler", "api", "dashboard", "benchmarks", "tests",
+                                                                 "reference_trainers")
+             for path in (REPO / folder).rglob("*.py") for name in re.findall(r"[\w./-]+\.md\b", path.read_text())}
+    missing = sorted((name, where) for name, where in cited if Path(name).name not in have | outputs)
+    assert not missing, f"cited but not in the repository: {missing}"

@@ -1,16 +1,18 @@
-"""One schema for what every detector finds (see DESIGN.md, "Findings")."""
+"""One schema for what every detector finds (the kinds: judge/kinds.py)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from diagtrain.profiler.analyzer.judge.kinds import stop_kinds
+
 SEVERITIES = ("info", "warning", "error", "critical")
 # metrics key of a finding whose impact_ms is what removing the cause could save at most (all exposed
 # communication overlapped), not a what-if's measured saving: shown as "up to".
 UPPER_BOUND = "impact_is_upper_bound"
 # The verdicts on why a run stopped (detectors/hang.py): read first whatever their severity.
-STOP_KINDS = ("hang", "crash", "crash_at_exit", "interrupted", "sequence_divergence")
+STOP_KINDS = stop_kinds()
 
 
 @dataclass

@@ -2,7 +2,7 @@
 judge/verdict.py decides each finding once. The final analysis and live judgement both call :func:`judge`.
 
 Adding a detector: its module in ``detectors/`` (a ``detect(tables) -> list[Finding]`` and, for its
-thresholds, a settings class registered with ``settings.section``) and its name in ``DETECTORS``.
+thresholds, a settings class registered with ``settings.section``) and its kinds in judge/kinds.py.
 Adding an assessment: a function ``(findings, context) -> Assessed`` in ``ASSESSMENTS``, with its name in
 judge/verdict.py (where its say on severity and impact, if it has one, is ranked against the others').
 Every finding records the settings its detector and its assessments ran with (``Finding.settings``).
@@ -18,34 +18,17 @@ from typing import Any, Callable
 import pandas as pd
 
 from diagtrain.profiler.util import settings
-from diagtrain.profiler.analyzer.judge import contention, cost, critical_path, expected, job_cost, traced_excess
+from diagtrain.profiler.analyzer.judge import contention, cost, critical_path, expected, job_cost, kinds, traced_excess
 from diagtrain.profiler.analyzer.judge.detectors.base import job_totals
 from diagtrain.profiler.analyzer.judge.explained import explained
 from diagtrain.profiler.analyzer.judge.findings import Finding, order
 from diagtrain.profiler.analyzer.judge.verdict import Assessed, Judged
 from diagtrain.profiler.analyzer.run.tables import Tables
 
-DETECTORS = (
-    "hang",
-    "straggler",
-    "dataloader_stall",
-    "memory_imbalance",
-    "pipeline_bubble",
-    "slow_collective",
-    "exposed_communication",
-    "nccl_transport",
-    "gpu_throttling",
-    "low_utilization",
-    "host_contention",
-    "memory_growth",
-    "missing_evidence",
-    "input_bound",
-    "periodic_stall",
-    "slow_startup",
-)
-# What a stopped or finished job leaves is judged at its end, not while it runs: the hang detector reads
-# dumps and exit records, missing_evidence what a finished run lacks, slow_startup the run's whole wall time.
-NOT_LIVE = ("hang", "missing_evidence", "slow_startup")
+# The detector modules, in the order they run, and those not asked while a job runs (what a stopped or finished
+# job leaves: dumps and exit records, what a finished run lacks, its whole wall time): from the kinds table.
+DETECTORS = kinds.detectors()
+NOT_LIVE = kinds.not_live()
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The NCCL_DEBUG=INFO output a rank leaves behind: communicators, rings, trees, transports, COLL lines.
 
-Formats are those in shared/reference/logs-and-dumps.md. The parser is tolerant: a line it does
-not recognize is counted or ignored, never an error, because a log cut off by a killed rank or
+Formats are those of the logs in tests/fixtures/logs/ and tests/fixtures/public/. The parser is tolerant: a
+line it does not recognize is counted or ignored, never an error, because a log cut off by a killed rank or
 interleaved with a trainer's own prints is the normal case, not the exception.
 """
 
