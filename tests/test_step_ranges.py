@@ -20,3 +20,15 @@ def test_several_ranges_sorted_and_overlaps_refused():
 def test_bad_ranges_say_why(text, why):
     with pytest.raises(ValueError, match=why):
         parse_step_range(text)
+
+
+def test_a_long_list_of_steps_reads_as_a_summary_in_a_sentence():
+    from diagtrain.profiler.util.text import ranges
+
+    assert ranges([3, 4, 5, 9]) == "3-5, 9"
+    assert ranges(range(1, 24, 2)) == "1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23"  # 12 parts: whole
+    assert ranges(range(5, 1_000_001, 4)) == "5, 9, ..., 999997 (every 4, 249999 in all)"
+    uneven = [1, 2, 3, *range(5, 30, 2), 100, 101]
+    assert ranges(uneven) == "1-3, 5, 7, 9, 11, 13, 15, 17, 19, 21, ... (3 more), 29, 100-101"
+    blips = sorted({int(x) for x in range(7, 500_000, 97)} | set(range(500_000, 1_000_000)))
+    assert len(ranges(blips)) < 120
