@@ -18,11 +18,14 @@ def figure(section: dict[str, Any] | None) -> Any:
 
     if not section or not section.get("wall_s"):
         return None
-    wall = section["wall_s"]
-    bars = [go.Bar(name=JOB_WORDS.get(c, c), x=[s], y=["job"], orientation="h", marker_color=COLORS.get(c),
-                   hovertemplate=f"{JOB_WORDS.get(c, c)}: %{{x:.2f}} s ({s / wall:.0%})<extra></extra>")
-            for c, s in section["seconds"].items() if s > 0]
+    wall, seconds = section["wall_s"], section["seconds"]
+    # As the job went: start-up, the steps' categories, after the last step.
+    order = ["startup", *(c for c in seconds if c not in ("startup", "teardown")), "teardown"]
+    bars = [go.Bar(name=JOB_WORDS.get(c, c), x=[seconds[c]], y=["job"], orientation="h", marker_color=COLORS.get(c),
+                   hovertemplate=f"{JOB_WORDS.get(c, c)}: %{{x:.2f}} s ({seconds[c] / wall:.0%})<extra></extra>")
+            for c in order if seconds.get(c, 0.0) > 0]
     return go.Figure(bars, layout={
         "barmode": "stack", "height": 190, "margin": {"l": 40, "r": 20, "t": 40, "b": 30},
         "title": f"Where the job's {wall:.1f} s went: goodput {section['goodput']:.0%}",
-        "xaxis_title": "seconds", "legend": {"orientation": "h", "y": -0.5}, "yaxis": {"visible": False}})
+        "xaxis_title": "seconds", "legend": {"orientation": "h", "y": -0.5, "traceorder": "normal"},
+        "yaxis": {"visible": False}})

@@ -74,7 +74,7 @@ def build(t: Tables) -> pd.DataFrame:
     if t.ledger.empty or t.steps.empty:
         return pd.DataFrame(columns=STEP_COLUMNS)
     ledger = t.ledger.merge(_gaps(t.steps), on=["rank", "step"], how="left")
-    shared = _shared_parts(ledger, t.steps)
+    shared = _shared_parts(ledger, t.steps, [*t.phases, OUTSIDE, DEVICE_BUSY, DEVICE_IDLE])
     by_step = shared.groupby(ledger["step"].to_numpy())
     typical = by_step.median()  # the job's typical rank, part by part
     lost = ledger.groupby("step")["lost_ms"].sum()
@@ -107,11 +107,11 @@ def _gaps(steps: pd.DataFrame) -> pd.DataFrame:
     return s[["rank", "step"]].assign(gap_ms=gap, exported=exported.to_numpy())
 
 
-def _shared_parts(ledger: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+def _shared_parts(ledger: pd.DataFrame, steps: pd.DataFrame, parts: list[str]) -> pd.DataFrame:
     """Per ledger row, each category's work at its peers' level (work less its excess over them), and each
-    part's (``part_<part>_ms``); a device's idle time is data loading up to its host's data wait."""
-    parts = [c[len("work_"):-len("_ms")].replace("_", " ") for c in ledger.columns
-             if c.startswith("work_") and c.endswith("_ms")]
+    part's (``part_<part>_ms``) of ``parts`` (those the ledger has); a device's idle time is data loading up to its
+    host's data wait."""
+    parts = [p for p in dict.fromkeys(parts) if work_column(p) in ledger]
     out = pd.DataFrame(index=ledger.index)
     totals = {c: np.zeros(len(ledger)) for c in (COMPUTE, DATA, OTHER)}
     for part in parts:
