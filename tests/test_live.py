@@ -22,6 +22,7 @@ import pytest
 
 from conftest import JOB_TIMEOUT_S, diagtrain_run, torchrun
 from live_helpers import append_step, two_ranks
+from diagtrain.profiler.analyzer.report.wording import worded
 from diagtrain.profiler.util import settings
 from diagtrain.profiler.analyzer.analyze import analyze
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady
@@ -261,7 +262,7 @@ def test_a_rank_without_progress_is_said_before_the_hang_watchdog(tmp_path):
     judge = LiveJudge(tmp_path)
     first = judge.judge(now=start + 0.7 + 5)  # 5 s: fewer than min_stalled_s
     assert not [e for e in first.events if e.record["kind"] == NO_PROGRESS]
-    later = judge.judge(now=start + 0.7 + 30)  # rank 1 has finished no step for 30 s, rank 0 one just now
+    later = worded(judge.judge(now=start + 0.7 + 30))  # rank 1 has finished no step for 30 s, rank 0 one just now
     [event] = [e for e in later.events if e.record["kind"] == NO_PROGRESS]
     assert event.record["event"] == "new" and event.record["ranks"] == [1] and event.record["steps"] == [7]
     assert event.record["severity"] == "warning" and "rank 1" in event.line and "since step 7" in event.line
@@ -314,12 +315,15 @@ def test_each_event_is_appended_and_said_and_warnings_stand_until_they_end(tmp_p
                                     "comm_ms": 2.0 if rank else 300.0, "phase_comm_ms": {"backward": 2.0 if rank else 300.0}})
                         + "\n")
     said = []
-    live = LiveDiagnosis(tmp_path, "h", lambda: LiveWork(LiveJudge(tmp_path).judge, 1.0, HostReducer(tmp_path, "h").reduce))
+    judge = LiveJudge(tmp_path)
+    # As the run verb gives it: the judgement worded (its lines composed in report/wording.py).
+    live = LiveDiagnosis(tmp_path, "h", lambda: LiveWork(lambda: worded(judge.judge()), 1.0,
+                                                         HostReducer(tmp_path, "h").reduce))
     work, live._say = live.make(), said.append  # what its thread does first
     live.judge, live.interval_s, live.reduce = work.judge, work.interval_s, work.reduce
     live.round()
     # The host reduced its ranks into its summary, and the judge read them from there, not from their files.
-    assert list(live.judge.__self__.steps.summaries) == ["h"] and not live.judge.__self__.steps.direct
+    assert list(judge.steps.summaries) == ["h"] and not judge.steps.direct
     [event] = [e for e in events(tmp_path) if e["kind"] == "straggler"]
     assert event["event"] == "new" and event["ranks"] == [1] and event["severity"] in ACTIONABLE
     assert any("straggler on rank 1 since step" in line for line in said)

@@ -16,6 +16,7 @@ from recorded import copy_run
 from synthetic_runs import job_run
 from diagtrain.profiler.analyzer.analyze import analyze
 from diagtrain.profiler.analyzer.judge.live import LiveJudge
+from diagtrain.profiler.analyzer.report.wording import worded
 from diagtrain.profiler.analyzer.run import divergence
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.run_dir import write_json_atomic
@@ -125,7 +126,7 @@ def test_live_says_since_the_step_a_fault_began_not_its_first_blip(tmp_path):
         late = 150.0 if step >= 25 else 20.0 if step in (4, 9) else 0.0
         for rank in (0, 1):
             append_step(tmp_path, rank, step, start, late if rank == 1 else 0.0, late)
-        events += [e for e in judge.judge(now=start + 0.4 * step + 0.3).events if e.record["kind"] == "straggler"]
+        events += [e for e in worded(judge.judge(now=start + 0.4 * step + 0.3)).events if e.record["kind"] == "straggler"]
     assert (events[0].record["event"], events[0].record["severity"], events[0].record["since_step"]) == ("new", "info", 4)
     said = [e.line for e in events if e.line]
     assert said and "started straggler on rank 1 since step 25" in said[0], said

@@ -18,9 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from diagtrain.profiler.run_dir import LIVE_DIR, LIVE_FINDINGS_FILE, JsonlAppender, RankIndex
-from diagtrain.profiler.util.text import ranges
 
-ACTIONABLE = ("warning", "error", "critical")  # what the console shows: the severities worth acting on
 
 
 class Event(Protocol):
@@ -67,7 +65,7 @@ class LiveDiagnosis:
         self.rounds = 0
         self.cpu_s = 0.0
         self.step: int | None = None  # the latest step judged
-        self._active: list[dict[str, Any]] = []  # the findings standing after the last judgement
+        self._standing: list[str] = []  # the warnings and worse standing after the last judgement, in words
         self._say: Callable[[str], None] = lambda _: None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="diagtrain-live", daemon=True)
@@ -133,17 +131,15 @@ class LiveDiagnosis:
                 self._say(event.line)
         for note in verdict.notes:
             self._say(f"live: {note}")
-        self._active = verdict.active
+        self._standing = verdict.standing
         if self.metrics is not None:
             self.metrics.update(verdict.latest, verdict.active, verdict.job_seconds)
         return verdict.next_in_s
 
     def standing(self) -> list[str]:
-        """The warnings and worse standing after the last judgement, a line each, worst first."""
-        found = sorted((f for f in self._active if f.get("severity") in ACTIONABLE),
-                       key=lambda f: -ACTIONABLE.index(f["severity"]))
-        return [f"{f['severity'].upper()} {f['kind']} on rank{'s' if len(f['ranks']) > 1 else ''} {ranges(f['ranks'])} "
-                f"since step {f.get('since_step')}, {f.get('lost_s_so_far', 0.0):.1f} s lost so far" for f in found]
+        """The warnings and worse standing after the last judgement, a line each, worst first (its words: the
+        analyzer's, report/wording.standing_lines)."""
+        return list(self._standing)
 
     def _leads(self) -> bool:
         """Whether this wrapper judges: the one that started rank 0 (any, until rank 0 is known)."""

@@ -31,7 +31,6 @@ from diagtrain.profiler.analyzer.run import job_time
 from diagtrain.profiler.analyzer.run.live_tables import LiveSteps, Window
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.util.settings import section, setting, values
-from diagtrain.profiler.util.text import ranges
 
 NO_PROGRESS = "no_progress"  # the live-only kind (written literally at its Finding for the docs test)
 ACTIONABLE = SEVERITIES.index("warning")
@@ -72,13 +71,20 @@ class Live:
                                    "detector at the edge of its threshold misses a cause that lasts")
 
 
+# What a live event says on the console (report/wording.py words it): a warning or worse that starts, is said
+# again (its severity changed, or the time it cost grew), or ends.
+STARTED, AGAIN, ENDED = "started", "again", "ended"
+
+
 @dataclass
 class LiveEvent:
-    """One change of a live finding: the JSON record for live/findings.jsonl, and the console line
-    when it is worth one (a warning or worse that starts, grows or ends)."""
+    """One change of a live finding: the JSON record for live/findings.jsonl, whether the console says it (``say``:
+    STARTED, AGAIN, ENDED or None) and the time it cost so far; ``line`` is its words (report/wording.worded)."""
 
     record: dict[str, Any]
-    line: str | None
+    say: str | None = None
+    lost_ms: float = 0.0
+    line: str | None = None
 
 
 @dataclass
@@ -93,6 +99,7 @@ class LiveVerdict:
     next_in_s: float = 0.0  # when to judge again (see Live.max_cpu_share)
     notes: list[str] = field(default_factory=list)  # what it had to do without, each said once
     job_seconds: dict[str, float] = field(default_factory=dict)  # the job's time so far by category (JobSoFar)
+    standing: list[str] = field(default_factory=list)  # the warnings and worse standing, a line each (worded())
 
 
 @dataclass
@@ -275,17 +282,13 @@ class LiveJudge:
     def _event(self, tracked: Tracked, event: str, now: float, step: int | None) -> LiveEvent:
         record = self._record(tracked, event, now, step)
         actionable = SEVERITIES.index(tracked.severity) >= ACTIONABLE
-        line = None
+        say = None
         if event == "resolved" and tracked.said:
-            lost = f"; {tracked.lost_ms / 1e3:.1f} s lost" if tracked.lost_ms > 0 else ""
-            line = f"live: ended: {_what(record)} (since step {tracked.since_step}{lost})"
+            say = ENDED
         elif event != "resolved" and actionable:
-            start = "" if tracked.said else "started "
-            lost = f": {tracked.lost_ms / 1e3:.1f} s lost so far" if tracked.lost_ms > 0 else ""  # memory growth costs no time
-            line = f"live: {tracked.severity.upper()} {start}{_what(record)} since step {tracked.since_step}{lost}"
-            tracked.said = True
+            say, tracked.said = (AGAIN if tracked.said else STARTED), True
         tracked.said_lost_ms = tracked.lost_ms
-        return LiveEvent(record, line)
+        return LiveEvent(record, say, tracked.lost_ms)
 
     @staticmethod
     def _record(tracked: Tracked, event: str, now: float, step: int | None) -> dict[str, Any]:
@@ -323,10 +326,3 @@ def _past_warm_up(window: Window) -> bool:
 def _plain(value: Any) -> Any:
     item = getattr(value, "item", None)  # a numpy scalar
     return item() if callable(item) else str(value)
-
-
-def _what(record: dict[str, Any]) -> str:
-    ranks = record.get("ranks") or []
-    who = f"rank{'s' if len(ranks) > 1 else ''} {ranges(ranks)}" if ranks else "the job"
-    return f"{record['kind']} on {who}"
-

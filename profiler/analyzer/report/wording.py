@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from diagtrain.profiler.analyzer.judge.cost import EVERY_STEP
-from diagtrain.profiler.analyzer.judge.findings import Finding
-from diagtrain.profiler.analyzer.judge.live import LiveVerdict
+from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, Finding
+from diagtrain.profiler.analyzer.judge.live import AGAIN, ENDED, STARTED, LiveEvent, LiveVerdict
+from diagtrain.profiler.util.text import ranges
 
 
 def explanation(finding: Finding) -> str:
@@ -25,10 +26,41 @@ def finding_json(finding: Finding) -> dict[str, Any]:
 
 
 def worded(verdict: LiveVerdict) -> LiveVerdict:
-    """A live judgement whose records (its events and the findings standing) carry their whole explanation."""
+    """A live judgement whose records (its events and the findings standing) carry their whole explanation, its
+    events their console lines, and the warnings and worse standing a line each."""
     for record in [*(e.record for e in verdict.events), *verdict.active]:
         record["explanation"] = _composed(record.get("explanation") or "", record.get("remarks") or [])
+    for e in verdict.events:
+        e.line = live_line(e)
+    verdict.standing = standing_lines(verdict.active)
     return verdict
+
+
+def live_line(event: LiveEvent) -> str | None:
+    """A live event's console line: ``live: WARNING started straggler on rank 1 since step 25: 0.6 s lost so far``."""
+    r = event.record
+    if event.say == ENDED:
+        lost = f"; {event.lost_ms / 1e3:.1f} s lost" if event.lost_ms > 0 else ""
+        return f"live: ended: {_what(r)} (since step {r['since_step']}{lost})"
+    if event.say in (STARTED, AGAIN):
+        lost = f": {event.lost_ms / 1e3:.1f} s lost so far" if event.lost_ms > 0 else ""  # memory growth costs no time
+        start = "started " if event.say == STARTED else ""
+        return f"live: {r['severity'].upper()} {start}{_what(r)} since step {r['since_step']}{lost}"
+    return None
+
+
+def standing_lines(active: list[dict[str, Any]]) -> list[str]:
+    """The warnings and worse standing, worst first, a line each: what the progress view shows while the job runs."""
+    found = sorted((f for f in active if SEVERITIES.index(f.get("severity", "info")) >= SEVERITIES.index("warning")),
+                   key=lambda f: -SEVERITIES.index(f["severity"]))
+    return [f"{f['severity'].upper()} {f['kind']} on rank{'s' if len(f['ranks']) > 1 else ''} {ranges(f['ranks'])} "
+            f"since step {f.get('since_step')}, {f.get('lost_s_so_far', 0.0):.1f} s lost so far" for f in found]
+
+
+def _what(record: dict[str, Any]) -> str:
+    ranks = record.get("ranks") or []
+    who = f"rank{'s' if len(ranks) > 1 else ''} {ranges(ranks)}" if ranks else "the job"
+    return f"{record['kind']} on {who}"
 
 
 def _composed(own: str, remarks: list[dict[str, Any]]) -> str:

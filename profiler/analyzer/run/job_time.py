@@ -79,7 +79,7 @@ def build(t: Tables) -> pd.DataFrame:
     typical = by_step.median()  # the job's typical rank, part by part
     lost = ledger.groupby("step")["lost_ms"].sum()
     spans = t.steps.groupby("step").agg(start=("start", "min"), end=("end", "max"), ranks=("rank", "nunique"))
-    spans = spans.loc[spans.index.isin(typical.index)].sort_index()
+    spans = spans.loc[spans.index.isin(typical.index)].dropna(subset=["start", "end"]).sort_index()
     ends = spans["end"].to_numpy(dtype=float)
     before = np.r_[spans["start"].to_numpy(dtype=float)[:1], np.maximum.accumulate(ends)[:-1]]
     out = pd.DataFrame({"step": spans.index.to_numpy().astype(int), "start": spans["start"].to_numpy(),
