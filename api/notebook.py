@@ -17,7 +17,8 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from diagtrain.profiler.analyzer.judge.findings import Finding, saving_text
+from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.report.wording import saving_text
 
 REPORTS = {"md": "report.md", "html": "report.html", "json": "report.json"}
 # Published per-step columns that are memory, by kind (steps.parquet).

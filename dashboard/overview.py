@@ -6,9 +6,10 @@ from datetime import datetime, timezone
 from typing import Any
 
 from diagtrain.dashboard.data import RunData
-from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, saving_text
+from diagtrain.profiler.analyzer.judge.findings import SEVERITIES
 from diagtrain.profiler.analyzer.report import job_bar
 from diagtrain.profiler.analyzer.report.sections import goodput_line
+from diagtrain.profiler.analyzer.report.wording import saving_text
 from diagtrain.profiler.util.text import ranges
 
 

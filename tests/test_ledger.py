@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from diagtrain.profiler.analyzer.analyze import analyze
-from diagtrain.profiler.analyzer.judge.findings import UPPER_BOUND, saving_text
+from diagtrain.profiler.analyzer.judge.findings import UPPER_BOUND
+from diagtrain.profiler.analyzer.report.wording import saving_text
 from diagtrain.profiler.analyzer.judge.verdict import applied
 from diagtrain.profiler.analyzer.report.wording import finding_json
 from diagtrain.profiler.run_dir import write_json_atomic

@@ -9,7 +9,8 @@ import time
 import pandas as pd
 import pytest
 
-from diagtrain.profiler.analyzer.judge.findings import UPPER_BOUND, saving_text
+from diagtrain.profiler.analyzer.judge.findings import UPPER_BOUND
+from diagtrain.profiler.analyzer.report.wording import saving_text
 from diagtrain.profiler.analyzer.report import summary as summary_lines
 from diagtrain.profiler.collect.profiler_noise import NoiseFilter
 from diagtrain.reference_trainers.train import _Progress

@@ -58,14 +58,3 @@ def order(findings: list[Finding]) -> list[Finding]:
     return sorted(findings, key=lambda f: (f.severity != "critical" and f.kind not in STOP_KINDS,
                                            SEVERITIES.index(f.severity) < actionable,
                                            -(f.impact_ms or 0.0), -SEVERITIES.index(f.severity)))
-
-
-def saving_text(finding: dict[str, Any]) -> str:
-    """``~12.3 ms/step`` or ``up to 12.3 ms/step`` for a finding's JSON record; '' when it claims no saving."""
-    if not finding.get("impact_ms"):
-        return ""
-    disputed = (finding.get("metrics") or {}).get("impact_range_ms")
-    if disputed:  # two measurements of it disagree: the range, not a number nobody can stand behind
-        return f"{disputed[0]:.1f}-{disputed[1]:.1f} ms/step"
-    bound = "up to " if (finding.get("metrics") or {}).get(UPPER_BOUND) else "~"
-    return f"{bound}{finding['impact_ms']:.1f} ms/step"

@@ -11,8 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, STOP_KINDS, saving_text
+from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, STOP_KINDS
 from diagtrain.profiler.analyzer.report.sections import goodput_line
+from diagtrain.profiler.analyzer.report.wording import saving_text
 from diagtrain.profiler.util.bounded_read import display
 from diagtrain.profiler.util.text import ranges
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from diagtrain.profiler.analyzer.judge.cost import EVERY_STEP
-from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, Finding
+from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, UPPER_BOUND, Finding
 from diagtrain.profiler.analyzer.judge.live import AGAIN, ENDED, STARTED, LiveEvent, LiveVerdict
 from diagtrain.profiler.util.text import ranges
 
@@ -61,6 +61,17 @@ def _what(record: dict[str, Any]) -> str:
     ranks = record.get("ranks") or []
     who = f"rank{'s' if len(ranks) > 1 else ''} {ranges(ranks)}" if ranks else "the job"
     return f"{record['kind']} on {who}"
+
+
+def saving_text(finding: dict[str, Any]) -> str:
+    """``~12.3 ms/step`` or ``up to 12.3 ms/step`` for a finding's JSON record; '' when it claims no saving."""
+    if not finding.get("impact_ms"):
+        return ""
+    disputed = (finding.get("metrics") or {}).get("impact_range_ms")
+    if disputed:  # two measurements of it disagree: the range, not a number nobody can stand behind
+        return f"{disputed[0]:.1f}-{disputed[1]:.1f} ms/step"
+    bound = "up to " if (finding.get("metrics") or {}).get(UPPER_BOUND) else "~"
+    return f"{bound}{finding['impact_ms']:.1f} ms/step"
 
 
 def _composed(own: str, remarks: list[dict[str, Any]]) -> str:
