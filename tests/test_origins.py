@@ -65,6 +65,12 @@ def crashed_peer(root: Path, status: str = "failed", leaver_steps: int = 6, peer
     write_json_atomic(root / "ranks" / "0" / "exit.json", peer)
     manifest = json.loads((root / "manifest.json").read_text())
     write_json_atomic(root / "manifest.json", {**manifest, "status": status, "exit_codes": {"0": peer["code"], "1": 0}})
+    for rank, last in ((0, peer_steps + 1), (1, leaver_steps)):  # the flight recorder: rank 0 in step 5's all-reduce
+        write_json_atomic(root / "ranks" / str(rank) / "process_groups.json", {"0": {"desc": "default_pg", "members": "0,1"}})
+        write_json_atomic(root / "ranks" / str(rank) / "flight_recorder.json", {"version": "2.10", "entries": [
+            {"collective_seq_id": s, "process_group": ["0", "default_pg"], "profiling_name": "gloo:all_reduce",
+             "state": "scheduled", "time_created_ns": int((end - 1 + 0.01 * s) * 1e9), "input_sizes": [[4]]}
+            for s in range(1, last + 1)]})
     return root
 
 
@@ -77,7 +83,17 @@ def test_a_rank_that_left_its_loop_early_is_the_origin_on_gloo_and_on_nccl(tmp_p
     [origin] = [f for f in report["findings"] if f["kind"] == "sequence_divergence"]
     assert origin["ranks"] == [1] and origin["metrics"]["parted"] == "fewer steps"
     assert origin["metrics"]["parted_step"] == 5 and "it finished 4 steps" in origin["explanation"]
+    assert origin["metrics"]["missed"] == [{"group": "default_pg", "seq": 5, "op": "all_reduce", "entered_by": [0]}]
     assert not {"crash", "hang"} & set(kinds(report))
+
+
+def test_a_hung_rank_stuck_outside_any_collective_is_not_left_waiting_by_one_that_ended(tmp_path):
+    """A hung run whose rank 0 is stuck in its own code (its flight recorder no further than rank 1's), while rank 1
+    ended well: nobody waited for rank 1 in a collective, so it is no origin."""
+    run = crashed_peer(tmp_path / "run", "hung", leaver_steps=6, peer_steps=6)
+    write_json_atomic(run / "ranks" / "0" / "flight_recorder.json",
+                      json.loads((run / "ranks" / "1" / "flight_recorder.json").read_text()))
+    assert "sequence_divergence" not in kinds(analyze(run, run, ["json"], workers=1))
 
 
 def test_a_rank_that_ended_well_after_its_peer_crashed_is_no_origin(tmp_path):

@@ -63,18 +63,18 @@ def parting(t: Tables, rank: int, peers: list[int]) -> Parting:
     theirs = steps[steps["rank"].isin(peers)] if not steps.empty else steps
     last = int(mine["step"].max()) if len(mine) else None
     their_last = int(theirs["step"].max()) if len(theirs) else None
-    missed = _missed(t, rank, peers)
+    never = missed(t, rank, peers)
     for column, how, differs in (("samples", SKIPPED, lambda m, p: m >= MORE_BATCHES * p),
                                  ("comm_calls", COLLECTIVES, lambda m, p: m != p)):
         found = _first_differing(mine, theirs, column, differs)
         if found is not None:
             step, m, p = found
-            return Parting(rank, how, step, m, p, last, their_last, missed)
+            return Parting(rank, how, step, m, p, last, their_last, never)
     # Peers that entered collectives it never issued, after their last finished step, were inside the next one.
-    reached = their_last + 1 if their_last is not None and missed else their_last
+    reached = their_last + 1 if their_last is not None and never else their_last
     if last is not None and reached is not None and last < reached:
-        return Parting(rank, FEWER_STEPS, last + 1, last_step=last, peers_last_step=reached, missed=missed)
-    return Parting(rank, AT_THE_END, None, last_step=last, peers_last_step=their_last, missed=missed)
+        return Parting(rank, FEWER_STEPS, last + 1, last_step=last, peers_last_step=reached, missed=never)
+    return Parting(rank, AT_THE_END, None, last_step=last, peers_last_step=their_last, missed=never)
 
 
 def _first_differing(mine, theirs, column: str, differs) -> tuple[int, float, float] | None:
@@ -88,8 +88,9 @@ def _first_differing(mine, theirs, column: str, differs) -> tuple[int, float, fl
     return None
 
 
-def _missed(t: Tables, rank: int, peers: list[int]) -> list[Missed]:
-    """Per group the rank shares with waiting peers: the first collective they entered beyond its last."""
+def missed(t: Tables, rank: int, peers: list[int]) -> list[Missed]:
+    """Per group the rank shares with ``peers``: the first collective they entered beyond its last (the flight
+    recorder's; none without dumps)."""
     progress = fr.progress(t.dumps, t.flight_records)
     found = []
     for group in sorted({pg for pg, r in progress if r == rank}):

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 
 from diagtrain.profiler.analyzer.read.stderr_errors import PROCESS_DEATHS
+from diagtrain.profiler.analyzer.run.divergence import missed
 from diagtrain.profiler.analyzer.run.tables import Tables
 
 # Errors a rank raises because a peer went away, not because of a fault of its own; the most telling
@@ -151,7 +152,9 @@ def _left_early(tables: Tables, stops: list[Stop]) -> list[Stop]:
         mine = _last_step(tables, rank)
         waited = [s for s in stops if rank not in s.ranks and s.kind == CONNECTION and s.time is not None
                   and s.time >= record["time"] - CONSEQUENCE_SLACK_S]
-        still = [r for r in tables.rank_hosts if r != rank and r not in ended] if hung else []
+        # In a hung run, the peers the flight recorder shows in a collective it never issued (not stuck elsewhere).
+        still = [r for m in missed(tables, rank, [r for r in tables.rank_hosts if r != rank and r not in ended])
+                 for r in m.entered_by] if hung else []
         behind = [r for s in waited for r in s.ranks] + still
         if behind and all(mine <= _last_step(tables, r) for r in behind):
             left.append(Stop(LEFT, record["time"], [rank], tables.rank_hosts.get(rank),
