@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.analyzer.run.device_time import DEVICE
-from diagtrain.profiler.util.groups import median_of_others, positions_by
+from diagtrain.profiler.util.groups import median_of_others
 
 if TYPE_CHECKING:  # the tables are built with the ledger in them (tables.assemble)
     from diagtrain.profiler.analyzer.run.tables import Tables
@@ -180,36 +180,62 @@ def _peer_baselines(ledger: MutableMapping[str, Any], groups: list[list[int]], p
 
 def _savings(ledger: MutableMapping[str, Any], parts: list[str]) -> None:
     """What removing each rank's excess would save its step, its share of the step's loss, the part it
-    lies in, and whom each rank waited for."""
+    lies in, and whom each rank waited for: every step at once (a loop over a long run's steps cost most of
+    its analysis), to the bit what :func:`shapley_of_max` and a loop over the steps give."""
     running, excess = np.asarray(ledger["running_ms"], dtype=float), np.asarray(ledger["excess_ms"], dtype=float)
-    rank, n = np.asarray(ledger["rank"]), len(running)
+    rank, step, n = np.asarray(ledger["rank"]), np.asarray(ledger["step"]), len(running)
     by_part = np.column_stack([np.asarray(ledger[excess_column(p)], dtype=float) for p in parts])
     cause = np.array(parts, dtype=object)[np.argmax(by_part, axis=1)]
-    saving, lost = np.zeros(n), np.zeros(n)
-    cause_phase, waited_phase = np.full(n, None, dtype=object), np.full(n, None, dtype=object)
-    waited_for = np.full(n, -1, dtype=np.int64)
-    # Plain arrays per step (a step's rows in ledger order: argsort breaks ties as before); writing
-    # through pandas cell by cell cost most of a live judgement (issue 39).
-    for _, rows in positions_by(np.asarray(ledger["step"])):
-        if len(rows) < 2:
-            continue
-        shares = shapley_of_max(running[rows], excess[rows])
-        charged = rows[shares > 0]
-        lost[charged], cause_phase[charged] = shares[shares > 0], cause[charged]
-        order = np.argsort(running[rows])
-        top, next_running = rows[order[-1]], running[rows[order[-2]]]
-        step_saving = min(float(excess[top]), float(running[top]) - float(next_running))
-        if step_saving <= 0:
-            continue
-        saving[top] = step_saving
-        others = rows[rows != top]
-        waited_for[others], waited_phase[others] = int(rank[top]), cause_phase[top]
+    lost = _shares_of_max(running, excess, step)
+    cause_phase = np.where(lost > 0, cause, None).astype(object)
+    saving, waited_for = np.zeros(n), np.full(n, -1, dtype=np.int64)
+    waited_phase = np.full(n, None, dtype=object)
+    # Each step's rows by running time, ties in row order (a top tied with the next saves nothing either way).
+    order = np.lexsort((running, step))
+    last = np.flatnonzero(np.r_[step[order][1:] != step[order][:-1], True])  # each step's top, in sorted order
+    first = np.r_[0, last[:-1] + 1]
+    many = last > first  # steps of two rows or more
+    top, below = order[last[many]], order[last[many] - 1]
+    step_saving = np.minimum(excess[top], running[top] - running[below])
+    saves = step_saving > 0
+    saving[top[saves]] = step_saving[saves]
+    # Every other row of those steps waited for their top.
+    of_step = np.repeat(np.arange(len(last)), last - first + 1)  # sorted row -> its step's number
+    top_of = np.full(len(last), -1)
+    top_of[np.flatnonzero(many)[saves]] = top[saves]
+    waits = order[(top_of[of_step] >= 0) & (order != top_of[of_step])]
+    whom = top_of[of_step][(top_of[of_step] >= 0) & (order != top_of[of_step])]
+    waited_for[waits], waited_phase[waits] = rank[whom].astype(np.int64), cause_phase[whom]
     ledger["saving_ms"], ledger["lost_ms"] = saving, lost
     # Object columns as before (None where no cause), not pandas' inferred string dtype.
     index = getattr(ledger, "index", None)  # a frame's rows, else a new frame's
     ledger["cause_phase"] = pd.Series(cause_phase, index=index, dtype=object)
     ledger["waited_for"] = waited_for
     ledger["waited_for_phase"] = pd.Series(waited_phase, index=index, dtype=object)
+
+
+def _shares_of_max(running: np.ndarray, excess: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """:func:`shapley_of_max` of every step's rows at once (0 for a step of one row): in each step, ranks sorted by
+    running time, each distinct level above the step's floor shared by the ranks that reach it, summed upwards."""
+    n = len(running)
+    if n == 0:
+        return np.zeros(0)
+    order = np.lexsort((running, step))
+    r, s = running[order], step[order]
+    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+    size = np.diff(np.r_[starts, n])
+    group = np.repeat(np.arange(len(starts)), size)
+    floor = np.maximum.reduceat(r - excess[order], starts)[group]
+    new_value = np.r_[True, (r[1:] != r[:-1]) | (s[1:] != s[:-1])]  # the first row of each distinct level
+    level_start = np.maximum.accumulate(np.where(new_value, np.arange(n), 0))
+    above = (starts[group] + size[group]) - level_start  # rows whose running time reaches this level
+    previous = np.where(new_value & (np.arange(n) > starts[group]), np.r_[np.nan, r[:-1]], -np.inf)
+    low = np.maximum(floor, previous)  # the level below: the floor, or the distinct value before
+    step_part = np.where(new_value & (r > floor) & (size[group] >= 2), (r - low) / above, 0.0)
+    shares = pd.Series(step_part).groupby(group).cumsum().to_numpy()
+    out = np.zeros(n)
+    out[order] = np.where(r > floor, shares, 0.0)
+    return out
 
 
 def _cpu_floor(ledger: pd.DataFrame, t: Tables) -> None:
