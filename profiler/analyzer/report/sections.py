@@ -40,15 +40,24 @@ JOB_NOTES = {
 }
 
 
+GOODPUT_LINE = 116  # characters of the goodput line at most: the console summary's line, indented
+
+
 def goodput_line(section: dict[str, Any] | None) -> str:
     """One line: the job's goodput and where the rest went, largest first ('' without a job time)."""
     if not section or not section.get("wall_s"):
         return ""
     wall, seconds = section["wall_s"], section["seconds"]
+    line = f"goodput {section['goodput']:.0%} of {wall:.1f} s (computing)"
     rest = sorted((c for c in seconds if c != "compute" and seconds[c] >= 0.01 * wall), key=lambda c: -seconds[c])
-    went = ", ".join(f"{JOB_WORDS.get(c, c)} {seconds[c] / wall:.0%}" for c in rest[:4])
-    return (f"goodput {section['goodput']:.0%} of {wall:.1f} s (computing)" + (f"; the rest: {went}" if went else "")
-            + ("; still running" if not section.get("finished", True) else ""))
+    went: list[str] = []
+    for c in rest:  # the largest first, as many as a terminal's line holds
+        part = f"{JOB_WORDS.get(c, c)} {seconds[c] / wall:.0%}"
+        if len(f"{line}; the rest: {', '.join([*went, part])}") > GOODPUT_LINE:
+            break
+        went.append(part)
+    return line + (f"; the rest: {', '.join(went)}" if went else "") + (
+        "; still running" if not section.get("finished", True) else "")
 
 
 def job_time_lines(section: dict[str, Any] | None) -> list[str]:
