@@ -87,6 +87,18 @@ def test_a_rank_that_left_its_loop_early_is_the_origin_on_gloo_and_on_nccl(tmp_p
     assert not {"crash", "hang"} & set(kinds(report))
 
 
+def test_a_rank_that_ended_while_its_peer_was_in_a_final_collective_is_the_origin(tmp_path):
+    """The same steps on both ranks, no flight recorder to say more: rank 1 ended its script, rank 0 then lost its
+    connection in a collective after them (a barrier or all-reduce only it made at the end)."""
+    run = crashed_peer(tmp_path / "run", "failed", leaver_steps=6, peer_steps=6)
+    for rank in (0, 1):
+        (run / "ranks" / str(rank) / "flight_recorder.json").unlink()
+    report = analyze(run, run, ["json"], workers=1)
+    [origin] = [f for f in report["findings"] if f["kind"] == "sequence_divergence"]
+    assert origin["ranks"] == [1] and origin["metrics"]["parted"] == "at the end" and origin["steps"] == []
+    assert "it finished the same steps as its peers (6)" in origin["explanation"]
+
+
 def test_a_hung_rank_stuck_outside_any_collective_is_not_left_waiting_by_one_that_ended(tmp_path):
     """A hung run whose rank 0 is stuck in its own code (its flight recorder no further than rank 1's), while rank 1
     ended well: nobody waited for rank 1 in a collective, so it is no origin."""
