@@ -86,8 +86,7 @@ def _ledger_price(r: dict[str, Any]) -> str:
         when += f" since step {r['onset']}" + (
             f" (before it, {blips} step{'s' if blips > 1 else ''} charged now and then: a busy host's pauses, left out)"
             if blips else "")
-    words = (f"Over the run it cost the job {r['lost_ms'] / 1e3:.2f} s of {r['job_s']:.2f} s ({r['share']:.0%}), "
-             f"{r['lost_ms'] / r['steady_steps']:.1f} ms per step on average, {when}.")
+    words = _cost_words("the run", r, when) + "."
     if "cpu_bound_ms" in r:
         words += (f" Its host had fewer free CPUs than ranks, and the job's CPU work fills most of those steps: while "
                   f"this rank is held up its peers use its CPU, so removing the cause would save at most "
@@ -102,8 +101,13 @@ def _job_price(r: dict[str, Any]) -> str:
     if r["once"]:
         return f"It cost the job {r['lost_ms'] / 1e3:.2f} s of its {r['job_s']:.2f} s ({r['share']:.0%})."
     when = "in every step" if r["pattern"] == EVERY_STEP else f"{r['pattern']} (steps {r['step_ranges']})"
-    return (f"Over the steady steps it cost the job {r['lost_ms'] / 1e3:.2f} s of {r['job_s']:.2f} s ({r['share']:.0%}), "
-            f"{r['lost_ms'] / r['steady_steps']:.1f} ms per step on average, {when}, on every rank at once.")
+    return _cost_words("the steady steps", r, when) + ", on every rank at once."
+
+
+def _cost_words(over: str, r: dict[str, Any], when: str) -> str:
+    """``Over the run it cost the job 1.20 s of 4.00 s (30%), 60.0 ms per step on average, in every step``."""
+    return (f"Over {over} it cost the job {r['lost_ms'] / 1e3:.2f} s of {r['job_s']:.2f} s ({r['share']:.0%}), "
+            f"{r['lost_ms'] / r['steady_steps']:.1f} ms per step on average, {when}")
 
 
 def _ledger_charged_nothing(r: dict[str, Any]) -> str:

@@ -88,10 +88,11 @@ def _first_differing(mine, theirs, column: str, differs) -> tuple[int, float, fl
     return None
 
 
-def missed(t: Tables, rank: int, peers: list[int]) -> list[Missed]:
+def missed(t: Tables, rank: int, peers: list[int],
+           progress: dict[tuple[str, int], fr.Progress] | None = None) -> list[Missed]:
     """Per group the rank shares with ``peers``: the first collective they entered beyond its last (the flight
-    recorder's; none without dumps)."""
-    progress = fr.progress(t.dumps, t.flight_records)
+    recorder's; none without dumps). ``progress``: fr.progress of the run, where the caller has it already."""
+    progress = fr.progress(t.dumps, t.flight_records) if progress is None else progress
     found = []
     for group in sorted({pg for pg, r in progress if r == rank}):
         mine = progress[(group, rank)].entered

@@ -15,6 +15,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from diagtrain.profiler.analyzer.read import flight_records as fr
 from diagtrain.profiler.analyzer.read.stderr_errors import PROCESS_DEATHS
 from diagtrain.profiler.analyzer.run.divergence import missed
 from diagtrain.profiler.analyzer.run.tables import Tables
@@ -147,14 +148,15 @@ def _left_early(tables: Tables, stops: list[Stop]) -> list[Stop]:
     ended = {r: e for r, e in tables.exits.items() if e and e.get("code") == 0 and isinstance(e.get("time"), (int, float))
              and not any(d.kind in PROCESS_DEATHS for d in tables.log_events.get(r, []))}
     hung = tables.manifest.get("status") == "hung"
+    progress = fr.progress(tables.dumps, tables.flight_records) if hung and ended else {}  # once, not once a rank
     left = []
     for rank, record in sorted(ended.items()):
         mine = _last_step(tables, rank)
         waited = [s for s in stops if rank not in s.ranks and s.kind == CONNECTION and s.time is not None
                   and s.time >= record["time"] - CONSEQUENCE_SLACK_S]
         # In a hung run, the peers the flight recorder shows in a collective it never issued (not stuck elsewhere).
-        still = [r for m in missed(tables, rank, [r for r in tables.rank_hosts if r != rank and r not in ended])
-                 for r in m.entered_by] if hung else []
+        still = [r for m in missed(tables, rank, [r for r in tables.rank_hosts if r != rank and r not in ended],
+                                   progress) for r in m.entered_by] if hung else []
         behind = [r for s in waited for r in s.ranks] + still
         if behind and all(mine <= _last_step(tables, r) for r in behind):
             left.append(Stop(LEFT, record["time"], [rank], tables.rank_hosts.get(rank),

@@ -67,13 +67,13 @@ def onset(flagged: list[int], steps: list[int]) -> int | None:
     """The step a cause flagged in ``flagged`` (of ``steps``, in order) began at, where it came far more often from
     a step on than before it (Onset); None where it came at one rate (its first step is then its start)."""
     s = Onset.active()
-    steps = sorted(steps)
-    marked = set(flagged)
-    at, llr = rate_change(np.array([x in marked for x in steps]))
+    steps = np.sort(np.asarray(steps))
+    marked = np.isin(steps, np.asarray(flagged))  # arrays: a cause of a long run is flagged in many steps
+    at, llr = rate_change(marked)
     if llr < s.min_llr or at == 0:
         return None
-    before, after = sum(x in marked for x in steps[:at]), [x for x in steps[at:] if x in marked]
-    rate_before, rate_after = before / at, len(after) / (len(steps) - at)
+    after = steps[at:][marked[at:]]
+    rate_before, rate_after = marked[:at].sum() / at, len(after) / (len(steps) - at)
     if len(after) < s.min_after or rate_after < s.min_rise * rate_before:
         return None
     return int(after[0])

@@ -23,6 +23,7 @@ import pandas as pd
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady, time_range
 from diagtrain.profiler.analyzer.judge.findings import Finding
 from diagtrain.profiler.analyzer.run.tables import Tables, unix_seconds
+from diagtrain.profiler.util.groups import distinct_rows, median_of_others
 from diagtrain.profiler.util.settings import section, setting
 from diagtrain.profiler.util.text import ranges
 from diagtrain.profiler.util.units import MIB, fmt_bytes
@@ -93,10 +94,13 @@ def detect(tables: Tables) -> list[Finding]:
     if steps.empty or not any(m in steps for m in MEMORIES):
         return []
     steps = steps[steps["step"] > max(s.warmup_steps, Steady.active().warmup_steps)]
-    peers = {r: g for g in tables.structure.peer_groups(sorted(int(r) for r in steps["rank"].unique())) for r in g}
-    growths = [g for memory in MEMORIES if memory in steps for rank, rows in steps.groupby("rank")
-               if (g := _growth(int(rank), memory, rows, s)
-                   or _against_peers(int(rank), memory, rows, steps, peers.get(int(rank), []), s)) is not None]
+    groups = tables.structure.peer_groups(sorted(int(r) for r in steps["rank"].unique()))
+    growths = []
+    for memory in [m for m in MEMORIES if m in steps]:
+        known = steps[steps[memory].notna()]
+        known = known.assign(_peers=peer_level(known, memory, groups))
+        growths += [g for rank, rows in known.groupby("rank")
+                    if (g := _growth(int(rank), memory, rows, s) or _against_peers(int(rank), memory, rows, s))]
     _capacity(growths, tables)
     by_rank: dict[int, list[Growth]] = {}
     for g in growths:
@@ -141,20 +145,27 @@ def _growth(rank: int, memory: str, rows: pd.DataFrame, s: MemoryGrowth) -> Grow
                   profiled_steps=[int(v) for v, t in zip(rows["step"].iloc[1:], touched) if t])
 
 
-def _against_peers(rank: int, memory: str, rows: pd.DataFrame, steps: pd.DataFrame, group: list[int],
-                   s: MemoryGrowth) -> Growth | None:
-    """The rank's rise once what its peers' memory did step by step is taken out, where their memory levels off:
-    the heap's and allocator's movements every rank shares (a few MiB either way each step) can hide a leak's rise
-    in the steps a rank's own series is judged by, and a rank that rises while its peers do not is no warm-up."""
-    others = steps[steps["rank"].isin([r for r in group if r != rank])].dropna(subset=[memory])
-    if others.empty:
-        return None
-    level = others.groupby("step")[memory].median()
-    if len(level) < s.min_steps or theil_sen(level.index.to_numpy(float), level.to_numpy(float)) >= s.min_rate_mib * MIB:
-        return None  # no peers to compare with, or they grow too: each is judged on its own series
-    rows = rows[rows["step"].isin(level.index)]
-    shared = (level - level.iloc[0]).reindex(rows["step"]).to_numpy()
-    found = _growth(rank, memory, rows.assign(**{memory: rows[memory].to_numpy(float) - shared}), s)
+def peer_level(rows: pd.DataFrame, memory: str, groups: list[list[int]]) -> np.ndarray:
+    """Per row, the median of ``memory`` of the other ranks of its peer group in its step (NaN where it has none):
+    every rank's at once, not a group-by of its peers for each rank (ranks squared at cluster size)."""
+    group_of = {r: i for i, g in enumerate(groups) for r in g}
+    group = rows["rank"].map(group_of).fillna(-1).to_numpy(dtype=np.int64)  # no group: peers of each other
+    cell, _ = distinct_rows(rows["step"].to_numpy(), group)
+    return median_of_others(rows[memory].to_numpy(dtype=float), cell)
+
+
+def _against_peers(rank: int, memory: str, rows: pd.DataFrame, s: MemoryGrowth) -> Growth | None:
+    """The rank's rise once what its peers' memory did step by step (``rows["_peers"]``, peer_level) is taken out,
+    where their memory levels off: the heap's and allocator's movements every rank shares (a few MiB either way
+    each step) can hide a leak's rise in the steps a rank's own series is judged by, and a rank that rises while
+    its peers do not is no warm-up."""
+    rows = rows[rows["_peers"].notna()].sort_values("step")
+    if len(rows) < s.min_steps:
+        return None  # no peers to compare with
+    level = rows["_peers"].to_numpy(dtype=float)
+    if theil_sen(*_thinned(rows["step"].to_numpy(dtype=float), level, s.max_fit_points)) >= s.min_rate_mib * MIB:
+        return None  # they grow too: each is judged on its own series
+    found = _growth(rank, memory, rows.assign(**{memory: rows[memory].to_numpy(float) - (level - level[0])}), s)
     if found is not None:
         found.against_peers = True
         found.start_bytes, found.end_bytes = float(rows[memory].iloc[0]), float(rows[memory].iloc[-1])

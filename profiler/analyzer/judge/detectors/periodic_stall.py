@@ -9,6 +9,8 @@ says what it is.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pandas as pd
 
@@ -30,6 +32,8 @@ class PeriodicStall:
     noise_sigmas: float = setting(3.0, "... and longer by this many robust standard deviations of the steady steps")
     min_extra_ms: float = setting(5.0, "... and by at least this much: timer resolution and scheduling jitter")
     min_stalls: int = setting(3, "a period is named once stalls recur at one interval this many times")
+    intervals: int = setting(4, "the intervals tried: the most common between two stalls (a long run's noisy stalls "
+                             "hold thousands of them, and each is tried at every offset)")
     lattice_share: float = setting(0.75, "... at this share of that interval's steps from the first stall to the "
                                    "last (one stall may hide under a busy host's noise)")
 
@@ -95,7 +99,8 @@ def period(stalled: list[int], s: PeriodicStall | None = None) -> tuple[int, lis
     fullest (an odd stall between two of every 4 does not make it every 2)."""
     s = s or PeriodicStall.active()
     best: tuple[tuple[int, float], int, list[int]] | None = None
-    for every in sorted({b - a for a, b in zip(stalled, stalled[1:]) if b - a > 1}):
+    gaps = Counter(b - a for a, b in zip(stalled, stalled[1:]) if b - a > 1)
+    for every in sorted(g for g, _ in gaps.most_common(s.intervals)):
         for residue in sorted({x % every for x in stalled}):
             on = [x for x in stalled if x % every == residue]
             slots = (on[-1] - on[0]) // every + 1
