@@ -354,13 +354,13 @@ def test_a_pickled_dump_cut_short_is_refused_saying_so(tmp_path):
 
 
 def test_a_bad_step_record_costs_that_line(tmp_path):
-    from diagtrain.profiler.analyzer.read.run_files import read_steps
+    from diagtrain.profiler.analyzer.read.step_cache import read_steps
     lines = [json.dumps({"rank": 0, "step": s, "start": 100.0 + s, "end": 100.5 + s, "duration_ms": 500.0})
              for s in range(1, 9)]
     lines[3] = '{"rank": 0, "step": 4, "start": 1'  # a line cut in the middle of the file
     lines[5] = json.dumps({"rank": 0, "step": 6, "start": "x", "end": None, "duration_ms": math.nan})
     found = read_steps(write(tmp_path / "steps.jsonl", "\n".join(lines) + '\n{"rank": 0, "st'), 0)
-    assert [r["step"] for r in found.rows] == [1, 2, 3, 5, 7, 8] and len(found.bad_lines) + len(found.impossible) == 2
+    assert list(found.table["step"]) == [1, 2, 3, 5, 7, 8] and len(found.bad_lines) + len(found.impossible) == 2
 
 
 def test_a_bad_log_line_costs_that_line():

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from diagtrain.profiler.analyzer.analyze import analyze
-from diagtrain.profiler.analyzer.read.run_files import read_steps
+from diagtrain.profiler.analyzer.read.step_cache import read_steps
 from diagtrain.profiler.analyzer.run import device_time, ledger as ledger_module
 from diagtrain.profiler.analyzer.run.device_time import collective_waits
 from diagtrain.profiler.run_dir import write_json_atomic
@@ -307,9 +307,10 @@ def test_the_device_line_is_no_step_and_bad_device_values_are_left_out(tmp_path)
          "device_steps": [{"step": 2, "step_ms": 95.0, "idle_before_ms": 0.5}], "device_colls": "junk"},
     ]) + "\n")
     found = read_steps(path, 0)
-    assert [r["step"] for r in found.rows] == [1, 2] and not found.bad_lines and not found.impossible
-    assert found.rows[1]["device_steps"] == [{"step": 1, "step_ms": 90.0, "idle_before_ms": 1.0}]
-    assert found.rows[1]["device_colls"] == [good]
+    rows = found.table.to_dict("records")
+    assert [r["step"] for r in rows] == [1, 2] and not found.bad_lines and not found.impossible
+    assert rows[1]["device_steps"] == [{"step": 1, "step_ms": 90.0, "idle_before_ms": 1.0}]
+    assert rows[1]["device_colls"] == [good]
     assert found.device == {"device_steps": [{"step": 2, "step_ms": 95.0, "idle_before_ms": 0.5}]}
 
 
@@ -324,8 +325,10 @@ def test_the_step_cache_and_the_tail_read_the_device_timings_as_the_full_read(tm
     cached = read_steps_cached(path, 0, tmp_path / "cache")  # the second read: rows from the cache's Parquet
     tail = StepTail(path, 0, keep=None)
     tail.read()
-    assert cached.rows == full.rows and cached.device == full.device
-    assert list(tail.rows.values()) == full.rows and tail.found.device == full.device and full.device
+    pd.testing.assert_frame_equal(cached.table, full.table, check_like=True)
+    assert cached.device == full.device
+    pd.testing.assert_frame_equal(pd.DataFrame(list(tail.rows.values())), full.table, check_like=True)
+    assert tail.found.device == full.device and full.device
 
 
 def test_flight_recorder_durations_stand_in_for_the_records_device_collectives(tmp_path):
@@ -389,9 +392,9 @@ def _read_device_run(tmp_path: Path, lines_of: dict[int, list[dict]]) -> pd.Data
         path = tmp_path / f"steps-{rank}.jsonl"
         path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
         found = read_steps(path, rank)
-        rows += found.rows
-        records += device_time.records_of_rows(rank, found.rows, found.device)
-    steps = pd.DataFrame(rows).drop(columns=list(DEVICE_NAMES), errors="ignore")
+        rows.append(found.table)
+        records += device_time.records_of(found.table) + device_time.records_of_rows(rank, [], found.device)
+    steps = pd.concat(rows, ignore_index=True).drop(columns=list(DEVICE_NAMES), errors="ignore")
     return device_time.add_device_time(steps, records).set_index(["rank", "step"]).sort_index()
 
 

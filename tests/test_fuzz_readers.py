@@ -14,6 +14,8 @@ import io
 import itertools
 import json
 import math
+
+import pandas as pd
 import os
 import pickle
 import tempfile
@@ -26,7 +28,8 @@ from hypothesis import strategies as st
 from diagtrain.profiler.analyzer.read import flight_records as fr
 from diagtrain.profiler.analyzer.rank.pipeline import MAX_EVENT_US, UnreadableRank, load_rank
 from diagtrain.profiler.analyzer.read.discover import RankInput
-from diagtrain.profiler.analyzer.read.run_files import MANIFEST_FIELDS, MAX_STEP_MS, read_manifest, read_steps
+from diagtrain.profiler.analyzer.read.run_files import MANIFEST_FIELDS, MAX_STEP_MS, read_manifest
+from diagtrain.profiler.analyzer.read.step_cache import read_steps
 from diagtrain.profiler.analyzer.read.trace_file import TraceError, read_trace
 from diagtrain.profiler.util.bounded_read import InputError
 
@@ -159,13 +162,14 @@ def test_steps_reader(lines, cut):
     text = "\n".join(lines) + ("" if cut else "\n")
     found = read_steps(_file(text.encode(errors="surrogatepass")), 0)
     physical = len(io.StringIO(text, newline=None).readlines())  # a generated "line" may hold line breaks
-    assert len(found.rows) + len(found.bad_lines) + len(found.impossible) + found.repeated <= physical
-    for row in found.rows:
+    rows = found.table.to_dict("records")
+    assert len(rows) + len(found.bad_lines) + len(found.impossible) + found.repeated <= physical
+    for row in rows:
         assert row["rank"] == 0 and isinstance(row["step"], int)
         assert 0 <= row["wall_ms"] <= MAX_STEP_MS and math.isfinite(row["start"]) and row["end"] >= row["start"]
-        assert row["peak_mem_bytes"] is None or 0 <= row["peak_mem_bytes"] <= 2**50
-        assert all(0 <= row[f"{p}_ms"] <= MAX_STEP_MS for p in found.phases if f"{p}_ms" in row)
-    assert len({r["step"] for r in found.rows}) == len(found.rows)
+        assert pd.isna(row["peak_mem_bytes"]) or 0 <= row["peak_mem_bytes"] <= 2**50
+        assert all(pd.isna(row[f"{p}_ms"]) or 0 <= row[f"{p}_ms"] <= MAX_STEP_MS for p in found.phases)
+    assert len({r["step"] for r in rows}) == len(rows)
 
 
 # -- manifest.json -------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from conftest import JOB_TIMEOUT_S, diagtrain_run, torchrun
@@ -28,7 +29,7 @@ from diagtrain.profiler.analyzer.analyze import analyze
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady
 from diagtrain.profiler.analyzer.judge.live import NO_PROGRESS, LiveJudge
 from diagtrain.profiler.analyzer.read import step_cache
-from diagtrain.profiler.analyzer.read.run_files import read_steps
+from diagtrain.profiler.analyzer.read.step_cache import read_steps
 from diagtrain.profiler.analyzer.read.step_tail import StepTail
 from diagtrain.profiler.analyzer.read.host_summary import HostReducer, HostSummary
 from diagtrain.profiler.analyzer.read.step_tail import RankSteps
@@ -146,7 +147,7 @@ def test_a_clean_run_has_no_live_warning(clean_job):
     summary.ranks = {r: RankSteps(r, None) for r in (0, 1)}
     summary.read()
     for r, held in summary.ranks.items():
-        recorded = [row["step"] for row in read_steps(out / "ranks" / str(r) / "steps.jsonl", r).rows]
+        recorded = list(read_steps(out / "ranks" / str(r) / "steps.jsonl", r).table["step"])
         assert live["last_step"] <= len(held.rows) and sorted(held.rows) == recorded[:len(held.rows)]
 
 
@@ -180,7 +181,8 @@ def test_the_final_analysis_parses_only_what_live_judgement_had_not_cached(clean
         state = json.loads((cache / step_cache.STATE_FILE).read_text())
         assert len(lines) - 30 <= state["number"] < len(lines)  # at most cache_lines left for the final analysis
         cached, full = step_cache.read_steps_cached(path, r, cache), read_steps(path, r)
-        assert cached.parsed == len(lines) - state["number"] and cached.rows == full.rows
+        assert cached.parsed == len(lines) - state["number"]
+        pd.testing.assert_frame_equal(cached.table, full.table, check_like=True)
 
 
 @pytest.mark.jobs

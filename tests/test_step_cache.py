@@ -19,8 +19,7 @@ from diagtrain.profiler.analyzer.rank import load
 from diagtrain.profiler.analyzer.read import run_read, step_cache
 from diagtrain.profiler.analyzer.read.discover import discover
 from diagtrain.profiler.analyzer.read.inputs import Inputs
-from diagtrain.profiler.analyzer.read.run_files import read_steps
-from diagtrain.profiler.analyzer.read.step_cache import read_steps_cached
+from diagtrain.profiler.analyzer.read.step_cache import read_steps, read_steps_cached
 from diagtrain.profiler.analyzer.run import tables
 
 
@@ -63,8 +62,7 @@ def append(path: Path, text: str) -> None:
 def same_as_full(path: Path, cache: Path, rank: int = 0) -> int:
     """Read ``path`` through the cache, check it against a full read; the lines the cached read parsed."""
     cached, full = read_steps_cached(path, rank, cache), read_steps(path, rank)
-    assert cached.rows == full.rows
-    pd.testing.assert_frame_equal(pd.DataFrame(cached.rows), pd.DataFrame(full.rows))
+    pd.testing.assert_frame_equal(cached.table, full.table, check_like=True)
     assert (cached.phases, cached.lines, cached.repeated, cached.p2p) == (full.phases, full.lines, full.repeated, full.p2p)
     assert (cached.bad_count, cached.impossible_count) == (full.bad_count, full.impossible_count)
     assert cached.bad_lines[:3] == full.bad_lines[:3] and cached.impossible[:3] == full.impossible[:3]
@@ -124,7 +122,6 @@ def test_the_wrapper_adds_new_lines_to_the_cache_without_reading_its_rows_back(t
     state = json.loads((cache / step_cache.STATE_FILE).read_text())
     # The 39 rows' file untouched; the rows since in one small file that took the later ones in.
     assert [p["rows"] for p in state["parts"]] == [39, 9] and state["parts"][0]["file"] == first
-    assert state["last_step"] == 48
     assert same_as_full(path, cache) == 1  # the final analysis parses only the last line
 
 
@@ -133,10 +130,12 @@ def test_a_step_recorded_again_while_the_job_runs_is_read_as_a_full_read(tmp_pat
     path.write_text(lines([varied(s) for s in range(1, 21)]))
     step_cache.extend_cache(path, 0, cache)
     append(path, lines([varied(s) for s in (21, 5, 22)]))  # step 5 again: its cached row must be replaced
-    # Read as an analysis reads it: the cached rows back, the new lines parsed, all rows in one file again.
-    assert step_cache.extend_cache(path, 0, cache) == 4
-    assert [p["rows"] for p in json.loads((cache / step_cache.STATE_FILE).read_text())["parts"]] == [21]
+    # The cache keeps every record in file order, the repeated one too: the read decides which row stays.
+    assert step_cache.extend_cache(path, 0, cache) == 3  # the held-back line and two new: no full read
+    assert [p["rows"] for p in json.loads((cache / step_cache.STATE_FILE).read_text())["parts"]] == [22]
     assert same_as_full(path, cache) == 1
+    found = read_steps_cached(path, 0, cache)
+    assert found.repeated == 1 and list(found.table["step"]) == list(range(1, 23))
 
 
 def test_the_same_steps_table_notes_and_skipped_inputs_as_a_full_read(tmp_path):
@@ -163,9 +162,9 @@ def test_a_cut_last_line_is_left_out_until_it_is_complete(tmp_path):
     cut = json.dumps(record(11))
     path.write_text(lines([record(s) for s in range(1, 11)]) + cut[:30])
     same_as_full(path, cache)
-    assert len(read_steps_cached(path, 0, cache).rows) == 10
+    assert len(read_steps_cached(path, 0, cache).table) == 10
     append(path, cut[30:] + "\n")
-    assert same_as_full(path, cache) == 1 and len(read_steps(path, 0).rows) == 11
+    assert same_as_full(path, cache) == 1 and len(read_steps(path, 0).table) == 11
     append(path, "{broken\n")  # a bad complete last line: a full read leaves it out...
     same_as_full(path, cache)
     append(path, lines([record(12)]))  # ...until a line follows it: then it is a bad line
@@ -173,20 +172,23 @@ def test_a_cut_last_line_is_left_out_until_it_is_complete(tmp_path):
 
 
 def test_a_step_recorded_again_later_replaces_its_row(tmp_path, monkeypatch):
-    monkeypatch.setattr(step_cache, "SMALL_PART_ROWS", 10)  # the cached rows' file is not rewritten unless it must be
+    monkeypatch.setattr(step_cache, "SMALL_PART_ROWS", 10)  # the cached rows' file is not rewritten
     path, cache = tmp_path / "steps.jsonl", tmp_path / "cache"
     path.write_text(lines([varied(s) for s in range(1, 21)]))
     same_as_full(path, cache)
     append(path, lines([record(4, phases_ms={"forward": 1}), record(5, duration_ms=99.0), record(21), record(22)]))
     assert same_as_full(path, cache) == 5
     found = read_steps_cached(path, 0, cache)
-    assert found.repeated == 2 and [r["wall_ms"] for r in found.rows if r["step"] == 5] == [99.0]
-    assert found.rows[3]["step"] == 4 and "data_ms" not in found.rows[3]  # the new record's columns, in the old place
+    rows = found.table.set_index("step")
+    assert found.repeated == 2 and rows.loc[5, "wall_ms"] == 99.0
+    # The new record's columns, in the old place: step 4 recorded no data phase the second time.
+    assert found.table["step"].iloc[3] == 4 and pd.isna(rows.loc[4, "data_ms"]) and rows.loc[4, "forward_ms"] == 1
     assert found.p2p[5]["recv"] == {1: 3}  # its earlier p2p stays, as in a full read
     state = json.loads((cache / step_cache.STATE_FILE).read_text())
-    assert [p["rows"] for p in state["parts"]] == [21]  # a replaced row: written again as one file
-    assert sorted(p.name for p in cache.glob("rows-*")) == [state["parts"][0]["file"]]  # the old files removed
-    assert same_as_full(path, cache) == 1  # and the rows read back from it are the new ones
+    # Nothing cached is written again: the new records follow in a file of their own (19 + the held-back line and 3).
+    assert [p["rows"] for p in state["parts"]] == [19, 4]
+    assert sorted(p.name for p in cache.glob("rows-*")) == sorted(p["file"] for p in state["parts"])
+    assert same_as_full(path, cache) == 1  # and the rows read back from them are the new ones
 
 
 def test_problems_before_and_after_the_cached_part_add_up(tmp_path):

@@ -111,7 +111,7 @@ def test_a_pipeline_without_profiling_is_recognized_from_the_counted_sends(tmp_p
 
 
 def test_a_malformed_p2p_field_is_no_evidence_and_costs_no_step(tmp_path):
-    from diagtrain.profiler.analyzer.read.run_files import read_steps
+    from diagtrain.profiler.analyzer.read.step_cache import read_steps
 
     base = {"schema_version": 1, "rank": 0, "start": 1.0, "end": 1.1, "duration_ms": 100.0}
     fields = [{"first": ["send", 1], "send": {"1": 4}}, {"first": ["push", 1]}, {"first": ["send", -1]},
@@ -119,7 +119,7 @@ def test_a_malformed_p2p_field_is_no_evidence_and_costs_no_step(tmp_path):
     path = tmp_path / "steps.jsonl"
     path.write_text("".join(json.dumps({**base, "step": i, "p2p": f}) + "\n" for i, f in enumerate(fields)))
     found = read_steps(path, 0)
-    assert len(found.rows) == len(fields) and not found.bad_lines
+    assert len(found.table) == len(fields) and not found.bad_lines
     assert found.p2p == {0: {"first": ["send", 1], "send": {1: 4}, "recv": {}}}
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.analyzer.read.inputs import MAX_DOC_BYTES, MAX_LINES_BYTES, MAX_RANKS, MAX_TABLE_BYTES, expect
@@ -230,7 +231,10 @@ def read_telemetry(path: Path) -> pd.DataFrame:
 class StepFile:
     """One rank's step records, and what could not be used of them."""
 
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    # The records' rows in file order, a table per block read (a step recorded again included): ``table`` holds
+    # them once each, when the read is done.
+    frames: list[pd.DataFrame] = field(default_factory=list)
+    table: pd.DataFrame = field(default_factory=pd.DataFrame)
     phases: list[str] = field(default_factory=list)
     bad_lines: list[str] = field(default_factory=list)  # "line 3: why", not step records at all
     lines: int = 0
@@ -260,21 +264,44 @@ class StepFile:
         self.impossible_dropped += max(0, len(self.impossible) - SHOWN_PROBLEMS)
         del self.bad_lines[SHOWN_PROBLEMS:], self.impossible[SHOWN_PROBLEMS:]
 
+    def finish(self) -> None:
+        """``table`` from the frames read: each step once, the last record of it in the place of the first."""
+        self.table, self.repeated = once_per_step(self.frames)
 
-def read_steps(path: Path, rank: int | None) -> StepFile:
-    """A rank's steps.jsonl: one row per step record; the cut last line of a killed run is ignored."""
-    found = StepFile()
-    lines = read_lines(path, MAX_LINES_BYTES)
-    previous = None
-    by_step: dict[int, dict[str, Any]] = {}
-    for number, line in enumerate(lines, 1):
-        if previous is not None:
-            add_step(found, by_step, *previous, rank)
-        previous = (number, line)
-    if previous is not None:
-        add_last_step(found, by_step, *previous, rank)
-    found.rows = list(by_step.values())
-    return found
+
+def once_per_step(frames: list[pd.DataFrame]) -> tuple[pd.DataFrame, int]:
+    """The rows of ``frames`` (in file order) with each step once, as a dict by step would keep them (the last
+    record's values where the step was first seen), and how many records a later one replaced. Each column's
+    type is inferred from the rows kept, as a table of those rows alone would have it."""
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return pd.DataFrame(), 0
+    steps = pd.Series(np.concatenate([f["step"].to_numpy() for f in frames]))
+    repeated = int(steps.duplicated().sum())
+    if not repeated:
+        return one_table(frames), 0
+    kept, at = ~steps.duplicated(keep="last").to_numpy(), 0
+    parts = []
+    for frame in frames:
+        parts.append(frame[kept[at:at + len(frame)]])
+        at += len(frame)
+    table = one_table(parts).set_index("step", drop=False)
+    table = table.loc[steps.drop_duplicates().to_numpy()].reset_index(drop=True)
+    return table.dropna(axis="columns", how="all"), repeated  # a phase only a replaced record had is no column
+
+
+def one_table(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Tables of step rows as one, with one type per column, as one table of every row would infer it (a
+    block whose counters were all unknown holds Nones)."""
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return pd.DataFrame()
+    return (frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)).infer_objects()
+
+
+def rows_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Rows of :func:`step_row` as a table: NaN where a row lacks a phase, None where a counter is unknown."""
+    return pd.DataFrame(rows)
 
 
 def add_last_step(found: StepFile, by_step: dict[int, dict[str, Any]], number: int, line: str, rank: int | None) -> None:
@@ -289,31 +316,39 @@ def add_last_step(found: StepFile, by_step: dict[int, dict[str, Any]], number: i
 
 def add_step(found: StepFile, by_step: dict[int, dict[str, Any]], number: int, line: str, rank: int | None) -> None:
     """Line ``number`` of a steps.jsonl into ``by_step`` (step -> row) and ``found`` (phases, p2p, what was wrong)."""
+    row = step_row(found, number, line, rank)
+    if row is not None:
+        if row["step"] in by_step:
+            found.repeated += 1
+        by_step[row["step"]] = row
+
+
+def step_row(found: StepFile, number: int, line: str, rank: int | None) -> dict[str, Any] | None:
+    """The table row of line ``number``, or None (a blank line, or one that is not a usable record: said in
+    ``found``); its phases and point-to-point calls go into ``found``."""
     found.parsed += 1
     if not line.strip():
-        return
+        return None
     found.lines += 1
     try:
         record = json.loads(line)
         if is_device_line(record):
             _add_device_line(found, record, rank)
-            return
+            return None
         row = _step_row(record, rank)
     except (ValueError, RecursionError) as e:
         found.bad_lines.append(f"line {number}: {str(e)[:120]}")
-        return
+        return None
     if isinstance(row, str):
         found.impossible.append(row)
-        return
+        return None
     for name in row.pop("_phases"):
         if name not in found.phases:
             found.phases.append(name)
     p2p = row.pop("_p2p")
     if p2p:
         found.p2p[row["step"]] = p2p
-    if row["step"] in by_step:
-        found.repeated += 1
-    by_step[row["step"]] = row
+    return row
 
 
 def _step_row(record: Any, rank: int | None) -> dict[str, Any] | str:

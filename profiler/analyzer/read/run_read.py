@@ -107,15 +107,13 @@ def read_step_records(folders: dict[int, Path], inputs: Inputs, notes: list[dict
     duration of 1e18 ms, a negative one) are left out and named in the health ``notes``. With
     ``cache_root``, each file is read from where the last analysis left it (step_cache), to the same result.
     """
-    rows, phases, p2p = [], [], {}
+    frames, phases, p2p = [], [], {}
     for rank, folder in folders.items():
         path = folder / "steps.jsonl"
         if not os.path.lexists(path):
             continue
-        if cache_root is None:
-            found = inputs.read(path, lambda p: rf.read_steps(p, rank))
-        else:
-            found = inputs.read(path, lambda p: read_steps_cached(p, rank, step_cache_dir(cache_root, rank)))
+        cache = step_cache_dir(cache_root, rank) if cache_root is not None else None
+        found = inputs.read(path, lambda p: read_steps_cached(p, rank, cache))
         if found is None:
             continue
         if found.bad_count:
@@ -131,13 +129,13 @@ def read_step_records(folders: dict[int, Path], inputs: Inputs, notes: list[dict
             notes.append({"check": "repeated_steps", "severity": "info",
                           "message": f"rank {rank}: {found.repeated} steps recorded more than once (a restarted "
                                      "job?); the last record of each is used"})
-        rows += found.rows
+        frames.append(found.table)
         phases += [p for p in found.phases if p not in phases]
         if found.p2p:
             p2p[rank] = found.p2p
         if found.device and flushed is not None:
             flushed.append(device_record(rank, found.device))
-    return pd.DataFrame(rows), phases, p2p
+    return rf.one_table(frames), phases, p2p
 
 
 def rank_folders(run_dir: Path, inputs: Inputs) -> dict[int, Path]:

@@ -1,11 +1,12 @@
-"""A rank's steps.jsonl read once: its parsed records kept in ``analysis/cache/@steps/<rank>/``, so that
-the next analysis of a run that grew reads only the bytes appended since.
+"""A rank's steps.jsonl read a block at a time (as columns where the block allows: step_columns.py), and read
+once: its parsed records kept in ``analysis/cache/@steps/<rank>/``, so that the next analysis of a run that
+grew reads only the bytes appended since.
 
-The cache holds what :func:`run_files.read_steps` found in a prefix of the file (the rows as Parquet, their
-device timings as lists of structs, the problem counts, phases, point-to-point calls and the end-of-run
-device line as JSON) and a fingerprint of that prefix. A read
-goes on from the prefix's end through the same :func:`run_files.add_step`, so its result is the full
-read's: a step recorded again replaces its row and counts as repeated, line numbers go on. The prefix
+The cache holds what a read found in a prefix of the file (the rows as Parquet, in file order, a step
+recorded again included; their device timings as lists of structs; the problem counts, phases, point-to-
+point calls and the end-of-run device line as JSON) and a fingerprint of that prefix. A read goes on from
+the prefix's end in the same way, so its result is the full read's: the rows are made one per step only
+when the read is done (a step recorded again replaces its row and counts as repeated), line numbers go on. The prefix
 always stops before the file's last line: a full read treats that line alone differently (ignored
 unless it is JSON: the line a killed job was writing), and once more is appended it is an ordinary line.
 
@@ -21,26 +22,30 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
+from diagtrain.profiler.analyzer.read import step_columns
 from diagtrain.profiler.analyzer.read.inputs import MAX_LINES_BYTES
-from diagtrain.profiler.analyzer.read.run_files import (SHOWN_PROBLEMS, StepFile, add_last_step, add_step, p2p_from_json,
-                                                         p2p_to_json)
+from diagtrain.profiler.analyzer.read.run_files import (SHOWN_PROBLEMS, StepFile, add_last_step, p2p_from_json,
+                                                         p2p_to_json, rows_frame, step_row)
 from diagtrain.profiler.run_dir import remove_quietly, replacing, write_json_atomic
 from diagtrain.profiler.util.bounded_read import MAX_LINE_CHARS, InputError, display, open_regular
 
-CACHE_VERSION = 4  # bump when what the cache holds, or how a record is read, changes
+CACHE_VERSION = 5  # bump when what the cache holds, or how a record is read, changes
 STEPS_CACHE = "@steps"  # under analysis/cache: a trace's cache key never holds "@" (discover._key)
 STATE_FILE = "state.json"
 FINGERPRINT_BYTES = 4096
-MISSING = "_missing"  # per row, the columns its record did not have (a None value is a column it had)
 BLOCK_BYTES = 1 << 16
 SMALL_PART_ROWS = 4096  # a last file of fewer rows takes the new rows in (reading a file costs ~3 ms)
+READ_BYTES = 8 << 20  # a block parsed at once: ~20,000 records, a few MB of columns
 
 
 def cache_dir(cache_root: Path, rank: int) -> Path:
@@ -57,26 +62,36 @@ class Prefix:
     fingerprint: dict[str, Any]
 
 
-def read_steps_cached(path: Path, rank: int, cache: Path) -> StepFile:
-    """What ``read_steps(path, rank)`` gives, reading only what was appended since ``cache`` was written
-    (the whole file if the cache does not hold its start), then bringing the cache up to date."""
-    fd = open_regular(path, MAX_LINES_BYTES)  # the full read's checks, and its errors
+def read_steps(path: Path, rank: int | None) -> StepFile:
+    """A rank's steps.jsonl: one row per step record; the cut last line of a killed run is ignored."""
+    return read_steps_cached(path, rank, None)
+
+
+def read_steps_cached(path: Path, rank: int | None, cache: Path | None) -> StepFile:
+    """A rank's steps.jsonl, reading only what was appended since ``cache`` was written (the whole file if
+    the cache does not hold its start, or there is none), then bringing the cache up to date. The file's
+    last line is read on its own: a line cut short by a kill is left out, not a bad line."""
+    fd = open_regular(path, MAX_LINES_BYTES)  # the checks of every reader, and their errors
     with open(fd, "rb", closefd=True) as f:
         st = os.fstat(f.fileno())
-        state = _state(cache, f, st, path, rank)
-        restored = _with_rows(cache, state) if state is not None else None
-        found, by_step, start, parts = restored or (StepFile(), {}, Prefix(0, 0, {}), [])
-        cached = list(by_step.values())
+        state = _state(cache, f, st, path, rank) if cache is not None else None
+        restored = _with_frames(cache, state) if cache is not None and state is not None else None
+        found, start, parts = restored or (StepFile(), Prefix(0, 0, {}), [])
+        cached = len(found.frames)
         end = _last_line_start(f, start.offset, st.st_size)
-        number = _add_lines(found, by_step, _lines(f, start.offset, end), start.number, rank)
-        if end > start.offset or not start.fingerprint:
-            _write(cache, found, _parts(parts, cached, list(by_step.values()), end),
-                   Prefix(end, number, _fingerprint(f, st, end)), path, rank, max(by_step, default=None))
+        number = read_range(f, start.offset, end, found, start.number, rank)
+        if cache is not None and (end > start.offset or not start.fingerprint):
+            new = _parts_after(parts, found.frames[cached:], end, lambda part: [found.frames[cached - 1]],
+                               SMALL_PART_ROWS)
+            _write(cache, found, new, Prefix(end, number, _fingerprint(f, st, end)), path, rank)
         last = list(_lines(f, end, st.st_size))  # the held-back last line (pieces of it, if over MAX_LINE_CHARS)
-    number = _add_lines(found, by_step, last[:-1], number, rank)
+    rows = [row for number, line in enumerate(last[:-1], number + 1) if (row := step_row(found, number, line, rank))]
     if last:
-        add_last_step(found, by_step, number + 1, last[-1], rank)
-    found.rows = list(by_step.values())
+        by_step: dict[int, dict[str, Any]] = {}
+        add_last_step(found, by_step, number + len(last), last[-1], rank)
+        rows += by_step.values()
+    found.frames.append(rows_frame(rows))
+    found.finish()
     return found
 
 
@@ -84,78 +99,89 @@ def extend_cache(path: Path, rank: int, cache: Path, small_rows: int | None = No
     """Add the lines appended since ``cache`` was written to it, reading back none of its rows but those of
     a last file under ``small_rows`` (default ``SMALL_PART_ROWS``), which takes the new ones in: the wrapper
     does this while the job runs, so that the final analysis parses only the lines after. The lines parsed.
-    Without a cache of this file, or where a new line records a cached step again (its row must replace
-    one in a file), the file is read whole as :func:`read_steps_cached` reads it."""
+    Without a cache of this file, the file is read whole as :func:`read_steps_cached` reads it."""
     fd = open_regular(path, MAX_LINES_BYTES)
     with open(fd, "rb", closefd=True) as f:
         st = os.fstat(f.fileno())
         state = _state(cache, f, st, path, rank)
-        if state is not None and state.last_step is not None:
+        if state is not None:
             end = _last_line_start(f, state.prefix.offset, st.st_size)
-            by_step: dict[int, dict[str, Any]] = {}
-            number = _add_lines(state.found, by_step, _lines(f, state.prefix.offset, end), state.prefix.number, rank)
-            parts = _appended(cache, state, by_step, end, SMALL_PART_ROWS if small_rows is None else small_rows)
+            number = read_range(f, state.prefix.offset, end, state.found, state.prefix.number, rank)
+            try:
+                parts = _parts_after(state.parts, state.found.frames, end, lambda part: _frames(cache, [part]),
+                                     SMALL_PART_ROWS if small_rows is None else small_rows)
+            except Exception:  # noqa: BLE001 - a damaged or missing file of rows: the file is read whole
+                parts = None
             if parts is not None:
                 if end > state.prefix.offset:
-                    _write(cache, state.found, parts, Prefix(end, number, _fingerprint(f, st, end)), path, rank,
-                           max(by_step, default=state.last_step))
+                    _write(cache, state.found, parts, Prefix(end, number, _fingerprint(f, st, end)), path, rank)
                 return state.found.parsed
     return read_steps_cached(path, rank, cache).parsed
 
 
-def _appended(cache: Path, state: State, by_step: dict[int, dict[str, Any]], offset: int,
-              small_rows: int) -> list[Part] | None:
-    """The cache's files with the new rows after them; None if a row replaces a cached step or the small
-    last file cannot be read back."""
-    if min(by_step, default=state.last_step + 1) <= state.last_step:
-        return None
-    try:
-        return _parts_after(state.parts, list(by_step.values()), offset, lambda part: _rows(cache / part.file, part.rows),
-                            small_rows)
-    except Exception:  # noqa: BLE001 - a damaged or missing file of rows: the file is read whole
-        return None
+def read_range(f: io.BufferedReader, start: int, end: int, found: StepFile, number: int, rank: int) -> int:
+    """Bytes ``start`` to ``end`` of a steps.jsonl (whole lines) into ``found``, a block at a time: as columns
+    where the block allows (step_columns), else line by line. Lines are numbered from ``number + 1``; the
+    number of the last is returned."""
+    f.seek(start)
+    left, carry = end - start, b""
+    while left > 0:
+        chunk = f.read(min(READ_BYTES, left))
+        if not chunk:
+            break  # the file shrank while read: what was read is what there is
+        left -= len(chunk)
+        data = carry + chunk
+        cut = data.rfind(b"\n") + 1 if left > 0 else len(data)
+        block, carry = data[:cut], data[cut:]
+        number = _read_block(found, block, number, rank) if block else number
+    return _read_block(found, carry, number, rank) if carry else number
+
+
+def _read_block(found: StepFile, block: bytes, number: int, rank: int) -> int:
+    columns = step_columns.read_block(block, rank)
+    if columns is not None:
+        found.frames.append(columns.frame)
+        found.lines += columns.lines
+        found.parsed += columns.parsed
+        found.phases += [name for name in columns.phases if name not in found.phases]
+        return number + columns.parsed
+    rows = []
+    for number, line in enumerate(_text_lines(block), number + 1):  # noqa: B007 - the last number is returned
+        if (row := step_row(found, number, line, rank)) is not None:
+            rows.append(row)
+    found.frames.append(rows_frame(rows))
+    return number
 
 
 @dataclass
 class Part:
-    """One Parquet file of cached rows: its name, and the rows to write (None: already written)."""
+    """One Parquet file of cached rows: its name, its rows, and the table to write (None: already written)."""
 
     file: str
     rows: int
-    new: list[dict[str, Any]] | None = None
+    new: pd.DataFrame | None = None
 
 
-def _parts(parts: list[Part], cached: list[dict[str, Any]], rows: list[dict[str, Any]], offset: int) -> list[Part]:
-    """The files the rows go to: the cached ones and the rows appended since (:func:`_parts_after`); all in
-    one when a cached row was replaced (a step recorded again)."""
-    if len(rows) == len(cached) and all(a is b for a, b in zip(cached, rows)):
-        return parts
-    if not all(a is b for a, b in zip(cached, rows)):
-        return [Part(f"rows-{offset}.parquet", len(rows), rows)] if rows else []
-    return _parts_after(parts, rows[len(cached):], offset, lambda part: cached[len(cached) - part.rows:],
-                        SMALL_PART_ROWS)
-
-
-def _parts_after(parts: list[Part], new: list[dict[str, Any]], offset: int,
-                 rows_of: Callable[[Part], list[dict[str, Any]]], small_rows: int) -> list[Part]:
-    """The cached files and a new one of the rows ``new``, which only follow the cached ones: the last file
-    rewritten with them while it holds under ``small_rows`` (``rows_of`` gives its rows), so that writing
+def _parts_after(parts: list[Part], new: list[pd.DataFrame], offset: int,
+                 frames_of: Callable[[Part], list[pd.DataFrame]], small_rows: int) -> list[Part]:
+    """The cached files and a new one of the rows ``new``, which follow the cached ones: the last file
+    rewritten with them while it holds under ``small_rows`` (``frames_of`` gives its rows), so that writing
     costs what was appended and a run analyzed often is still a few files. Every file but the last holds
     at least ``small_rows`` rows: opening one costs a few percent of reading 1,000."""
+    new = [frame for frame in new if len(frame)]
     if not new:
         return parts
     if parts and parts[-1].rows < small_rows:
-        new, parts = rows_of(parts[-1]) + new, parts[:-1]
-    return parts + [Part(f"rows-{offset}.parquet", len(new), new)]  # a new name: a state never names a file half written
+        new, parts = frames_of(parts[-1]) + new, parts[:-1]
+    table = pd.concat(new, ignore_index=True) if len(new) > 1 else new[0]
+    return parts + [Part(f"rows-{offset}.parquet", len(table), table)]  # a new name: a state never names a file half written
 
 
-def _add_lines(found: StepFile, by_step: dict[int, dict[str, Any]], lines: Iterable[str], after: int,
-               rank: int) -> int:
-    """Lines numbered from ``after + 1`` through add_step; the number of the last (``after`` if none)."""
-    number = after
-    for number, line in enumerate(lines, after + 1):
-        add_step(found, by_step, number, line, rank)
-    return number
+def _text_lines(block: bytes) -> Iterator[str]:
+    """The lines of ``block``, split and decoded as read_lines does."""
+    text = io.TextIOWrapper(io.BytesIO(block), encoding="utf-8", errors="replace", newline=None)
+    while line := text.readline(MAX_LINE_CHARS):
+        yield line.rstrip("\n")
 
 
 def _lines(f: io.BufferedReader, start: int, end: int) -> Iterator[str]:
@@ -219,7 +245,6 @@ class State:
     found: StepFile
     prefix: Prefix
     parts: list[Part]
-    last_step: int | None  # the highest step cached (None: no row, or a cache made before it was kept)
 
 
 def _state(cache: Path, f: io.BufferedReader, st: os.stat_result, path: Path, rank: int) -> State | None:
@@ -232,26 +257,25 @@ def _state(cache: Path, f: io.BufferedReader, st: os.stat_result, path: Path, ra
                 or _fingerprint(f, st, prefix.offset) != prefix.fingerprint):
             return None
         found = StepFile(phases=list(state["phases"]), bad_lines=list(state["bad_lines"]), lines=state["lines"],
-                         impossible=list(state["impossible"]), repeated=state["repeated"],
+                         impossible=list(state["impossible"]),
                          bad_lines_dropped=state["bad_lines_dropped"], impossible_dropped=state["impossible_dropped"],
                          p2p={int(step): p2p_from_json(calls) for step, calls in state["p2p"]},
                          device={k: list(v) for k, v in state["device"].items()})
-        return State(found, prefix, [Part(p["file"], p["rows"]) for p in state["parts"]], state.get("last_step"))
+        return State(found, prefix, [Part(p["file"], p["rows"]) for p in state["parts"]])
     except Exception:  # noqa: BLE001 - absent, damaged or of another version: the file is read whole
         return None
 
 
-def _with_rows(cache: Path, state: State) -> tuple[StepFile, dict[int, dict[str, Any]], Prefix, list[Part]] | None:
+def _with_frames(cache: Path, state: State) -> tuple[StepFile, Prefix, list[Part]] | None:
     """The cached records, their rows read back; None if a file of rows cannot be read (the file is read whole)."""
     try:
-        rows = [row for part in state.parts for row in _rows(cache / part.file, part.rows)]
+        state.found.frames = _frames(cache, state.parts)
     except Exception:  # noqa: BLE001 - a damaged or missing file of rows
         return None
-    return state.found, {row["step"]: row for row in rows}, state.prefix, state.parts
+    return state.found, state.prefix, state.parts
 
 
-def _write(cache: Path, found: StepFile, parts: list[Part], prefix: Prefix, path: Path, rank: int,
-           last_step: int | None) -> None:
+def _write(cache: Path, found: StepFile, parts: list[Part], prefix: Prefix, path: Path, rank: int) -> None:
     """The new rows' file, then the state that names every file; never fails the analysis."""
     try:
         old = {p["file"] for p in json.loads((cache / STATE_FILE).read_text()).get("parts", [])}
@@ -261,12 +285,12 @@ def _write(cache: Path, found: StepFile, parts: list[Part], prefix: Prefix, path
         cache.mkdir(parents=True, exist_ok=True)
         for part in parts:
             if part.new is not None:
-                _write_rows(cache / part.file, part.new)
+                _write_frame(cache / part.file, part.new)
         write_json_atomic(cache / STATE_FILE, {
             "version": CACHE_VERSION, "file": display(path.absolute()), "rank": rank, "offset": prefix.offset,
             "number": prefix.number, "fingerprint": prefix.fingerprint,
-            "parts": [{"file": p.file, "rows": p.rows} for p in parts], "last_step": last_step,
-            "lines": found.lines, "phases": found.phases, "repeated": found.repeated,
+            "parts": [{"file": p.file, "rows": p.rows} for p in parts],
+            "lines": found.lines, "phases": found.phases,
             "bad_lines": found.bad_lines[:SHOWN_PROBLEMS], "impossible": found.impossible[:SHOWN_PROBLEMS],
             "bad_lines_dropped": found.bad_count - len(found.bad_lines[:SHOWN_PROBLEMS]),
             "impossible_dropped": found.impossible_count - len(found.impossible[:SHOWN_PROBLEMS]),
@@ -278,54 +302,32 @@ def _write(cache: Path, found: StepFile, parts: list[Part], prefix: Prefix, path
         remove_quietly(cache / name)
 
 
-def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Replace ``path`` with the rows as a table, with per row the columns it lacked: a missing key and a
-    None value make different columns in the steps table (NaN where a phase is absent, None where a
-    counter is unknown). Straight to Arrow: through a pandas frame it cost twice as much."""
+def _write_frame(path: Path, frame: pd.DataFrame) -> None:
+    """Replace ``path`` with the rows as Parquet (a step recorded again keeps its rows: the read decides)."""
     import pyarrow as pa  # noqa: PLC0415 - the analysis' import, as in util/parquet.py
     import pyarrow.parquet as pq  # noqa: PLC0415
 
-    names = _names(rows)
-    width = len(names)
-    missing = ["" if len(row) == width else ",".join(str(i) for i, name in enumerate(names) if name not in row)
-               for row in rows]
-    if all(tuple(row) == names for row in rows):  # the usual run: every record has the same fields, in order
-        columns = list(zip(*(row.values() for row in rows)))
-    else:
-        columns = [[row.get(name) for row in rows] for name in names]
-    table = pa.table({**{name: pa.array(column) for name, column in zip(names, columns)}, MISSING: missing})
     with replacing(path) as tmp:
-        pq.write_table(table, tmp)
+        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), tmp)
 
 
-def _names(rows: list[dict[str, Any]]) -> tuple[str, ...]:
-    """Every row's keys, in the order first seen (the steps table's column order, as pandas makes it);
-    a row is looked into only when its keys differ from the row before's."""
-    names: dict[str, None] = {}
-    before: Any = None
-    for row in rows:
-        if row.keys() != before:
-            names.update(dict.fromkeys(row))
-            before = row.keys()
-    return tuple(names)
+def _frames(cache: Path, parts: list[Part]) -> list[pd.DataFrame]:
+    """The tables :func:`_write_frame` wrote; lists (the device timings) as Python lists, as a read makes them
+    (NaN where a row had none: a row carries them only when it has some)."""
+    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow.parquet as pq  # noqa: PLC0415
 
-
-def _rows(path: Path, count: int) -> list[dict[str, Any]]:
-    """The rows :func:`_write_rows` was given: the keys each had, None where a value was None. Built column by
-    column from Arrow (pandas' ``to_dict`` boxes each value on its own: 10x slower)."""
-    import pyarrow.parquet as pq  # noqa: PLC0415 - the analysis' import, as in util/parquet.py
-
-    columns = pq.read_table(path).to_pydict()
-    missing = columns.pop(MISSING)
-    if len(missing) != count:
-        raise ValueError(f"{len(missing)} rows where the state says {count}")
-    names = list(columns)
-    rows = [dict(zip(names, row)) for row in zip(*columns.values())]
-    for row, lacked in zip(rows, missing):
-        if lacked:
-            for i in lacked.split(","):
-                del row[names[int(i)]]
-    return rows
+    frames = []
+    for part in parts:
+        table = pq.read_table(cache / part.file)
+        if table.num_rows != part.rows:
+            raise ValueError(f"{table.num_rows} rows where the state says {part.rows}")
+        lists = [name for name, kind in zip(table.column_names, table.schema.types) if pa.types.is_list(kind)]
+        frame = table.drop(lists).to_pandas()
+        for name in lists:
+            frame[name] = pd.Series([math.nan if v is None else v for v in table.column(name).to_pylist()], dtype=object)
+        frames.append(frame[table.column_names])
+    return frames
 
 
 class CacheFeeder:
