@@ -231,10 +231,9 @@ def read_telemetry(path: Path) -> pd.DataFrame:
 class StepFile:
     """One rank's step records, and what could not be used of them."""
 
-    # The records' rows in file order, a table per block read (a step recorded again included): ``table`` holds
-    # them once each, when the read is done.
+    # The records' rows in file order, a table per block read: a step recorded again included while the read
+    # goes on, each step once when it is done (:meth:`finish`). ``table`` joins them.
     frames: list[pd.DataFrame] = field(default_factory=list)
-    table: pd.DataFrame = field(default_factory=pd.DataFrame)
     phases: list[str] = field(default_factory=list)
     bad_lines: list[str] = field(default_factory=list)  # "line 3: why", not step records at all
     lines: int = 0
@@ -265,21 +264,26 @@ class StepFile:
         del self.bad_lines[SHOWN_PROBLEMS:], self.impossible[SHOWN_PROBLEMS:]
 
     def finish(self) -> None:
-        """``table`` from the frames read: each step once, the last record of it in the place of the first."""
-        self.table, self.repeated = once_per_step(self.frames)
+        """Each step once in the frames read: the last record of it in the place of the first."""
+        self.frames, self.repeated = once_per_step(self.frames)
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """The rows as one table (a reader of many ranks joins every rank's frames once instead)."""
+        return one_table(self.frames)
 
 
-def once_per_step(frames: list[pd.DataFrame]) -> tuple[pd.DataFrame, int]:
+def once_per_step(frames: list[pd.DataFrame]) -> tuple[list[pd.DataFrame], int]:
     """The rows of ``frames`` (in file order) with each step once, as a dict by step would keep them (the last
     record's values where the step was first seen), and how many records a later one replaced. Each column's
     type is inferred from the rows kept, as a table of those rows alone would have it."""
     frames = [f for f in frames if len(f)]
     if not frames:
-        return pd.DataFrame(), 0
+        return [], 0
     steps = pd.Series(np.concatenate([f["step"].to_numpy() for f in frames]))
     repeated = int(steps.duplicated().sum())
     if not repeated:
-        return one_table(frames), 0
+        return frames, 0
     kept, at = ~steps.duplicated(keep="last").to_numpy(), 0
     parts = []
     for frame in frames:
@@ -287,7 +291,7 @@ def once_per_step(frames: list[pd.DataFrame]) -> tuple[pd.DataFrame, int]:
         at += len(frame)
     table = one_table(parts).set_index("step", drop=False)
     table = table.loc[steps.drop_duplicates().to_numpy()].reset_index(drop=True)
-    return table.dropna(axis="columns", how="all"), repeated  # a phase only a replaced record had is no column
+    return [table.dropna(axis="columns", how="all")], repeated  # a phase only a replaced record had is no column
 
 
 def one_table(frames: list[pd.DataFrame]) -> pd.DataFrame:

@@ -129,7 +129,7 @@ def read_step_records(folders: dict[int, Path], inputs: Inputs, notes: list[dict
             notes.append({"check": "repeated_steps", "severity": "info",
                           "message": f"rank {rank}: {found.repeated} steps recorded more than once (a restarted "
                                      "job?); the last record of each is used"})
-        frames.append(found.table)
+        frames += found.frames
         phases += [p for p in found.phases if p not in phases]
         if found.p2p:
             p2p[rank] = found.p2p

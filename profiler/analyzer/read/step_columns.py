@@ -23,8 +23,9 @@ from diagtrain.profiler.analyzer.read.inputs import MAX_RANKS
 from diagtrain.profiler.analyzer.read.run_files import MAX_MEMORY_BYTES, MAX_STEP_MS, MAX_STEP_NUMBER
 from diagtrain.profiler.util.bounded_read import MAX_LINE_CHARS
 
-# Keys whose values the per-line reader checks entry by entry (lists of structs), and the end-of-run line.
-PER_LINE_KEYS = (b'"p2p"', b'"device_', b'"kind"')
+# Keys whose values the per-line reader checks entry by entry (lists of structs; also every "device_..."), and
+# the end-of-run line's.
+PER_LINE_KEYS = ("p2p", "kind")
 TWO_OBJECTS = re.compile(rb"\}[ \t]*\{")  # on one line (also inside a string: then read line by line, to be safe)
 PARSE_BLOCK_BYTES = 1 << 20  # pyarrow's own blocks, parsed on its threads
 
@@ -43,15 +44,17 @@ class ColumnBlock:
 def read_block(data: bytes, rank: int | None) -> ColumnBlock | None:
     """The records of ``data`` (whole lines, each ending with a newline) as columns; None where a line
     needs the per-line reader (see the module's docstring)."""
-    if (not data or b"\r" in data or any(key in data for key in PER_LINE_KEYS) or _longest_line(data) > MAX_LINE_CHARS
-            or TWO_OBJECTS.search(data)):
+    ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
+    lines = len(ends)
+    if not lines or b"\r" in data or int(np.diff(ends, prepend=-1).max()) > MAX_LINE_CHARS or TWO_OBJECTS.search(data):
         return None  # two objects on one line parse as two rows: the per-line reader calls it a bad line
     table = _parse(data)
-    lines = data.count(b"\n")
-    # At most a row a line now: as many rows as lines, or as many as the lines not blank.
-    if table is None or (table.num_rows != lines and table.num_rows != lines - _blank_lines(data)):
+    if table is None or any(name in PER_LINE_KEYS or name.startswith("device_") for name in table.column_names):
         return None
-    return _checked(table, rank, b"null" in data, lines)
+    # At most a row a line now: as many rows as lines, or as many as the lines not blank.
+    if table.num_rows != lines and table.num_rows != lines - _blank_lines(data):
+        return None
+    return _checked(table, rank, data, lines)
 
 
 def _parse(data: bytes):  # noqa: ANN202 - a pyarrow Table, imported late as the analysis does
@@ -64,16 +67,11 @@ def _parse(data: bytes):  # noqa: ANN202 - a pyarrow Table, imported late as the
         return None
 
 
-def _longest_line(data: bytes) -> int:
-    ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
-    return int(np.diff(ends, prepend=-1).max()) if len(ends) else len(data)
-
-
 def _blank_lines(data: bytes) -> int:
     return sum(1 for line in data.split(b"\n")[:-1] if not line.strip())
 
 
-def _checked(table, rank: int | None, has_null: bool, lines: int) -> ColumnBlock | None:  # noqa: ANN001
+def _checked(table, rank: int | None, data: bytes, lines: int) -> ColumnBlock | None:  # noqa: ANN001
     """The rows of a parsed block, or None where a record is one the per-line reader refuses or leaves out."""
     ids = {key: _ints(table, key) for key in ("rank", "step")}
     if any(v is None for v in ids.values()):
@@ -86,7 +84,7 @@ def _checked(table, rank: int | None, has_null: bool, lines: int) -> ColumnBlock
     if any(v is None for v in times.values()):
         return None
     phases = _struct(table, "phases_ms")
-    if phases is None or (has_null and any(v.null_count for v in phases.values())):
+    if phases is None or (any(v.null_count for v in phases.values()) and b"null" in data):
         return None  # a phase recorded as null is a bad line to the per-line reader, an absent one is not
     phase_values = {name: _numbers(table, name, column) for name, column in phases.items()}
     if any(v is None for v in phase_values.values()):
