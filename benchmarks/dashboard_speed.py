@@ -117,17 +117,13 @@ Plotly.newPlot(div, [], {}).then(function() { var t = performance.now() - t0; Pl
 """
 
 
-def browser_side(folder: Path, reps: int, end: float) -> dict:
-    """First draw and zoom as headless Chromium sees them, in ms."""
+def serve_to_chromium(flask_app):  # noqa: ANN001, ANN201 - werkzeug's server, selenium's driver
+    """The app served on a loopback port, and headless Chromium (1600x1000, WebGL by SwiftShader) to open it."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
     from werkzeug.serving import make_server
 
-    from diagtrain.dashboard import app, data
-
-    server = make_server("127.0.0.1", 0, app.build([data.load(folder)]).server, threaded=True)
+    server = make_server("127.0.0.1", 0, flask_app, threaded=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     options = webdriver.ChromeOptions()
     for arg in ("--headless=new", "--no-sandbox", "--use-angle=swiftshader", "--enable-unsafe-swiftshader",
@@ -136,6 +132,17 @@ def browser_side(folder: Path, reps: int, end: float) -> dict:
     options.binary_location = CHROMIUM
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.set_script_timeout(WAIT_S)
+    return server, driver
+
+
+def browser_side(folder: Path, reps: int, end: float) -> dict:
+    """First draw and zoom as headless Chromium sees them, in ms."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from diagtrain.dashboard import app, data
+
+    server, driver = serve_to_chromium(app.build([data.load(folder)]).server)
     firsts, zooms = [], []
     try:
         for k in range(reps):

@@ -337,9 +337,15 @@ class Dashboard:
         opened = list(expand or [])
         return [k for k in opened if k != key] if key in opened else opened + [key]
 
-    def update_heatmap(self, metric: str, mode: str, run_index: int) -> dict[str, Any]:
-        """The steps heatmap of ``metric``."""
-        return heatmap.figure(self.run(run_index), metric, mode)
+    def update_heatmap(self, trigger: str | None, metric: str, mode: str, relayout: dict[str, Any] | None,
+                       run_index: int) -> dict[str, Any]:
+        """The steps heatmap of ``metric``; a zoom on a run of more steps than columns redraws its range in
+        finer detail (a shorter run's zoom is the browser's own)."""
+        run = self.run(run_index)
+        step_range = heatmap.zoomed_range(relayout) if trigger == "heatmap" else None
+        if trigger == "heatmap" and (step_range is False or run.steps["step"].nunique() <= heatmap.MAX_STEP_COLUMNS):
+            raise PreventUpdate
+        return heatmap.figure(run, metric, mode, step_range or None)
 
     def update_telemetry(self, metric: str, run_index: int) -> dict[str, Any]:
         """The telemetry figure of ``metric``."""
@@ -445,8 +451,9 @@ def build(runs: list[RunData], host: str = "127.0.0.1", following: dict[int, liv
                  State("lanes", "value"), State("timeline-expand", "value"), State("run", "value"),
                  prevent_initial_call=True)(board.expand_group)
     app.callback(Output("heatmap", "figure"), Input("heatmap-metric", "value"), Input("heatmap-mode", "value"),
-                 Input(LIVE_VERSION, "data"), State("run", "value"))(
-        lambda metric, mode, _seen, run_index: board.update_heatmap(metric, mode, run_index))
+                 Input("heatmap", "relayoutData"), Input(LIVE_VERSION, "data"), State("run", "value"))(
+        lambda metric, mode, relayout, _seen, run_index: board.update_heatmap(_trigger(), metric, mode, relayout,
+                                                                                run_index))
     app.callback(Output("telemetry", "figure"), Input("telemetry-metric", "value"), Input(LIVE_VERSION, "data"),
                  State("run", "value"))(lambda metric, _seen, run_index: board.update_telemetry(metric, run_index))
     app.callback(Output("collectives", "data"), Output("collectives", "columns"), Output("collectives-note", "children"),

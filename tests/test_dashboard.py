@@ -183,6 +183,39 @@ def test_zoom_reset_and_lane_choice_callbacks(straggler):
         board.update_timeline("timeline", None, {"autosize": True}, None, 0)
 
 
+def long_run(steps: int, slow_from: int) -> RunData:
+    """A run of 2 ranks x ``steps`` (no job: the views read tables), rank 1 60 ms slower in forward from ``slow_from``."""
+    step = np.tile(np.arange(1, steps + 1), 2)
+    rank = np.repeat([0, 1], steps)
+    forward = 20.0 + np.where((rank == 1) & (step >= slow_from), 60.0, 0.0)
+    table = pd.DataFrame({"rank": rank, "step": step, "wall_ms": 130.0, "forward_ms": forward})
+    finding = {"kind": "straggler", "severity": "error", "ranks": [1], "steps": list(range(slow_from, steps + 1)),
+               "metrics": {"quantity": "phase:forward"}}
+    report = {"findings": [finding], "run": {"phases": ["forward"]}}
+    empty = pd.DataFrame()
+    return RunData(Path("."), report, table, empty, empty, empty, {}, {}, {}, 0.0)
+
+
+def test_a_million_steps_heatmap_shows_a_level_of_detail_that_a_zoom_refines():
+    run = long_run(500_000, 250_001)
+    fig = heatmap.figure(run, "forward_ms", heatmap.RELATIVE)
+    heat, marks = fig["data"][0], fig["data"][1]
+    z = np.array(heat["z"], dtype=float)
+    assert fig["layout"]["meta"] == {"marked": [1], "steps": 500_000, "binned": True}
+    assert z.shape == (2, heatmap.MAX_STEP_COLUMNS) and "500,000 steps" in fig["layout"]["title"]["text"]
+    x = np.array(heat["x"])
+    # Rank 1 stands 30 ms above the two ranks' median (their mean) from its onset, level before it.
+    assert np.allclose(z[1, x >= 250_001], 30.0) and np.allclose(z[1, x + 250 < 250_001], 0.0)
+    assert set(marks["y"]) == {1} and min(marks["x"]) <= 250_001 < min(marks["x"]) + 250 and len(marks["x"]) == 1000
+    assert heatmap.zoomed_range({"xaxis.range[0]": 249_990.5, "xaxis.range[1]": 250_010}) == (249_990.5, 250_010.0)
+    assert heatmap.zoomed_range({"xaxis.autorange": True}) is None and heatmap.zoomed_range({"autosize": True}) is False
+    zoomed = heatmap.figure(run, "forward_ms", heatmap.RELATIVE, (249_990.5, 250_010))
+    heat = zoomed["data"][0]
+    assert not zoomed["layout"]["meta"]["binned"] and heat["x"] == list(range(249_991, 250_011))
+    assert [v for v in heat["z"][1]] == [0.0] * 10 + [30.0] * 10  # single steps again: the onset is step 250,001
+    assert zoomed["data"][1]["x"] == list(range(250_001, 250_011))
+
+
 @pytest.mark.jobs
 def test_steps_heatmap_marks_the_straggler(straggler):
     assert heatmap.default_metric(straggler) == "forward_ms"  # the finding's phase
@@ -328,6 +361,7 @@ def test_the_server_serves_only_its_runs(straggler):
     payload = {"output": "heatmap.figure", "outputs": {"id": "heatmap", "property": "figure"},
                "inputs": [{"id": "heatmap-metric", "property": "value", "value": "wall_ms"},
                           {"id": "heatmap-mode", "property": "value", "value": "absolute"},
+                          {"id": "heatmap", "property": "relayoutData", "value": None},
                           {"id": "live-version", "property": "data", "value": {"generation": 0}}],
                "state": [{"id": "run", "property": "value", "value": "/etc"}], "changedPropIds": ["heatmap-metric.value"]}
     response = client.post("/_dash-update-component", json=payload)

@@ -107,7 +107,7 @@ def test_a_running_job_is_followed_as_it_is_appended_to(tmp_path):
         assert live.PENDING in str(board.render_tab(tab, 0))
     with pytest.raises(PreventUpdate):  # a new step redraws the heatmap in place: the metric chosen stays
         board.render_tab("steps", 0, app.LIVE_VERSION)
-    assert board.update_heatmap("forward_ms", "relative", 0)["layout"]["meta"]["marked"] == [1]
+    assert board.update_heatmap(None, "forward_ms", "relative", None, 0)["layout"]["meta"]["marked"] == [1]
     figure, _ = board.update_timeline(None, None, None, None, 0)
     assert figure["layout"]["meta"]["ranks"] == [0, 1]
 

@@ -79,6 +79,16 @@ def test_one_rank_waiting_for_its_data_is_its_own_stall_not_the_jobs(tmp_path):
     assert seconds["imbalance"] > 10 * seconds["data"]
 
 
+def test_every_rank_waiting_for_data_in_the_same_steps_is_the_jobs_wait_not_one_ranks_for_another(tmp_path):
+    # 30 ms every 7th step: under a periodic stall's bar (half a step), a data stall of every rank at once.
+    report = analyzed(job_run(tmp_path / "run", lambda r, s: {"data": 30.0} if s % 7 == 0 else {}, steps=60))
+    [found] = of_kind(report, "dataloader_stall")
+    assert found["ranks"] == [0, 1] and found["steps"] == [7, 14, 21, 28, 35, 42, 49, 56]
+    assert "every rank waits, in the same steps," in found["explanation"]
+    assert "the job waits for its input" in found["explanation"] and "wait for it" not in found["explanation"]
+    assert found["impact_ms"] == pytest.approx(8 * 30.0 / 59, rel=0.1)  # the job loses each stall once, not per rank
+
+
 def test_every_rank_slow_every_fifth_step_is_a_periodic_stall_named_with_its_period_and_part(tmp_path):
     stalled = lambda r, s: {"outside": 100.0 + 5 * r} if s % 5 == 0 else {}  # noqa: E731 - a checkpoint every 5
     report = analyzed(job_run(tmp_path / "run", stalled))

@@ -7,6 +7,8 @@ The wait is the step's data phase: recorded by the job's StepRecorder or the alw
 
 from __future__ import annotations
 
+import pandas as pd
+
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady, time_range
 from diagtrain.profiler.util.text import ranges
 from diagtrain.profiler.analyzer.judge.findings import Finding
@@ -24,6 +26,8 @@ class DataloaderStall:
     min_stall_ms: float = setting(20.0, "...and at least this long: a busy host makes batches a few ms late")
     min_stall_share: float = setting(0.05, "...and this share of the median step, so that it costs the step something")
     min_steps: int = setting(2, "a single slow batch (a cold cache) is not worth a finding")
+    shared_share: float = setting(0.8, "stalls every rank has in this share of its stalled steps are the job's "
+                                  "wait for its input: no rank waits for another there")
 
 
 SETTINGS = (DataloaderStall, Steady)
@@ -37,30 +41,56 @@ def detect(tables: Tables) -> list[Finding]:
         return []
     typical = float(steps["data_ms"].median())
     threshold = max(s.stall_factor * typical, s.min_stall_ms, s.min_stall_share * float(steps["wall_ms"].median()))
-    findings = []
-    for rank, rows in steps[steps["data_ms"] >= threshold].groupby("rank"):
-        if len(rows) < s.min_steps:
-            continue
-        stalled = sorted(int(step) for step in rows["step"])
-        every = _period(stalled)
-        per_stall = float(rows["data_ms"].median())
-        findings.append(Finding(
-            kind="dataloader_stall", severity="warning", ranks=[int(rank)], steps=stalled,
-            time_range=time_range(rows),
-            explanation=(
-                f"rank {rank} waits {per_stall:.0f} ms for data in steps {ranges(stalled)}"
-                + (f" (every {every} steps)" if every else "")
-                + f", against {typical:.1f} ms typically; the other ranks wait for it at the next collective."
-            ),
-            suggestion="Give the data loader more workers or prefetching (num_workers, prefetch_factor, "
-                       "pin_memory), and check that rank's storage or preprocessing for periodic slow reads.",
-            metrics={"observed_ms": per_stall, "expected_ms": typical, "threshold_ms": threshold, "period_steps": every,
-                     "source": "phases", "time_source": "host"},  # the host's data phase; priced on the device where timed
-            evidence=[{"type": "steps", "rank": int(rank), "step": int(step), "data_ms": round(float(d), 3)}
-                      for step, d in zip(rows["step"], rows["data_ms"])][:20],
-            impact_ms=float((rows["data_ms"] - typical).sum() / steps["step"].nunique()),
-        ))
-    return findings
+    stalls = steps[steps["data_ms"] >= threshold]
+    by_rank = {int(rank): rows for rank, rows in stalls.groupby("rank") if len(rows) >= s.min_steps}
+    shared = _shared(steps, stalls, by_rank, s)
+    if shared is not None:
+        return [_finding(shared, sorted(by_rank), typical, threshold, steps)]
+    return [_finding(rows, [rank], typical, threshold, steps) for rank, rows in by_rank.items()]
+
+
+def _shared(steps: pd.DataFrame, stalls: pd.DataFrame, by_rank: dict[int, pd.DataFrame],
+            s: DataloaderStall) -> pd.DataFrame | None:
+    """The stalls, where every rank stalls in the same steps (``shared_share`` of each rank's); else None."""
+    ranks = set(int(r) for r in steps["rank"].unique())
+    if len(ranks) < 2 or set(by_rank) != ranks:
+        return None
+    everyone = stalls.groupby("step")["rank"].nunique()
+    common = set(everyone[everyone == len(ranks)].index)
+    if not all(rows["step"].isin(common).mean() >= s.shared_share for rows in by_rank.values()):
+        return None
+    return stalls[stalls["step"].isin(common)]
+
+
+def _finding(rows: pd.DataFrame, ranks: list[int], typical: float, threshold: float, steps: pd.DataFrame) -> Finding:
+    """One finding of the stalls in ``rows``: one rank's, its peers waiting for it; or every rank's at once."""
+    stalled = sorted(int(step) for step in rows["step"].unique())
+    every = _period(stalled)
+    per_stall = float(rows["data_ms"].median())
+    listed = ranges(stalled)
+    said_every = every and "every" not in listed  # a long list, summarised, says its period itself
+    who = f"rank {ranks[0]} waits" if len(ranks) == 1 else "every rank waits, in the same steps,"
+    after = ("the other ranks wait for it at the next collective" if len(ranks) == 1 else
+             "the job waits for its input there, not one rank for another")
+    # Per step: one rank's stalls, or the job's (each step's median over its ranks: they wait together).
+    lost = (rows["data_ms"] - typical).sum() if len(ranks) == 1 else \
+        (rows.groupby("step")["data_ms"].median() - typical).sum()
+    return Finding(
+        kind="dataloader_stall", severity="warning", ranks=ranks, steps=stalled,
+        time_range=time_range(rows),
+        explanation=(
+            f"{who} {per_stall:.0f} ms for data in steps {listed}"
+            + (f" (every {every} steps)" if said_every else "")
+            + f", against {typical:.1f} ms typically; {after}."
+        ),
+        suggestion="Give the data loader more workers or prefetching (num_workers, prefetch_factor, "
+                   "pin_memory), and check that rank's storage or preprocessing for periodic slow reads.",
+        metrics={"observed_ms": per_stall, "expected_ms": typical, "threshold_ms": threshold, "period_steps": every,
+                 "source": "phases", "time_source": "host"},  # the host's data phase; priced on the device where timed
+        evidence=[{"type": "steps", "rank": int(rank), "step": int(step), "data_ms": round(float(d), 3)}
+                  for rank, step, d in zip(rows["rank"], rows["step"], rows["data_ms"])][:20],
+        impact_ms=float(lost / steps["step"].nunique()),
+    )
 
 
 def _period(steps: list[int]) -> int | None:
