@@ -24,6 +24,7 @@ import pandas as pd
 
 from diagtrain.profiler.analyzer.judge import measured as run_measured
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady
+from diagtrain.profiler.analyzer.judge.kinds import KINDS as ALL_KINDS, MODEL_CHECK
 from diagtrain.profiler.analyzer.judge.findings import Finding
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.util.settings import section, setting
@@ -63,8 +64,7 @@ class Expected:
 # The step time and peaks held against the model leave warm-up out as the detectors do (measured.py).
 SETTINGS = (Expected, Steady)
 # The kinds of finding the model's check makes: a finished run's, never a running job's (judge/pipeline.py).
-KINDS = ("state_mismatch", "unexpected_communication", "bubble_above_model", "memory_above_model",
-         "slow_collective_group")
+KINDS = tuple(k.name for k in ALL_KINDS if k.detector == MODEL_CHECK)
 
 
 def check(tables: Tables, spans_of: Callable[[int], pd.DataFrame | None] = lambda _: None,
