@@ -85,6 +85,23 @@ def test_every_finding_kind_has_its_page_and_every_page_a_kind():
         assert claimed == ([list(kind.settings)] if kind.settings else []), f"{kind.page}: settings are not {kind.settings}"
 
 
+def test_the_architecture_tour_names_every_folder_of_the_tree_and_every_file_it_names_exists():
+    """docs/contributing/architecture.md's layout: every package folder of the repository and of the analyzer, and
+    every path it quotes, there (a module or folder under profiler/, profiler/analyzer/ or the root)."""
+    text = (DOCS / "contributing" / "architecture.md").read_text()
+    quoted = set(re.findall(r"`([\w./-]+(?:\.py|/))`", text))
+    packages = {p.parent for p in ROOT.glob("*/__init__.py")} | {p.parent for p in ROOT.glob("profiler/*/__init__.py")} \
+        | {p.parent for p in ROOT.glob("profiler/analyzer/*/__init__.py")}
+    for folder in packages - {ROOT / "profiler"}:  # the tour names profiler/'s folders, one by one
+        name = folder.relative_to(ROOT).as_posix() + "/"
+        assert name in quoted or f"{folder.name}/" in quoted, f"architecture.md does not name {name}"
+    # A path is quoted from the root, from profiler/, or from the analyzer's folder it is spoken of in.
+    bases = [ROOT, ROOT / "profiler", ROOT / "api", ROOT / "profiler" / "analyzer",
+             *(p for p in (ROOT / "profiler" / "analyzer").iterdir() if p.is_dir())]
+    missing = [q for q in quoted if q != "analysis/" and not any((b / q).exists() for b in bases)]
+    assert not missing, f"architecture.md names paths the tree lacks: {missing}"
+
+
 def test_the_kinds_table_is_the_only_list_of_kinds():
     """Every kind the analyzer's code can make is in judge/kinds.py, and every kind there is made somewhere."""
     made = emitted_kinds()
