@@ -11,7 +11,6 @@ read it over a shared filesystem. With several hosts only the wrapper of rank 0'
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import time
@@ -19,7 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from diagtrain.profiler.run_dir import PROFILE_WINDOWS_FILE, SCHEMA_VERSION, RankIndex, write_json_atomic
+from diagtrain.profiler.analyzer.read.step_segments import StepFilesTail
+from diagtrain.profiler.run_dir import PROFILE_WINDOWS_FILE, SCHEMA_VERSION, STEPS_FILE, RankIndex, write_json_atomic
 
 WINDOW_STEPS = 3  # the straggler and late-rank statistics need 3 profiled steps to see variation
 MIN_WARMUP_STEPS = 3  # step 1 carries start-up; look at steps 2.. before calling the job warm
@@ -63,7 +63,7 @@ class AutoProfiler:
     say: Callable[[str], None] = lambda _: None
     windows: list[Window] = field(default_factory=list)
     durations: dict[int, float] = field(default_factory=dict)  # step -> ms (the slowest rank's)
-    _offsets: dict[int, int] = field(default_factory=dict)  # rank -> bytes of steps.jsonl read
+    _tails: dict[int, StepFilesTail] = field(default_factory=dict)  # rank -> its step records, as read so far
 
     def update(self) -> None:
         """Read new step records; request a window if one is due."""
@@ -80,20 +80,11 @@ class AutoProfiler:
             self.say(f"profiling steps {window.first}-{window.last} on every rank ({window.reason})")
 
     def _read_new_steps(self, rank: int) -> None:
-        path = self.ranks.ranks_dir / str(rank) / "steps.jsonl"
-        try:
-            with open(path, "rb") as f:
-                f.seek(self._offsets.get(rank, 0))
-                data = f.read()
-        except OSError:
-            return
-        complete = data[:data.rfind(b"\n") + 1]  # a line being written is read next time
-        self._offsets[rank] = self._offsets.get(rank, 0) + len(complete)
-        for line in complete.splitlines():
+        tail = self._tails.setdefault(rank, StepFilesTail(self.ranks.ranks_dir / str(rank) / STEPS_FILE))
+        for record in tail.read_json():  # whole lines: one being written is read next time
             try:
-                record = json.loads(line)
                 step, ms = int(record["step"]), float(record["duration_ms"])
-            except (ValueError, KeyError, TypeError):
+            except (KeyError, TypeError, ValueError):
                 continue
             self.durations[step] = max(ms, self.durations.get(step, 0.0))
 

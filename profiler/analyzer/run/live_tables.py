@@ -28,7 +28,7 @@ from diagtrain.profiler.analyzer.read.run_read import clock_measurements, reques
 from diagtrain.profiler.analyzer.run import device_time
 from diagtrain.profiler.analyzer.run.live_traces import LiveTraces
 from diagtrain.profiler.analyzer.run.tables import Tables, assemble, step_table
-from diagtrain.profiler.run_dir import ANALYSIS_CACHE, HOSTS_DIR, RankIndex, read_hosts
+from diagtrain.profiler.run_dir import ANALYSIS_CACHE, HOSTS_DIR, STEPS_FILE, RankIndex, closed_segments, read_hosts
 from diagtrain.profiler.util.bounded_read import InputError
 
 GROUPS_PATIENCE = 3  # reads of a rank's steps without its process_groups.json before it is taken to have none
@@ -112,10 +112,11 @@ class LiveSteps:
         if summary is None and host and summary_path(self.run_dir, host).exists():
             summary = self.summaries[host] = HostSummary(summary_path(self.run_dir, host), keep)
             summary.elsewhere = {r for r in self.direct if self.ranks.info.get(r, {}).get("host") == host}
-        path = self.ranks.ranks_dir / str(rank) / "steps.jsonl"
+        path = self.ranks.ranks_dir / str(rank) / STEPS_FILE
         if summary is not None:
             self.steps[rank] = summary.ranks.setdefault(rank, RankSteps(rank, keep))
-        elif path.exists() and path.stat().st_size:  # no summary while it records: none will carry it
+        elif path.exists() and path.stat().st_size or closed_segments(path):  # no summary while it records: none will
+            # carry it (records closed into segments are records too)
             self.steps[rank] = self.direct[rank] = StepTail(path, rank, keep)
 
     def _leave_silent(self, now: float) -> None:
@@ -131,7 +132,7 @@ class LiveSteps:
         for host in self.silenced:
             keep = self.summaries.pop(host).keep
             for rank in sorted(of_host.get(host, [])):
-                self.steps[rank] = self.direct[rank] = StepTail(self.ranks.ranks_dir / str(rank) / "steps.jsonl", rank, keep)
+                self.steps[rank] = self.direct[rank] = StepTail(self.ranks.ranks_dir / str(rank) / STEPS_FILE, rank, keep)
 
     def cache_steps(self, min_lines: int, cpu_s: float) -> int:
         """Add the new step records of the ranks read directly to the final analysis' cache (step_cache.CacheFeeder;
