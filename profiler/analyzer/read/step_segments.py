@@ -138,42 +138,43 @@ class StepFilesTail(JsonlTail):
     segments after it and the fresh file: no line is lost or read twice.
 
     Why this holds: the file adopted as steps.jsonl (opened together with the listing of the segments before it,
-    step_segments.open_step_files) is the one the rank closes next, and a close numbers the segment after the last
-    one there, so it becomes segment ``done + 1``."""
+    :func:`open_step_files`) is the one the rank closes next, and a close numbers the segment after the last one
+    there, so it becomes segment ``done + 1``: that segment's name appearing, not an inode (which a compressed
+    segment's removal frees for the next steps.jsonl), says it was closed."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
         self.done = 0  # every closed segment up to this number has been read
-        self.live: tuple[int, int] | None = None  # (device, inode) of the steps.jsonl being read; None: none adopted
+        self.live: tuple[int, int] | None = None  # (device, inode) of the steps.jsonl adopted; None: none yet
 
     def read(self) -> list[str]:
         """New whole lines, in the order written (none while there are no records)."""
-        lines = self._finish_closed() if self.live is not None else []
+        lines: list[str] = []
         try:
+            if self.live is not None and self._closed():
+                lines += self._finish_closed()
             if self.live is None:
                 segments, fd = open_step_files(self.path)
                 lines += self._read_segments(segments)
+                lines += self._read_live(fd, adopting=True)
             else:
-                fd = open_if_there(self.path)
-            lines += self._read_live(fd)
+                lines += self._read_live(open_if_there(self.path), adopting=False)
         except (InputError, OSError):
             pass  # not readable now (a FIFO, a vanished folder): read again next time
         self.lines += len(lines)
         return lines
 
+    def _closed(self) -> bool:
+        """Whether the adopted steps.jsonl was closed since: segment ``done + 1`` is there, in either form."""
+        return any(os.path.lexists(segment_path(self.path, self.done + 1, packed)) for packed in (False, True))
+
     def _finish_closed(self) -> list[str]:
-        """The rest of the adopted file where steps.jsonl is another file now: it was closed into segment
-        ``done + 1``; where no segment follows, it was replaced (a rewritten file) and is read anew from its start."""
-        if _identity(self.path) == self.live:
-            return []
-        following = [(n, p) for n, p in closed_segments(self.path) if n > self.done]
-        lines: list[str] = []
-        if following and following[0][0] == self.done + 1:
-            try:
-                lines = _split(segment_bytes(following[0][1])[self.offset:])
-            except InputError:
-                pass  # a damaged segment: lost to this live view, not to the final analysis (which says so)
-            self.done += 1
+        """The rest of the adopted file, now segment ``done + 1``, from where the last read stopped."""
+        try:
+            lines = _split(segment_bytes(segment_path(self.path, self.done + 1))[self.offset:])
+        except InputError:
+            lines = []  # a damaged segment: lost to this live view, not to the final analysis (which names it)
+        self.done += 1
         self.live, self.offset = None, 0
         return lines
 
@@ -189,18 +190,19 @@ class StepFilesTail(JsonlTail):
                 self.done = segment.number
         return lines
 
-    def _read_live(self, fd: int | None) -> list[str]:
-        """What was appended to the adopted steps.jsonl (``fd``, just opened) since the last read: whole lines."""
+    def _read_live(self, fd: int | None, adopting: bool) -> list[str]:
+        """What was appended to steps.jsonl (``fd``, just opened) since the last read: whole lines. ``adopting``:
+        opened with the listing of the segments before it, else by its name alone: then a close between the check
+        above and the open may have made it the fresh file, and the old one is finished from its segment next time."""
         if fd is None:
             return []
         with open(fd, "rb", closefd=True) as f:
             st = os.fstat(f.fileno())
-            if self.live is None:
-                self.live = (st.st_dev, st.st_ino)
-            elif (st.st_dev, st.st_ino) != self.live:
-                return []  # closed into a segment since this read began: finished at the next read
-            if st.st_size < self.offset:
-                self.offset = 0  # cut short in place (rewritten): read anew, as JsonlTail does
+            if not adopting and self._closed():
+                return []
+            if (st.st_dev, st.st_ino) != self.live or st.st_size < self.offset:
+                self.offset = 0  # adopted now, or replaced or cut short in place (rewritten): read from its start
+            self.live = (st.st_dev, st.st_ino)
             f.seek(self.offset)
             data = f.read()
         complete = data[:data.rfind(b"\n") + 1]
@@ -212,10 +214,3 @@ def _split(data: bytes) -> list[str]:
     """Whole lines as text (bytes that are not UTF-8 replaced)."""
     return data.decode(errors="replace").splitlines()
 
-
-def _identity(path: Path) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
