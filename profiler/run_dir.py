@@ -203,8 +203,9 @@ class Records:
     """How big what a run records may grow before it is closed, compressed or thinned."""
 
     step_segment_bytes: int = setting(32 << 20, "a rank's steps.jsonl past this is closed into a segment that the "
-                                      "wrapper compresses (~4x): ~60,000 records, a day at 1 step/s; the one file "
-                                      "left uncompressed is at most this, and a segment is read whole in ~0.5 s")
+                                      "wrapper compresses (4-5x): ~64,000 CPU records, 18 h at 1 step/s; the file "
+                                      "left uncompressed is at most this, and a segment is parsed whole in ~1 s "
+                                      "(a run sets it with $DIAGTRAIN_STEP_SEGMENT_BYTES)")
 
 
 def step_segment_bytes(env: Mapping[str, str] = os.environ) -> int:
