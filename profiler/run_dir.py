@@ -192,6 +192,7 @@ def check_writable(path: str | os.PathLike) -> Path:
 # -- a rank's step records: closed segments, then the file being appended --
 
 STEPS_FILE = "steps.jsonl"
+TELEMETRY_FILE = "telemetry.jsonl"  # under hosts/<host>/, closed and coarsened as Records says
 # Where a test or a user sets the size at which a rank's steps.jsonl is closed into a segment (bytes).
 STEP_SEGMENT_BYTES_ENV = "DIAGTRAIN_STEP_SEGMENT_BYTES"
 SEGMENT_GZIP_LEVEL = 3  # ISA-L's best: 4.5x on step records against 4.3x at 1, still 200 MB/s
@@ -206,6 +207,12 @@ class Records:
                                       "wrapper compresses (4-5x): ~64,000 CPU records, 18 h at 1 step/s; the file "
                                       "left uncompressed is at most this, and a segment is parsed whole in ~1 s "
                                       "(a run sets it with $DIAGTRAIN_STEP_SEGMENT_BYTES)")
+    telemetry_horizon_s: float = setting(3600.0, "a host's telemetry is closed into a segment this often, and segments "
+                                         "older than one horizon thinned: the last hour or two stay at the sampling "
+                                         "interval, where live judgement and a hang's diagnosis look")
+    telemetry_coarse_s: float = setting(60.0, "... to one sample this often: a day of 1 Hz samples of an 8-GPU host "
+                                        "shrinks 60x (before compression), and the analysis' hour-scale views "
+                                        "(contention, throttling over a run) keep dozens of samples an hour")
 
 
 def step_segment_bytes(env: Mapping[str, str] = os.environ) -> int:
@@ -255,24 +262,27 @@ def has_step_records(path: str | os.PathLike) -> bool:
     return os.path.lexists(path) or bool(closed_segments(path))
 
 
-def compress_segments(path: str | os.PathLike, up_to: int | None = None) -> int:
+def compress_segments(path: str | os.PathLike, up_to: int | None = None,
+                      thin: Callable[[bytes], bytes] | None = None) -> int:
     """Compress the closed segments of the records file ``path`` numbered up to ``up_to`` (every one where None) that
-    are still plain, each into ``steps.<n>.jsonl.gz``: written whole under a temp name and renamed (a reader finds it
-    complete or not at all), only then the plain one removed, so a crash at any point leaves every record readable
-    (a segment found in both forms is compressed again). The wrapper's work, never the rank's. The segments done."""
+    are still plain, each into ``<stem>.<n>.jsonl.gz`` (with ``thin``, what it keeps of the segment's bytes): written
+    whole under a temp name and renamed (a reader finds it complete or not at all), only then the plain one removed,
+    so a crash at any point leaves every record readable (a segment found in both forms is compressed again). The
+    wrapper's work, never the rank's. The segments done."""
     done = 0
     for number, segment in closed_segments(path):
         if segment.name.endswith(".gz") or (up_to is not None and number > up_to):
             continue
         with replacing(segment_path(path, number, compressed=True)) as tmp:
-            _gzip_file(segment, tmp)
+            _gzip_file(segment, tmp, thin)
         os.unlink(segment)
         done += 1
     return done
 
 
-def _gzip_file(source: Path, target: Path) -> None:
-    """``source`` gzip-compressed into ``target``, on disk before it returns (it replaces the plain file next)."""
+def _gzip_file(source: Path, target: Path, thin: Callable[[bytes], bytes] | None) -> None:
+    """``source`` (``thin(its bytes)`` where given) gzip-compressed into ``target``, on disk before it returns (it
+    replaces the plain file next)."""
     try:  # ISA-L: ~4x smaller at ~200 MB/s, 5x the speed of zlib's level 6 for 15% less
         from isal import igzip as gzip_module
         level = SEGMENT_GZIP_LEVEL
@@ -283,7 +293,10 @@ def _gzip_file(source: Path, target: Path) -> None:
 
     with open(source, "rb") as src, open(target, "wb") as raw:
         with gzip_module.GzipFile(fileobj=raw, mode="wb", compresslevel=level, mtime=0) as out:
-            shutil.copyfileobj(src, out, 1 << 20)
+            if thin is None:
+                shutil.copyfileobj(src, out, 1 << 20)
+            else:
+                out.write(thin(src.read()))  # a telemetry segment: an hour of samples, megabytes
         raw.flush()
         os.fsync(raw.fileno())
 
@@ -318,6 +331,9 @@ class JsonlAppender:
             self._close_segment()
 
     def _close_segment(self) -> None:
+        self.close_segment()
+
+    def close_segment(self) -> None:
         """Rename the file to the segment after the last one there, and begin a fresh one. A rename that fails
         leaves the records where they are, appended to as before."""
         self._file.close()
@@ -553,12 +569,14 @@ def _item_ranks(item: str) -> range:
     return range(int(first), int(last) + 1, int(step or 1))
 
 
-def telemetry_rows(run_dir: Path, lines: Callable[[Path], Iterable[str]] = lambda p: p.read_text().splitlines()) -> list[dict]:
-    """Every host's telemetry.jsonl rows, in host order (a line cut by a kill is left out); ``lines`` reads a file's
-    lines (the analysis reads them bounded)."""
+def telemetry_rows(run_dir: Path, lines: Callable[[Path], Iterable[str]] | None = None) -> list[dict]:
+    """Every host's telemetry rows, in host order, each host's closed segments (coarsened, compressed) then its
+    telemetry.jsonl (a line cut by a kill is left out); ``lines`` reads a file's lines, unpacking a ``.gz`` (the
+    analysis reads them bounded)."""
     rows = []
-    for path in sorted(Path(run_dir).glob("hosts/*/telemetry.jsonl")):
-        for line in lines(path):
+    for path in sorted(Path(run_dir).glob(f"{HOSTS_DIR}/*/{TELEMETRY_FILE}")):
+        files = [segment for _, segment in closed_segments(path)] + [path]
+        for line in (line for file in files if os.path.lexists(file) for line in (lines or _text_lines)(file)):
             try:
                 row = json.loads(line)
             except ValueError:
@@ -566,6 +584,14 @@ def telemetry_rows(run_dir: Path, lines: Callable[[Path], Iterable[str]] = lambd
             if isinstance(row, dict):
                 rows.append(row)
     return rows
+
+
+def _text_lines(path: Path) -> list[str]:
+    """The lines of a small record file, unpacked if it is gzip."""
+    import gzip
+
+    data = path.read_bytes()
+    return (gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data).decode(errors="replace").splitlines()
 
 
 def telemetry_table(rows: list[dict]) -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import random
 import shutil
@@ -19,13 +20,16 @@ from diagtrain.profiler.analyzer.read import step_cache
 from diagtrain.profiler.analyzer.read.discover import discover
 from diagtrain.profiler.analyzer.read.host_summary import HostReducer, HostSummary, summary_path
 from diagtrain.profiler.analyzer.read.step_cache import extend_cache, read_steps, read_steps_cached
+from diagtrain.profiler.analyzer.read.run_files import read_host_telemetry
 from diagtrain.profiler.analyzer.read.step_tail import StepFilesTail
 from diagtrain.profiler.analyzer.run import tables
+from diagtrain.profiler.collect.telemetry import TelemetrySampler, thin_samples
 from diagtrain.profiler.run_dir import (STEP_SEGMENT_BYTES_ENV, JsonlAppender, Records, closed_segments,
-                                        compress_segments, segment_path, step_segment_bytes, write_json_atomic)
+                                        compress_segments, segment_path, step_segment_bytes, telemetry_rows,
+                                        write_json_atomic)
 from diagtrain.profiler.util.bounded_read import InputError
 
-from conftest import USER_SCRIPT, diagtrain_run, torchrun
+from conftest import USER_SCRIPT, diagtrain_run, torchrun, wait_until
 from test_step_cache import varied
 
 T0 = 1_790_000_000.0
@@ -273,3 +277,39 @@ def test_a_real_job_closes_segments_and_its_analysis_reads_as_unsegmented(tmp_pa
     pd.testing.assert_frame_equal(segmented[0], unsegmented[0])
     assert segmented[1:] == unsegmented[1:] and len(segmented[0]) == 80
     pd.testing.assert_frame_equal(steps(out, True)[0], unsegmented[0])  # again, from the cache
+
+
+def test_telemetry_beyond_a_horizon_is_kept_at_the_coarse_interval(tmp_path):
+    """The real sampler (psutil), its horizon and coarse interval scaled down: every segment older than a horizon
+    (all closed ones but the newest) holds one sample per coarse interval, compressed; the newest and telemetry.jsonl
+    every sample; the readers take them in order."""
+    host_dir = tmp_path / "hosts" / "h"
+    host_dir.mkdir(parents=True)
+    bounds = Records(telemetry_horizon_s=0.4, telemetry_coarse_s=0.25)
+    sampler = TelemetrySampler(tmp_path, host_dir, "h", 0.02, lambda _: None, bounds=bounds)
+    sampler.start()
+    wait_until(lambda: len(closed_segments(host_dir / "telemetry.jsonl")) >= 4, "four telemetry segments", 60)
+    sampler.stop()
+    segments = closed_segments(host_dir / "telemetry.jsonl")
+    assert all(p.name.endswith(".gz") for _, p in segments[:-1]) and not segments[-1][1].name.endswith(".gz")
+
+    def times(path: Path) -> list[float]:
+        return sorted({json.loads(line)["time"] for line in (gzip.decompress(path.read_bytes()) if path.suffix == ".gz"
+                                                             else path.read_bytes()).splitlines()})
+
+    for _, path in segments[:-1]:
+        kept = times(path)
+        assert kept and len({math.floor(t / 0.25) for t in kept}) == len(kept)  # one sample per coarse interval
+    fine = times(segments[-1][1]) + times(host_dir / "telemetry.jsonl")
+    assert len(fine) >= 10 and max(b - a for a, b in zip(fine, fine[1:])) < 0.25  # every sample, as sampled
+    rows = telemetry_rows(tmp_path)
+    every = [t for _, p in segments for t in times(p)] + times(host_dir / "telemetry.jsonl")
+    assert sorted({r["time"] for r in rows}) == every == sorted(every)
+    assert len(read_host_telemetry(tmp_path / "hosts")) == len(rows)  # the analysis' bounded reader: the same rows
+
+
+def test_thinning_keeps_whole_samples_and_leaves_out_cut_lines():
+    rows = [{"kind": k, "time": t} for t in (0.0, 0.5, 1.0, 1.2, 2.9, 3.0) for k in ("host", "process")]
+    data = b"".join(json.dumps(r).encode() + b"\n" for r in rows) + b'{"kind": "host", "ti'
+    kept = [json.loads(line) for line in thin_samples(data, 1.0).splitlines()]
+    assert [(r["kind"], r["time"]) for r in kept] == [(k, t) for t in (0.0, 1.0, 2.9, 3.0) for k in ("host", "process")]

@@ -22,7 +22,7 @@ from diagtrain.profiler.analyzer.read import run_files as rf
 from diagtrain.profiler.analyzer.read.run_files import STEP_COLUMNS, device_record
 from diagtrain.profiler.analyzer.read.host_summary import HostSummary, summary_path
 from diagtrain.profiler.analyzer.read.step_cache import CacheFeeder
-from diagtrain.profiler.analyzer.read.step_tail import JsonlTail, RankSteps, StepTail
+from diagtrain.profiler.analyzer.read.step_tail import JsonlTail, RankSteps, StepFilesTail, StepTail
 from diagtrain.profiler.analyzer.rank.p2p import from_step_records as p2p_from_step_records
 from diagtrain.profiler.analyzer.read.run_read import clock_measurements, requested_profile_steps
 from diagtrain.profiler.analyzer.run import device_time
@@ -91,7 +91,7 @@ class LiveSteps:
             self.rows.trim(min((min(held.rows) for held in self.steps.values() if held.rows), default=0))
         self.new_samples = []
         for path in self.run_dir.glob(f"{HOSTS_DIR}/*/telemetry.jsonl"):
-            tail = self.telemetry.setdefault(path, JsonlTail(path))
+            tail = self.telemetry.setdefault(path, StepFilesTail(path))  # its closed segments too, as steps.jsonl's
             self.new_samples += [r for r in tail.read_json()
                                  if isinstance(r, dict) and isinstance(r.get("time"), (int, float))]
         if self.window_steps is not None:
