@@ -210,6 +210,11 @@ class Records:
     telemetry_horizon_s: float = setting(3600.0, "a host's telemetry is closed into a segment this often, and segments "
                                          "older than one horizon thinned: the last hour or two stay at the sampling "
                                          "interval, where live judgement and a hang's diagnosis look")
+    max_profiled_windows: int = setting(3, "--profile-steps auto keeps the traces of at most this many windows: a "
+                                        "window's traces are tens of MB a rank; past it a slowdown's window replaces "
+                                        "the least anomalous kept one (the warm-up's first)")
+    replace_margin: float = setting(1.25, "... only where its slowdown (step time over the recent median) is this many "
+                                    "times the replaced one's: a trace costs every rank seconds, not for a tie")
     telemetry_coarse_s: float = setting(60.0, "... to one sample this often: a day of 1 Hz samples of an 8-GPU host "
                                         "shrinks 60x (before compression), and the analysis' hour-scale views "
                                         "(contention, throttling over a run) keep dozens of samples an hour")

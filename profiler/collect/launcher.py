@@ -314,6 +314,8 @@ class Collection:
         if self.rank_warnings:
             self.record["rank_warnings"] = {str(r): w for r, w in sorted(self.rank_warnings.items())}
         self._best_effort("compressed step records", self._compress_segments)  # before the host reads as ended
+        if self.auto_profile is not None:  # the traces of a window that ended with the job replace the ones it was for
+            self._best_effort("replaced traces", self.auto_profile.remove_replaced)
         self.record.update(status=status, exit_code=code, ended_at=time.time())
         self._best_effort("host.json", lambda: manifest.write_host(self.host_dir, self.record))
         self.others_running, self.gone = self.link.still_running()
