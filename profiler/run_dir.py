@@ -333,10 +333,7 @@ class JsonlAppender:
         self._file.write(line)
         self._size += len(line)  # json.dumps escapes every non-ASCII character: characters are bytes
         if self.max_bytes is not None and self._size >= self.max_bytes:
-            self._close_segment()
-
-    def _close_segment(self) -> None:
-        self.close_segment()
+            self.close_segment()
 
     def close_segment(self) -> None:
         """Rename the file to the segment after the last one there, and begin a fresh one. A rename that fails

@@ -251,7 +251,7 @@ def test_a_real_job_closes_segments_and_its_analysis_reads_as_unsegmented(tmp_pa
     out = tmp_path / "run"
     diagtrain_run(out, "--profile-steps", "none", "--telemetry-interval", "0.5", "--no-analyze", "--",
                   *torchrun(2), str(USER_SCRIPT),
-                  env={"STEPS": "40", "STEP_SLEEP": "0.02", STEP_SEGMENT_BYTES_ENV: "2048"})
+                  env={"STEPS": "40", "STEP_SLEEP": "0.15", STEP_SEGMENT_BYTES_ENV: "2048"})
     plain = tmp_path / "plain"
     shutil.copytree(out, plain)
     for rank in (0, 1):
@@ -265,7 +265,9 @@ def test_a_real_job_closes_segments_and_its_analysis_reads_as_unsegmented(tmp_pa
         (plain / "ranks" / str(rank) / "steps.jsonl").write_bytes(joined(folder))
     summary = HostSummary(next(out.glob("hosts/*/steps_summary.jsonl")), keep=None)
     summary.read()
-    assert {r: sorted(s.rows) for r, s in summary.ranks.items()} == {0: list(range(1, 41)), 1: list(range(1, 41))}
+    for rank, held in summary.ranks.items():  # read live across closes: no step lost or repeated (the last reduce
+        last = max(held.rows)                 # comes up to 2 s before the job's end: the last steps may be after it)
+        assert sorted(held.rows) == list(range(1, last + 1)) and held.found.repeated == 0 and last >= 10, held.rows
 
     def steps(run: Path, cached: bool) -> tuple:
         cache_root = run / "analysis" / "cache"

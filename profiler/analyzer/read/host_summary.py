@@ -1,6 +1,7 @@
 """One host's step records, reduced where they are made: live judgement reads one file per host.
 
-Every host's wrapper reads its own ranks' steps.jsonl as they are appended (run_files' reader: the rows,
+Every host's wrapper reads its own ranks' steps.jsonl as they are appended, and the segments closed from them (which
+it then compresses: run_dir.compress_segments) (run_files' reader: the rows,
 phases and point-to-point counts the final analysis takes, the same records refused) and appends what
 it read to ``hosts/<host>/steps_summary.jsonl``, one line a read with something new:
 

@@ -1,5 +1,5 @@
-"""A rank's steps.jsonl read a block at a time (as columns where the block allows: step_columns.py), and read
-once: its parsed records kept in ``analysis/cache/@steps/<rank>/``, so that the next analysis of a run that
+"""A rank's step records (its closed segments in order, then its steps.jsonl: step_segments.py) read a block at a
+time (as columns where the block allows: step_columns.py), and read once: its parsed records kept in ``analysis/cache/@steps/<rank>/``, so that the next analysis of a run that
 grew reads only the bytes appended since.
 
 The cache holds what a read found in a prefix of the file (the rows as Parquet, in file order, a step
@@ -9,6 +9,10 @@ the prefix's end in the same way, so its result is the full read's: the rows are
 when the read is done (a step recorded again replaces its row and counts as repeated), line numbers go on. The prefix
 always stops before the file's last line: a full read treats that line alone differently (ignored
 unless it is JSON: the line a killed job was writing), and once more is appended it is an ordinary line.
+
+Closed segments never change: the cache names those it read whole by number and unpacked size, and its prefix is of
+the file after them. A steps.jsonl closed into a segment since keeps its bytes, so the prefix is found again there
+(its identity is not compared then: a compressed segment is another file).
 
 Fingerprint: the file's device and inode, and a hash of the first and the last ``FINGERPRINT_BYTES``
 of the prefix. The record files are only appended to; what replaces one (a rename over it, a
