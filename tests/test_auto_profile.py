@@ -13,13 +13,12 @@ from conftest import diagtrain_run, load_trace, torchrun
 
 from diagtrain.profiler.collect.auto_profile import (
     COOLDOWN_STEPS,
-    MAX_SLOWDOWN_WINDOWS,
     MAX_WARMUP_STEPS,
     AutoProfiler,
     Window,
 )
 from diagtrain.profiler.rank.instrument import StepRecorder
-from diagtrain.profiler.run_dir import PROFILE_WINDOWS_FILE, RankIndex, write_json_atomic
+from diagtrain.profiler.run_dir import PROFILE_WINDOWS_FILE, RankIndex, Records, write_json_atomic
 
 pytestmark = pytest.mark.jobs  # every test here starts processes (tests/conftest.py)
 
@@ -77,8 +76,33 @@ def test_a_slowdown_gets_a_second_window_a_single_slow_step_does_not():
     assert decider(profiled_slow, warm).decide() is None
     # Seen up to step 17: within COOLDOWN_STEPS of the window that ended at step 8.
     assert decider(steady[:8 + COOLDOWN_STEPS - 3] + [500, 480], warm).decide() is None
-    many = warm + [Window(20 * i, 20 * i + 2, "slow", 0.0, 0) for i in range(1, MAX_SLOWDOWN_WINDOWS + 1)]
-    assert decider([900] + [50.0] * 100 + [500, 480], many).decide() is None  # enough traces
+    many = warm + [Window(20 * i, 20 * i + 2, "slow", 0.0, 0, severity=9.0 + i) for i in (1, 2)]
+    assert len(many) == Records().max_profiled_windows
+    replacing = decider([900] + [50.0] * 100 + [500, 480], many).decide()  # the warm-up window's traces give way
+    assert (replacing.replaces, replacing.severity) == (6, 9.6)
+    many[0] = Window(6, 8, "slow", 0.0, 4, severity=8.0)
+    assert decider([900] + [50.0] * 100 + [500, 480], many).decide() is None  # enough traces, each of a slowdown as bad
+    many[0] = Window(6, 8, "slow", 0.0, 4, severity=7.6)  # 9.6x is 1.26 times 7.6x: worse by the margin
+    assert decider([900] + [50.0] * 100 + [500, 480], many).decide().replaces == 6
+
+
+def test_a_replaced_windows_traces_are_removed_only_where_the_new_ones_are_written(tmp_path):
+    for rank in (0, 1):
+        (tmp_path / "ranks" / str(rank)).mkdir(parents=True)
+        write_json_atomic(tmp_path / "ranks" / str(rank) / "rank.json", {"rank": rank, "world_size": 2, "host": "h"})
+    old, new = Window(6, 8, "after warm-up", 0.0, 4), Window(50, 52, "slow", 0.0, 40, severity=3.0, replaces=6)
+    profiler = AutoProfiler(tmp_path, RankIndex(tmp_path), "h", windows=[old, new])
+    for rank in (0, 1):
+        (tmp_path / "ranks" / str(rank) / old.trace_name(rank)).write_bytes(b"old")
+    (tmp_path / "ranks" / "0" / new.trace_name(0)).write_bytes(b"new")  # rank 1's not written yet
+    profiler.remove_replaced()
+    assert not (tmp_path / "ranks/0" / old.trace_name(0)).exists() and (tmp_path / "ranks/1" / old.trace_name(1)).exists()
+    assert not old.traces_removed
+    (tmp_path / "ranks" / "1" / new.trace_name(1)).write_bytes(b"new")
+    profiler.remove_replaced()
+    assert not (tmp_path / "ranks/1" / old.trace_name(1)).exists() and old.traces_removed
+    written = json.loads((tmp_path / PROFILE_WINDOWS_FILE).read_text())["windows"]
+    assert [(w["first"], w["replaces"], w["traces_removed"]) for w in written] == [(6, None, True), (50, 6, False)]
 
 
 def test_a_rank_profiles_the_windows_written_while_it_runs_and_skips_one_begun(tmp_path):

@@ -3,7 +3,10 @@
 The wrapper follows the step times the ranks append to their steps.jsonl and decides, once per
 window, which steps every rank profiles: one short window after warm-up (as soon as step times
 settle), and another when step time rises well above its recent median (a slowdown worth a
-trace), at most a few per run. A window starts far enough ahead for every rank to read the request
+trace). The traces of at most ``records.max_profiled_windows`` windows are kept: past that, a slowdown worse than
+the least anomalous kept window (the warm-up one first) is profiled in its place, and once a rank's trace of the new
+window is written its trace of the replaced one is removed (never before: a rank always keeps one of the two).
+A window starts far enough ahead for every rank to read the request
 at a step boundary before reaching it (see rank/profile_requests.py): two steps when every rank
 runs on this host (the file is there as soon as it is written), half a second of steps when some
 read it over a shared filesystem. With several hosts only the wrapper of rank 0's host decides.
@@ -11,7 +14,6 @@ read it over a shared filesystem. With several hosts only the wrapper of rank 0'
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import time
@@ -19,7 +21,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from diagtrain.profiler.run_dir import PROFILE_WINDOWS_FILE, SCHEMA_VERSION, RankIndex, write_json_atomic
+from diagtrain.profiler.analyzer.read.step_segments import StepFilesTail
+from diagtrain.profiler.run_dir import (PROFILE_WINDOWS_FILE, SCHEMA_VERSION, STEPS_FILE, RankIndex, Records,
+                                        remove_quietly, write_json_atomic)
 
 WINDOW_STEPS = 3  # the straggler and late-rank statistics need 3 profiled steps to see variation
 MIN_WARMUP_STEPS = 3  # step 1 carries start-up; look at steps 2.. before calling the job warm
@@ -38,7 +42,7 @@ MIN_HISTORY_STEPS = 5  # a median of fewer steps is not a baseline
 SLOWDOWN_FACTOR = 1.5  # a step this much slower than the recent median ...
 MIN_SLOWDOWN_MS = 10.0  # ... and by this much (scheduling noise on a busy host stays below it)
 SLOW_STEPS = 2  # ... twice in a row: one slow step (a checkpoint, a hiccup) is over before a trace
-MAX_SLOWDOWN_WINDOWS = 2  # traces are large: at most this many windows beyond the warm-up one
+REMOVE_EVERY_S = 5.0  # replaced traces are looked for this often (a listing of every rank's folder)
 COOLDOWN_STEPS = 10  # no new window this soon after the previous one ended
 
 
@@ -51,6 +55,13 @@ class Window:
     reason: str
     decided_at: float
     seen_step: int  # the furthest step any rank had finished when it was decided
+    severity: float = 0.0  # a slowdown's step time over the recent median; 0 for the warm-up window
+    replaces: int | None = None  # the first step of the kept window whose traces this one's replace
+    traces_removed: bool = False  # replaced, and every rank's trace of it removed
+
+    def trace_name(self, rank: int) -> str:
+        """The rank's trace of this window (rank/instrument.py names it so)."""
+        return f"trace-rank{rank}-steps{self.first}-{self.last}.json.gz"
 
 
 @dataclass
@@ -63,7 +74,9 @@ class AutoProfiler:
     say: Callable[[str], None] = lambda _: None
     windows: list[Window] = field(default_factory=list)
     durations: dict[int, float] = field(default_factory=dict)  # step -> ms (the slowest rank's)
-    _offsets: dict[int, int] = field(default_factory=dict)  # rank -> bytes of steps.jsonl read
+    _tails: dict[int, StepFilesTail] = field(default_factory=dict)  # rank -> its step records, as read so far
+    bounds: Records = field(default_factory=Records.active)  # how many windows' traces are kept
+    _removed_at: float = -math.inf
 
     def update(self) -> None:
         """Read new step records; request a window if one is due."""
@@ -75,25 +88,53 @@ class AutoProfiler:
         window = self.decide()
         if window is not None:
             self.windows.append(window)
-            write_json_atomic(self.run_dir / PROFILE_WINDOWS_FILE, {
-                "schema_version": SCHEMA_VERSION, "mode": "auto", "windows": [asdict(w) for w in self.windows]})
-            self.say(f"profiling steps {window.first}-{window.last} on every rank ({window.reason})")
+            self._write()
+            old = self._window_at(window.replaces)
+            instead = f"; its traces replace those of steps {old.first}-{old.last}" if old is not None else ""
+            self.say(f"profiling steps {window.first}-{window.last} on every rank ({window.reason}){instead}")
+        if time.monotonic() - self._removed_at >= REMOVE_EVERY_S:
+            self.remove_replaced()
+
+    def remove_replaced(self) -> None:
+        """Remove each rank's trace of a replaced window where its trace of the window replacing it is written (the
+        wrapper calls this once more when the job ended)."""
+        self._removed_at = time.monotonic()
+        changed = False
+        for window in self.windows:
+            old = self._window_at(window.replaces)
+            if old is None or old.traces_removed:
+                continue
+            left = False
+            for rank in self.ranks.refresh():
+                folder = self.ranks.ranks_dir / str(rank)
+                if (folder / old.trace_name(rank)).exists():
+                    if (folder / window.trace_name(rank)).exists():
+                        remove_quietly(folder / old.trace_name(rank))
+                    else:
+                        left = True  # not written yet (or never: a full disk), so the old one stays
+            if not left:
+                old.traces_removed = changed = True
+        if changed:
+            self._write()
+
+    def _write(self) -> None:
+        write_json_atomic(self.run_dir / PROFILE_WINDOWS_FILE, {
+            "schema_version": SCHEMA_VERSION, "mode": "auto", "windows": [asdict(w) for w in self.windows]})
+
+    def _window_at(self, first: int | None) -> Window | None:
+        return next((w for w in self.windows if w.first == first), None) if first is not None else None
+
+    def kept(self) -> list[Window]:
+        """The windows whose traces are kept: every one but those replaced."""
+        replaced = {w.replaces for w in self.windows}
+        return [w for w in self.windows if w.first not in replaced]
 
     def _read_new_steps(self, rank: int) -> None:
-        path = self.ranks.ranks_dir / str(rank) / "steps.jsonl"
-        try:
-            with open(path, "rb") as f:
-                f.seek(self._offsets.get(rank, 0))
-                data = f.read()
-        except OSError:
-            return
-        complete = data[:data.rfind(b"\n") + 1]  # a line being written is read next time
-        self._offsets[rank] = self._offsets.get(rank, 0) + len(complete)
-        for line in complete.splitlines():
+        tail = self._tails.setdefault(rank, StepFilesTail(self.ranks.ranks_dir / str(rank) / STEPS_FILE))
+        for record in tail.read_json():  # whole lines: one being written is read next time
             try:
-                record = json.loads(line)
                 step, ms = int(record["step"]), float(record["duration_ms"])
-            except (ValueError, KeyError, TypeError):
+            except (KeyError, TypeError, ValueError):
                 continue
             self.durations[step] = max(ms, self.durations.get(step, 0.0))
 
@@ -111,17 +152,25 @@ class AutoProfiler:
                 return self._window(seen, "after warm-up" if settled else f"after {seen} steps (step time not settled)")
             return None
         last = self.windows[-1]
-        if len(self.windows) > MAX_SLOWDOWN_WINDOWS or seen < last.last + COOLDOWN_STEPS:
+        if seen < last.last + COOLDOWN_STEPS:
             return None
         history = [ms for s, ms in sorted(self.durations.items()) if s > 1 and not self._profiled(s)]
         baseline, latest = history[-HISTORY_STEPS - SLOW_STEPS:-SLOW_STEPS], history[-SLOW_STEPS:]
         if len(baseline) < MIN_HISTORY_STEPS or len(latest) < SLOW_STEPS:
             return None
         median = statistics.median(baseline)
-        if all(ms >= SLOWDOWN_FACTOR * median and ms - median >= MIN_SLOWDOWN_MS for ms in latest):
-            return self._window(seen, f"step {seen} took {latest[-1]:.0f} ms, {latest[-1] / median:.1f}x "
-                                      f"the median {median:.0f} ms of the {len(baseline)} steps before")
-        return None
+        if not all(ms >= SLOWDOWN_FACTOR * median and ms - median >= MIN_SLOWDOWN_MS for ms in latest):
+            return None
+        severity = latest[-1] / median
+        kept = self.kept()
+        replaced = min(kept, key=lambda w: (w.severity, w.first)) if len(kept) >= self.bounds.max_profiled_windows else None
+        if replaced is not None and severity < self.bounds.replace_margin * replaced.severity:
+            return None  # enough traces, each of a slowdown as bad
+        window = self._window(seen, f"step {seen} took {latest[-1]:.0f} ms, {severity:.1f}x "
+                                    f"the median {median:.0f} ms of the {len(baseline)} steps before")
+        window.severity = round(severity, 3)
+        window.replaces = replaced.first if replaced is not None else None
+        return window
 
     def _window(self, seen: int, reason: str) -> Window:
         step_s = statistics.median([self.durations[s] for s in sorted(self.durations)[-SETTLED_STEPS:]]) / 1e3

@@ -35,9 +35,12 @@ from diagtrain.profiler.run_dir import (
     PROFILE_STEPS_ENV,
     RANK_WARNING,
     RUN_DIR_ENV,
+    STEPS_FILE,
     WRAPPER_PID_ENV,
     RankIndex,
+    compress_segments,
     device_env,
+    rank_dir,
     remove_quietly,
 )
 from diagtrain.profiler.util.exit_codes import EXIT_FAILED, EXIT_HUNG, EXIT_NOT_FOUND
@@ -310,6 +313,9 @@ class Collection:
             remove_quietly(self.reserve)  # the room kept since the start: the records below fit in it
         if self.rank_warnings:
             self.record["rank_warnings"] = {str(r): w for r, w in sorted(self.rank_warnings.items())}
+        self._best_effort("compressed step records", self._compress_segments)  # before the host reads as ended
+        if self.auto_profile is not None:  # the traces of a window that ended with the job replace the ones it was for
+            self._best_effort("replaced traces", self.auto_profile.remove_replaced)
         self.record.update(status=status, exit_code=code, ended_at=time.time())
         self._best_effort("host.json", lambda: manifest.write_host(self.host_dir, self.record))
         self.others_running, self.gone = self.link.still_running()
@@ -331,6 +337,11 @@ class Collection:
         """As the host that analyzes: merge every host's telemetry and records again (all have ended since)."""
         telemetry.write_parquet(self.out)
         manifest.write(self.out, self.gone)
+
+    def _compress_segments(self) -> None:
+        """Compress every segment this host's ranks closed that live reading left plain (all of them with --no-live)."""
+        for rank in self.ranks.on_host(self.host_dir.name):
+            compress_segments(rank_dir(self.out, rank) / STEPS_FILE)
 
     def _close_console_log(self) -> None:
         log, self.console_log = self.console_log, None

@@ -4,10 +4,18 @@ the processes on the host that are not the job's while they take CPU (who compet
 The sampler runs in a thread of the `diagtrain run` wrapper (never in the ranks), appends one
 JSON line per row to ``hosts/<host>/telemetry.jsonl`` while the job runs, and the rows of every
 host become ``telemetry.parquet`` at the end.
+
+A long run's telemetry is bounded: every ``records.telemetry_horizon_s`` the sampler closes telemetry.jsonl into a
+numbered segment (as a rank closes its steps.jsonl: run_dir.JsonlAppender), and thins each segment older than that,
+all but the newest, to one sample per ``records.telemetry_coarse_s`` (every row of the first sample in each such
+interval), compressed. The last one to two horizons stay at the sampling interval; readers take the segments in
+order, then telemetry.jsonl (run_dir.telemetry_rows, the live tables' tail).
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import threading
 import time
@@ -17,7 +25,8 @@ from typing import Any, Callable
 import psutil
 
 from diagtrain.profiler.collect import nvml
-from diagtrain.profiler.run_dir import JsonlAppender, RankIndex, telemetry_rows, telemetry_table, write_bytes_atomic
+from diagtrain.profiler.run_dir import (TELEMETRY_FILE, JsonlAppender, RankIndex, Records, closed_segments,
+                                        compress_segments, telemetry_rows, telemetry_table, write_bytes_atomic)
 
 DEFAULT_INTERVAL_S = 1.0  # one sample a second: fine enough for step-level joins, cheap on 2 cores
 # Listing every process on the host costs a few milliseconds, so it is done only while this much
@@ -31,10 +40,13 @@ class TelemetrySampler:
     """Samples host, rank processes and GPUs every ``interval`` seconds in a daemon thread."""
 
     def __init__(self, run_dir: Path, host_dir: Path, host: str, interval: float,
-                 say: Callable[[str], None], gpus: Any = None) -> None:
+                 say: Callable[[str], None], gpus: Any = None, bounds: Records | None = None) -> None:
+        """``bounds``: the horizon and coarse interval (read here: the sampling thread does not see overrides)."""
         self.host, self.interval = host, interval
         self.ranks = RankIndex(run_dir)
-        self.out = JsonlAppender(host_dir / "telemetry.jsonl")
+        self.out = JsonlAppender(host_dir / TELEMETRY_FILE)
+        self.bounds = bounds or Records.active()
+        self._segment_began = time.monotonic()
         self._stop = threading.Event()
         self._processes: dict[int, psutil.Process] = {}
         self.cores = psutil.cpu_count() or 1
@@ -73,6 +85,21 @@ class TelemetrySampler:
                 return
             if stopping:
                 return
+            if time.monotonic() - self._segment_began >= self.bounds.telemetry_horizon_s:
+                self._close_horizon()
+
+    def _close_horizon(self) -> None:
+        """Close the horizon's samples into a segment, and thin and compress those older than it (not the newest)."""
+        self._segment_began = time.monotonic()
+        self.out.close_segment()
+        segments = closed_segments(self.out.path)
+        if len(segments) < 2:
+            return
+        coarse_s = self.bounds.telemetry_coarse_s
+        try:
+            compress_segments(self.out.path, segments[-2][0], lambda data: thin_samples(data, coarse_s))
+        except OSError:
+            pass  # a full disk: the segment stays plain and fine, and is thinned at the next horizon
 
     def sample(self) -> list[dict[str, Any]]:
         """One row for the host, one per live rank process on it, one per GPU."""
@@ -178,6 +205,25 @@ def _descendants(root: int, parents: dict[int, int]) -> set[int]:
             found.add(pid)
             todo += children.get(pid, [])
     return found
+
+
+def thin_samples(data: bytes, interval_s: float) -> bytes:
+    """Telemetry lines keeping one sample per ``interval_s``: every row of the first sample (the rows taken at one
+    time) in each interval. A line that is not a row (cut by a kill) is left out, as every reader leaves it."""
+    kept, seen = [], set()
+    sample_time, keep = None, False
+    for line in data.splitlines(keepends=True):
+        try:
+            at = float(json.loads(line)["time"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if at != sample_time:
+            sample_time, bucket = at, math.floor(at / interval_s)
+            keep = bucket not in seen
+            seen.add(bucket)
+        if keep:
+            kept.append(line if line.endswith(b"\n") else line + b"\n")
+    return b"".join(kept)
 
 
 def write_parquet(run_dir: Path) -> Path | None:

@@ -40,11 +40,13 @@ from diagtrain.profiler.run_dir import (
     PROFILE_STEPS_ENV,
     RUN_DIR_ENV,
     SCHEMA_VERSION,
+    STEPS_FILE,
     Heartbeat,
     JsonlAppender,
     rank_dir,
     recorder_entries,
     remove_quietly,
+    step_segment_bytes,
 )
 from diagtrain.profiler.util.step_ranges import StepRange, parse_step_ranges
 
@@ -136,7 +138,7 @@ class StepRecorder:
             self.dir = rank_dir(self.run_dir, self.rank)
             try:
                 self.dir.mkdir(parents=True, exist_ok=True)
-                self._steps = JsonlAppender(self.dir / "steps.jsonl")
+                self._steps = JsonlAppender(self.dir / STEPS_FILE, self._segment_bytes())
                 self._heartbeat = Heartbeat(self.dir / "heartbeat")
             except OSError as e:
                 trouble.warn(None, "recorder", f"steps are not recorded: cannot write in {self.dir} ({trouble.reason(e)})")
@@ -259,6 +261,14 @@ class StepRecorder:
         self._begin_step()
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _segment_bytes(self) -> int:
+        """Where steps.jsonl is closed into a segment: $DIAGTRAIN_STEP_SEGMENT_BYTES, the setting where that is bad."""
+        try:
+            return step_segment_bytes()
+        except ValueError as e:
+            trouble.warn(self.dir, "segments", f"{e}; steps.jsonl is closed into segments at the default size")
+            return step_segment_bytes({})
 
     def _begin_step(self) -> None:
         self._phases, self._phase_comm = {}, {}

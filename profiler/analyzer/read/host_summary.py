@@ -1,6 +1,7 @@
 """One host's step records, reduced where they are made: live judgement reads one file per host.
 
-Every host's wrapper reads its own ranks' steps.jsonl as they are appended (run_files' reader: the rows,
+Every host's wrapper reads its own ranks' steps.jsonl as they are appended, and the segments closed from them (which
+it then compresses: run_dir.compress_segments) (run_files' reader: the rows,
 phases and point-to-point counts the final analysis takes, the same records refused) and appends what
 it read to ``hosts/<host>/steps_summary.jsonl``, one line a read with something new:
 
@@ -26,8 +27,9 @@ from typing import Any
 
 from diagtrain.profiler.analyzer.read.run_files import StepFile, add_step, p2p_from_json, p2p_to_json
 from diagtrain.profiler.analyzer.read.step_cache import CacheFeeder
-from diagtrain.profiler.analyzer.read.step_tail import JsonlTail, RankSteps
-from diagtrain.profiler.run_dir import ANALYSIS_CACHE, HOST_STEPS_SUMMARY, HOSTS_DIR, JsonlAppender, RankIndex
+from diagtrain.profiler.analyzer.read.step_tail import JsonlTail, RankSteps, StepFilesTail
+from diagtrain.profiler.run_dir import (ANALYSIS_CACHE, HOST_STEPS_SUMMARY, HOSTS_DIR, STEPS_FILE, JsonlAppender, RankIndex,
+                                        compress_segments)
 
 BEAT_S = 10.0  # a reducer with nothing new says it is alive this often: 360 short lines an hour
 RELIST_S = 10.0  # a rank that starts late (a restarted one) is found within this
@@ -58,7 +60,8 @@ class HostReducer:
         self.listed_at = -float("inf")
         self.mine: list[int] = []  # this host's ranks, as last listed
         self.out = JsonlAppender(summary_path(self.run_dir, host))
-        self.tails: dict[int, JsonlTail] = {}
+        self.tails: dict[int, StepFilesTail] = {}
+        self.compressed: dict[int, int] = {}  # rank -> the segments up to this number are compressed
         self.found: dict[int, StepFile] = {}  # rank -> what its file held so far (phases, problems)
         self.said_at = time.time()
         self.cache = CacheFeeder(self.run_dir / ANALYSIS_CACHE)
@@ -70,7 +73,7 @@ class HostReducer:
         extra: dict[str, dict[str, Any]] = {}
         for rank in self._mine():
             if rank not in self.tails:
-                self.tails[rank] = JsonlTail(self.ranks.ranks_dir / str(rank) / "steps.jsonl")
+                self.tails[rank] = StepFilesTail(self.ranks.ranks_dir / str(rank) / STEPS_FILE)
                 self.found[rank] = StepFile()
             added, more = self._read(rank)
             rows += added
@@ -85,7 +88,19 @@ class HostReducer:
             self.said_at = time.time()
         if cache_lines is not None:
             self.cache.feed({r: (t.path, t.lines) for r, t in self.tails.items()}, cache_lines, cache_cpu_s)
+        self._compress()
         return len(rows)
+
+    def _compress(self) -> None:
+        """Compress the segments this host's ranks closed that this reader is past (a reader behind, another
+        host's, finishes one in either form): the wrapper's CPU, ~0.2 s a segment, a segment a day per rank."""
+        for rank, tail in self.tails.items():
+            if tail.done > self.compressed.get(rank, 0):
+                try:
+                    compress_segments(tail.path, tail.done)
+                except OSError:
+                    continue  # a full disk: the segment stays plain, and is tried again at the run's end
+                self.compressed[rank] = tail.done
 
     def _bound(self) -> None:
         """Past ``max_bytes``, set the summary aside and begin a fresh one (its reader finishes the old one first)."""

@@ -22,7 +22,7 @@ import pandas as pd
 
 from diagtrain.profiler.analyzer.read.inputs import MAX_DOC_BYTES, MAX_LINES_BYTES, MAX_RANKS, MAX_TABLE_BYTES, expect
 from diagtrain.profiler.run_dir import members_of_text, telemetry_rows, telemetry_table
-from diagtrain.profiler.util.bounded_read import InputError, read_input, read_json, read_lines
+from diagtrain.profiler.util.bounded_read import InputError, read_input, read_json, read_lines, read_text
 
 # Bounds of the possible. A training step or phase longer than a week, or memory beyond a
 # pebibyte per rank, is a corrupt record, not a measurement.
@@ -200,7 +200,7 @@ def read_log_lines(path: Path) -> list[str]:
 
 def read_host_telemetry(hosts_dir: Path) -> pd.DataFrame | None:
     """Every host's telemetry.jsonl under ``hosts_dir`` as telemetry.parquet would hold it (None without rows)."""
-    rows = telemetry_rows(hosts_dir.parent, lambda path: read_lines(path, MAX_TABLE_BYTES))
+    rows = telemetry_rows(hosts_dir.parent, lambda path: read_text(path, MAX_TABLE_BYTES).splitlines())  # .gz too
     return telemetry_table(rows) if rows else None
 
 

@@ -25,8 +25,8 @@ from diagtrain.profiler.analyzer.read.nccl_log import NcclLog, parse_nccl_log
 from diagtrain.profiler.analyzer.read.stderr_errors import LogEvent, parse_errors
 from diagtrain.profiler.analyzer.read.step_cache import cache_dir as step_cache_dir
 from diagtrain.profiler.analyzer.read.step_cache import read_steps_cached
-from diagtrain.profiler.run_dir import (CLOCK_RECORD, HOST_RECORD, HOSTS_DIR, PROFILE_WINDOWS_FILE, read_hosts, read_json,
-                                        run_status)
+from diagtrain.profiler.run_dir import (CLOCK_RECORD, HOST_RECORD, HOSTS_DIR, PROFILE_WINDOWS_FILE, STEPS_FILE,
+                                        has_step_records, read_hosts, read_json, run_status)
 from diagtrain.profiler.util.step_ranges import parse_step_ranges
 
 MAX_WINDOW_STEPS = 10_000  # one requested window's steps counted at most: a larger range is a typo, not a profile
@@ -109,8 +109,8 @@ def read_step_records(folders: dict[int, Path], inputs: Inputs, notes: list[dict
     """
     frames, phases, p2p = [], [], {}
     for rank, folder in folders.items():
-        path = folder / "steps.jsonl"
-        if not os.path.lexists(path):
+        path = folder / STEPS_FILE
+        if not has_step_records(path):  # steps.jsonl, or segments closed from it (a rank killed mid-close: only those)
             continue
         cache = step_cache_dir(cache_root, rank) if cache_root is not None else None
         found = inputs.read(path, lambda p: read_steps_cached(p, rank, cache))

@@ -1,5 +1,5 @@
-"""A rank's steps.jsonl read a block at a time (as columns where the block allows: step_columns.py), and read
-once: its parsed records kept in ``analysis/cache/@steps/<rank>/``, so that the next analysis of a run that
+"""A rank's step records (its closed segments in order, then its steps.jsonl: step_segments.py) read a block at a
+time (as columns where the block allows: step_columns.py), and read once: its parsed records kept in ``analysis/cache/@steps/<rank>/``, so that the next analysis of a run that
 grew reads only the bytes appended since.
 
 The cache holds what a read found in a prefix of the file (the rows as Parquet, in file order, a step
@@ -9,6 +9,10 @@ the prefix's end in the same way, so its result is the full read's: the rows are
 when the read is done (a step recorded again replaces its row and counts as repeated), line numbers go on. The prefix
 always stops before the file's last line: a full read treats that line alone differently (ignored
 unless it is JSON: the line a killed job was writing), and once more is appended it is an ordinary line.
+
+Closed segments never change: the cache names those it read whole by number and unpacked size, and its prefix is of
+the file after them. A steps.jsonl closed into a segment since keeps its bytes, so the prefix is found again there
+(its identity is not compared then: a compressed segment is another file).
 
 Fingerprint: the file's device and inode, and a hash of the first and the last ``FINGERPRINT_BYTES``
 of the prefix. The record files are only appended to; what replaces one (a rename over it, a
@@ -26,20 +30,21 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from contextlib import closing
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from diagtrain.profiler.analyzer.read import step_columns
-from diagtrain.profiler.analyzer.read.inputs import MAX_LINES_BYTES
+from diagtrain.profiler.analyzer.read.step_segments import open_step_files
 from diagtrain.profiler.analyzer.read.run_files import (SHOWN_PROBLEMS, StepFile, add_last_step, p2p_from_json,
                                                          p2p_to_json, rows_frame, step_row)
 from diagtrain.profiler.run_dir import remove_quietly, replacing, write_json_atomic
-from diagtrain.profiler.util.bounded_read import MAX_LINE_CHARS, InputError, display, open_regular
+from diagtrain.profiler.util.bounded_read import MAX_LINE_CHARS, InputError, display
 
-CACHE_VERSION = 5  # bump when what the cache holds, or how a record is read, changes
+CACHE_VERSION = 6  # bump when what the cache holds, or how a record is read, changes
 STEPS_CACHE = "@steps"  # under analysis/cache: a trace's cache key never holds "@" (discover._key)
 STATE_FILE = "state.json"
 FINGERPRINT_BYTES = 4096
@@ -55,11 +60,55 @@ def cache_dir(cache_root: Path, rank: int) -> Path:
 
 @dataclass
 class Prefix:
-    """The part of the file a cache holds: its length, its lines and its fingerprint."""
+    """The part of a rank's records a cache holds: the closed segments read whole, then a prefix of the next file
+    (the next segment, or steps.jsonl): its length, the lines so far and its fingerprint."""
 
-    offset: int  # bytes: up to the start of the file's last line
-    number: int  # lines in it (blank ones too), for the next line's number
+    offset: int  # bytes of the next file: up to the start of steps.jsonl's last line
+    number: int  # lines so far (blank ones too), for the next line's number
     fingerprint: dict[str, Any]
+    segments: list[list[int]] = field(default_factory=list)  # [number, unpacked bytes] of each segment read whole
+
+    @property
+    def consumed(self) -> int:
+        """Bytes of the records read, segments and all: grows with every read that adds any."""
+        return sum(size for _, size in self.segments) + self.offset
+
+
+@dataclass
+class Source:
+    """One file of a rank's records, open to read: a closed segment (its bytes unpacked) or steps.jsonl."""
+
+    f: io.BufferedIOBase
+    size: int
+    identity: dict[str, int]  # steps.jsonl's device and inode; none for a segment (compressing it makes a new file)
+
+
+class StepFiles:
+    """A rank's closed segments and its steps.jsonl, listed together (step_segments.open_step_files); a segment's
+    bytes are unpacked once, whether a cache's fingerprint or the read needs them first."""
+
+    def __init__(self, path: Path) -> None:
+        self.segments, fd = open_step_files(path)
+        self.live: Source | None = None
+        if fd is not None:
+            f = open(fd, "rb", closefd=True)  # noqa: SIM115 - closed by close()
+            st = os.fstat(f.fileno())
+            self.live = Source(f, st.st_size, {"device": st.st_dev, "inode": st.st_ino})
+        self._loaded: dict[int, Source] = {}
+
+    def source(self, index: int) -> Source | None:
+        """File ``index`` in reading order: the segments, then steps.jsonl (None where it is not there)."""
+        if index >= len(self.segments):
+            return self.live
+        if index not in self._loaded:
+            data = self.segments[index].data()
+            self._loaded = {index: Source(io.BytesIO(data), len(data), {})}  # one segment's bytes held at a time
+        return self._loaded[index]
+
+    def close(self) -> None:
+        """Close steps.jsonl."""
+        if self.live is not None:
+            self.live.f.close()
 
 
 def read_steps(path: Path, rank: int | None) -> StepFile:
@@ -68,23 +117,23 @@ def read_steps(path: Path, rank: int | None) -> StepFile:
 
 
 def read_steps_cached(path: Path, rank: int | None, cache: Path | None) -> StepFile:
-    """A rank's steps.jsonl, reading only what was appended since ``cache`` was written (the whole file if
-    the cache does not hold its start, or there is none), then bringing the cache up to date. The file's
-    last line is read on its own: a line cut short by a kill is left out, not a bad line."""
-    fd = open_regular(path, MAX_LINES_BYTES)  # the checks of every reader, and their errors
-    with open(fd, "rb", closefd=True) as f:
-        st = os.fstat(f.fileno())
-        state = _state(cache, f, st, path, rank) if cache is not None else None
+    """A rank's step records: its closed segments in order, then its steps.jsonl (``path``), reading only what was
+    added since ``cache`` was written (everything if the cache does not hold their start, or there is none), then
+    bringing the cache up to date. steps.jsonl's last line is read on its own: a line cut short by a kill is left
+    out, not a bad line."""
+    with closing(StepFiles(path)) as files:
+        state = _resume(cache, files, path, rank) if cache is not None else None
         restored = _with_frames(cache, state) if cache is not None and state is not None else None
         found, start, parts = restored or (StepFile(), Prefix(0, 0, {}), [])
         cached = len(found.frames)
-        end = _last_line_start(f, start.offset, st.st_size)
-        number = read_range(f, start.offset, end, found, start.number, rank)
-        if cache is not None and (end > start.offset or not start.fingerprint):
-            new = _parts_after(parts, found.frames[cached:], end, lambda part: [found.frames[cached - 1]],
+        at = _read_on(files, start, found, rank)
+        if cache is not None and (restored is None or at.consumed > start.consumed):
+            new = _parts_after(parts, found.frames[cached:], at.consumed, lambda part: [found.frames[cached - 1]],
                                SMALL_PART_ROWS)
-            _write(cache, found, new, Prefix(end, number, _fingerprint(f, st, end)), path, rank)
-        last = list(_lines(f, end, st.st_size))  # the held-back last line (pieces of it, if over MAX_LINE_CHARS)
+            _write(cache, found, new, at, path, rank)
+        live = files.live  # its held-back last line (pieces of it, if over MAX_LINE_CHARS)
+        last = list(_lines(live.f, at.offset, live.size)) if live is not None else []
+    number = at.number
     rows = [row for number, line in enumerate(last[:-1], number + 1) if (row := step_row(found, number, line, rank))]
     if last:
         by_step: dict[int, dict[str, Any]] = {}
@@ -96,27 +145,41 @@ def read_steps_cached(path: Path, rank: int | None, cache: Path | None) -> StepF
 
 
 def extend_cache(path: Path, rank: int, cache: Path, small_rows: int | None = None) -> int:
-    """Add the lines appended since ``cache`` was written to it, reading back none of its rows but those of
-    a last file under ``small_rows`` (default ``SMALL_PART_ROWS``), which takes the new ones in: the wrapper
-    does this while the job runs, so that the final analysis parses only the lines after. The lines parsed.
-    Without a cache of this file, the file is read whole as :func:`read_steps_cached` reads it."""
-    fd = open_regular(path, MAX_LINES_BYTES)
-    with open(fd, "rb", closefd=True) as f:
-        st = os.fstat(f.fileno())
-        state = _state(cache, f, st, path, rank)
+    """Add the lines added since ``cache`` was written to it, reading back none of its rows but those of a last
+    file under ``small_rows`` (default ``SMALL_PART_ROWS``), which takes the new ones in: the wrapper does this while
+    the job runs, so that the final analysis parses only the lines after. The lines parsed. Without a cache of
+    these records, they are read whole as :func:`read_steps_cached` reads them."""
+    with closing(StepFiles(path)) as files:
+        state = _resume(cache, files, path, rank)
         if state is not None:
-            end = _last_line_start(f, state.prefix.offset, st.st_size)
-            number = read_range(f, state.prefix.offset, end, state.found, state.prefix.number, rank)
+            at = _read_on(files, state.prefix, state.found, rank)
             try:
-                parts = _parts_after(state.parts, state.found.frames, end, lambda part: _frames(cache, [part]),
+                parts = _parts_after(state.parts, state.found.frames, at.consumed, lambda part: _frames(cache, [part]),
                                      SMALL_PART_ROWS if small_rows is None else small_rows)
-            except Exception:  # noqa: BLE001 - a damaged or missing file of rows: the file is read whole
+            except Exception:  # noqa: BLE001 - a damaged or missing file of rows: the records are read whole
                 parts = None
             if parts is not None:
-                if end > state.prefix.offset:
-                    _write(cache, state.found, parts, Prefix(end, number, _fingerprint(f, st, end)), path, rank)
+                if at.consumed > state.prefix.consumed:
+                    _write(cache, state.found, parts, at, path, rank)
                 return state.found.parsed
     return read_steps_cached(path, rank, cache).parsed
+
+
+def _read_on(files: StepFiles, at: Prefix, found: StepFile, rank: int | None) -> Prefix:
+    """Read into ``found`` what follows ``at``: the closed segments after those it holds, whole (the first from its
+    offset), then steps.jsonl up to the start of its last line. Where the records now end."""
+    number, offset, done = at.number, at.offset, list(at.segments)
+    for index in range(len(done), len(files.segments)):
+        segment = files.source(index)
+        number = read_range(segment.f, offset, segment.size, found, number, rank)
+        done.append([files.segments[index].number, segment.size])
+        offset = 0
+    live = files.live
+    if live is None:
+        return Prefix(0, number, {}, done)
+    end = _last_line_start(live.f, offset, live.size)
+    number = read_range(live.f, offset, end, found, number, rank)
+    return Prefix(end, number, _fingerprint(live, end), done)
 
 
 def read_range(f: io.BufferedReader, start: int, end: int, found: StepFile, number: int, rank: int) -> int:
@@ -228,14 +291,27 @@ def _byte_at(f: io.BufferedReader, at: int) -> bytes:
     return f.read(1)
 
 
-def _fingerprint(f: io.BufferedReader, st: os.stat_result, offset: int) -> dict[str, Any]:
-    """The prefix of ``offset`` bytes, cheaply: the file's identity and a hash of its two ends."""
-    f.seek(0)
-    head = f.read(min(offset, FINGERPRINT_BYTES))
-    f.seek(max(0, offset - FINGERPRINT_BYTES))
-    tail = f.read(min(offset, FINGERPRINT_BYTES))
-    return {"device": st.st_dev, "inode": st.st_ino, "offset": offset,
+def _fingerprint(source: Source, offset: int) -> dict[str, Any]:
+    """The prefix of ``offset`` bytes, cheaply: the file's identity (steps.jsonl's) and a hash of its two ends."""
+    source.f.seek(0)
+    head = source.f.read(min(offset, FINGERPRINT_BYTES))
+    source.f.seek(max(0, offset - FINGERPRINT_BYTES))
+    tail = source.f.read(min(offset, FINGERPRINT_BYTES))
+    return {**source.identity, "offset": offset,
             "head": hashlib.sha256(head).hexdigest(), "tail": hashlib.sha256(tail).hexdigest()}
+
+
+def _same_prefix(source: Source, fingerprint: dict[str, Any]) -> bool:
+    """Whether ``source`` begins with the prefix ``fingerprint`` was taken of. The identities are compared where both
+    have one: steps.jsonl closed into a segment since is the same bytes under another name, and once compressed
+    another file."""
+    offset = fingerprint.get("offset")
+    if offset == 0:
+        return True  # nothing of it was read
+    if not isinstance(offset, int) or source.size < offset:
+        return False
+    now = _fingerprint(source, offset)
+    return all(now[k] == fingerprint.get(k) for k in now if k in ("offset", "head", "tail") or k in fingerprint)
 
 
 @dataclass
@@ -247,14 +323,33 @@ class State:
     parts: list[Part]
 
 
-def _state(cache: Path, f: io.BufferedReader, st: os.stat_result, path: Path, rank: int) -> State | None:
-    """The cache's state, if it was made from the start of this very file; else None."""
+def _resume(cache: Path, files: StepFiles, path: Path, rank: int | None) -> State | None:
+    """The cache's state, if it was made from the start of these very records: the segments it read whole are
+    there under the same numbers and sizes (closed segments never change), and the file after them begins with the
+    prefix it read; else None."""
+    state = _state(cache, path, rank)
+    if state is None:
+        return None
+    held = state.prefix.segments
+    try:
+        if len(held) > len(files.segments) or any(
+                segment.number != number or segment.size() != size for segment, (number, size) in zip(files.segments, held)):
+            return None
+        following = files.source(len(held))
+    except (InputError, OSError):
+        return None  # a segment that cannot be read now: the records are read whole, and its error said there
+    if following is None:
+        return state if state.prefix.offset == 0 else None
+    return state if _same_prefix(following, state.prefix.fingerprint) else None
+
+
+def _state(cache: Path, path: Path, rank: int | None) -> State | None:
+    """The cache's state, if it is of this version, file and rank; else None."""
     try:
         state = json.loads((cache / STATE_FILE).read_text())
-        prefix = Prefix(state["offset"], state["number"], state["fingerprint"])
-        if (state.get("version") != CACHE_VERSION or state.get("file") != display(path.absolute())
-                or state.get("rank") != rank or st.st_size < prefix.offset
-                or _fingerprint(f, st, prefix.offset) != prefix.fingerprint):
+        prefix = Prefix(state["offset"], state["number"], state["fingerprint"],
+                        [[int(n), int(size)] for n, size in state["segments"]])
+        if state.get("version") != CACHE_VERSION or state.get("file") != display(path.absolute()) or state.get("rank") != rank:
             return None
         found = StepFile(phases=list(state["phases"]), bad_lines=list(state["bad_lines"]), lines=state["lines"],
                          impossible=list(state["impossible"]),
@@ -275,7 +370,7 @@ def _with_frames(cache: Path, state: State) -> tuple[StepFile, Prefix, list[Part
     return state.found, state.prefix, state.parts
 
 
-def _write(cache: Path, found: StepFile, parts: list[Part], prefix: Prefix, path: Path, rank: int) -> None:
+def _write(cache: Path, found: StepFile, parts: list[Part], prefix: Prefix, path: Path, rank: int | None) -> None:
     """The new rows' file, then the state that names every file; never fails the analysis."""
     try:
         old = {p["file"] for p in json.loads((cache / STATE_FILE).read_text()).get("parts", [])}
@@ -288,7 +383,7 @@ def _write(cache: Path, found: StepFile, parts: list[Part], prefix: Prefix, path
                 _write_frame(cache / part.file, part.new)
         write_json_atomic(cache / STATE_FILE, {
             "version": CACHE_VERSION, "file": display(path.absolute()), "rank": rank, "offset": prefix.offset,
-            "number": prefix.number, "fingerprint": prefix.fingerprint,
+            "number": prefix.number, "fingerprint": prefix.fingerprint, "segments": prefix.segments,
             "parts": [{"file": p.file, "rows": p.rows} for p in parts],
             "lines": found.lines, "phases": found.phases,
             "bad_lines": found.bad_lines[:SHOWN_PROBLEMS], "impossible": found.impossible[:SHOWN_PROBLEMS],
@@ -308,7 +403,8 @@ def _write_frame(path: Path, frame: pd.DataFrame) -> None:
     import pyarrow.parquet as pq  # noqa: PLC0415
 
     with replacing(path) as tmp:
-        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), tmp)
+        # zstd: 13% smaller than Parquet's snappy on step rows, and read back twice as fast
+        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), tmp, compression="zstd")
 
 
 def _frames(cache: Path, parts: list[Part]) -> list[pd.DataFrame]:

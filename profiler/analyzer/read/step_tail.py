@@ -8,46 +8,14 @@ seconds, so a read costs what was appended, not the run.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from diagtrain.profiler.analyzer.read.run_files import StepFile, add_step
+# The tails live with the segments (no pandas there: the wrapper follows step records before the analyzer loads).
+from diagtrain.profiler.analyzer.read.step_segments import JsonlTail, StepFilesTail
 
-
-class JsonlTail:
-    """The complete lines appended to one file since the last :meth:`read`."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0  # bytes consumed: up to the last newline read
-        self.lines = 0  # lines consumed
-
-    def read(self) -> list[str]:
-        """New whole lines (none while the file is absent); a file that shrank (replaced) is read anew."""
-        try:
-            with open(self.path, "rb") as f:
-                if f.seek(0, 2) < self.offset:
-                    self.offset = self.lines = 0
-                f.seek(self.offset)
-                data = f.read()
-        except OSError:
-            return []
-        complete = data[:data.rfind(b"\n") + 1]
-        self.offset += len(complete)
-        lines = complete.decode(errors="replace").splitlines()
-        self.lines += len(lines)
-        return lines
-
-    def read_json(self) -> list[Any]:
-        """New lines as JSON values; a line that is not JSON is left out."""
-        found = []
-        for line in self.read():
-            try:
-                found.append(json.loads(line))
-            except ValueError:
-                continue
-        return found
+__all__ = ["JsonlTail", "RankSteps", "StepFilesTail", "StepTail"]
 
 
 class RankSteps:
@@ -79,12 +47,12 @@ class RankSteps:
 
 
 class StepTail(RankSteps):
-    """One rank's step records as they are appended to its steps.jsonl, read by the analyzer's own reader
+    """One rank's step records as they are appended to its steps.jsonl (and its closed segments), read by the analyzer's own reader
     (run_files): the same rows, phases and point-to-point counts as the final analysis, the same records refused."""
 
     def __init__(self, path: Path, rank: int, keep: int | None) -> None:
         super().__init__(rank, keep)
-        self.tail = JsonlTail(path)
+        self.tail = StepFilesTail(path)
 
     def read(self) -> int:
         """Read what was appended; the number of new step records."""

@@ -22,13 +22,13 @@ from diagtrain.profiler.analyzer.read import run_files as rf
 from diagtrain.profiler.analyzer.read.run_files import STEP_COLUMNS, device_record
 from diagtrain.profiler.analyzer.read.host_summary import HostSummary, summary_path
 from diagtrain.profiler.analyzer.read.step_cache import CacheFeeder
-from diagtrain.profiler.analyzer.read.step_tail import JsonlTail, RankSteps, StepTail
+from diagtrain.profiler.analyzer.read.step_tail import JsonlTail, RankSteps, StepFilesTail, StepTail
 from diagtrain.profiler.analyzer.rank.p2p import from_step_records as p2p_from_step_records
 from diagtrain.profiler.analyzer.read.run_read import clock_measurements, requested_profile_steps
 from diagtrain.profiler.analyzer.run import device_time
 from diagtrain.profiler.analyzer.run.live_traces import LiveTraces
 from diagtrain.profiler.analyzer.run.tables import Tables, assemble, step_table
-from diagtrain.profiler.run_dir import ANALYSIS_CACHE, HOSTS_DIR, RankIndex, read_hosts
+from diagtrain.profiler.run_dir import ANALYSIS_CACHE, HOSTS_DIR, STEPS_FILE, RankIndex, closed_segments, read_hosts
 from diagtrain.profiler.util.bounded_read import InputError
 
 GROUPS_PATIENCE = 3  # reads of a rank's steps without its process_groups.json before it is taken to have none
@@ -91,7 +91,7 @@ class LiveSteps:
             self.rows.trim(min((min(held.rows) for held in self.steps.values() if held.rows), default=0))
         self.new_samples = []
         for path in self.run_dir.glob(f"{HOSTS_DIR}/*/telemetry.jsonl"):
-            tail = self.telemetry.setdefault(path, JsonlTail(path))
+            tail = self.telemetry.setdefault(path, StepFilesTail(path))  # its closed segments too, as steps.jsonl's
             self.new_samples += [r for r in tail.read_json()
                                  if isinstance(r, dict) and isinstance(r.get("time"), (int, float))]
         if self.window_steps is not None:
@@ -112,10 +112,11 @@ class LiveSteps:
         if summary is None and host and summary_path(self.run_dir, host).exists():
             summary = self.summaries[host] = HostSummary(summary_path(self.run_dir, host), keep)
             summary.elsewhere = {r for r in self.direct if self.ranks.info.get(r, {}).get("host") == host}
-        path = self.ranks.ranks_dir / str(rank) / "steps.jsonl"
+        path = self.ranks.ranks_dir / str(rank) / STEPS_FILE
         if summary is not None:
             self.steps[rank] = summary.ranks.setdefault(rank, RankSteps(rank, keep))
-        elif path.exists() and path.stat().st_size:  # no summary while it records: none will carry it
+        elif path.exists() and path.stat().st_size or closed_segments(path):  # no summary while it records: none will
+            # carry it (records closed into segments are records too)
             self.steps[rank] = self.direct[rank] = StepTail(path, rank, keep)
 
     def _leave_silent(self, now: float) -> None:
@@ -131,7 +132,7 @@ class LiveSteps:
         for host in self.silenced:
             keep = self.summaries.pop(host).keep
             for rank in sorted(of_host.get(host, [])):
-                self.steps[rank] = self.direct[rank] = StepTail(self.ranks.ranks_dir / str(rank) / "steps.jsonl", rank, keep)
+                self.steps[rank] = self.direct[rank] = StepTail(self.ranks.ranks_dir / str(rank) / STEPS_FILE, rank, keep)
 
     def cache_steps(self, min_lines: int, cpu_s: float) -> int:
         """Add the new step records of the ranks read directly to the final analysis' cache (step_cache.CacheFeeder;
