@@ -32,15 +32,15 @@ def pages() -> list[Path]:
 
 
 def emitted_kinds() -> set[str]:
-    """Every ``kind`` a ``Finding(...)`` in the analyzer's code can take (each string constant of the
+    """Every ``kind`` a ``Candidate(...)`` in the analyzer's code can take (each string constant of the
     argument: ``"dataloader_stall" if data else "straggler"`` gives both)."""
     kinds: set[str] = set()
     for path in (ROOT / "profiler").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Finding":
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Candidate":
                 [kind] = [k.value for k in node.keywords if k.arg == "kind"]
                 found = {c.value for c in ast.walk(kind) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
-                assert found, f"{path}:{node.lineno}: a Finding whose kind is not written in the code; " \
+                assert found, f"{path}:{node.lineno}: a Candidate whose kind is not written in the code; " \
                               "the docs test cannot know it"
                 kinds |= found
     return kinds
@@ -100,6 +100,17 @@ def test_the_architecture_tour_names_every_folder_of_the_tree_and_every_file_it_
              *(p for p in (ROOT / "profiler" / "analyzer").iterdir() if p.is_dir())]
     missing = [q for q in quoted if q != "analysis/" and not any((b / q).exists() for b in bases)]
     assert not missing, f"architecture.md names paths the tree lacks: {missing}"
+
+
+def test_a_finding_is_made_in_one_place_the_verdict():
+    """Detectors, assessments, the model's check and live judgement propose ``Candidate``s; ``verdict.verdict()``
+    alone makes a ``Finding`` of one (the notebook reads findings back from report.json, outside the analyzer)."""
+    makers = set()
+    for path in (ROOT / "profiler").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Finding":
+                makers.add(path.relative_to(ROOT).as_posix())
+    assert makers == {"profiler/analyzer/judge/verdict.py"}
 
 
 def test_the_kinds_table_is_the_only_list_of_kinds():

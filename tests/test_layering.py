@@ -19,6 +19,7 @@ ROOTS = {"profiler": "diagtrain.profiler", "dashboard": "diagtrain.dashboard",
 # are stages too, so that they are held to importing nothing above them.
 STAGES = {
     "diagtrain.profiler.run_dir": "contract",
+    "diagtrain.profiler.step_files": "contract",  # reading and following the ranks' step-record files
     "diagtrain.profiler.util": "util",
     "diagtrain.profiler.instrument": "rank",  # the public path of the in-rank API, a re-export
     "diagtrain.profiler.rank": "rank",

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from diagtrain.profiler.analyzer.read import step_cache, step_columns
-from diagtrain.profiler.analyzer.read.inputs import MAX_LINES_BYTES
+from diagtrain.profiler.util.bounded_read import MAX_LINES_BYTES
 from diagtrain.profiler.analyzer.read.run_files import StepFile, add_last_step, add_step
 from diagtrain.profiler.analyzer.read.step_cache import read_steps
 from diagtrain.profiler.util.bounded_read import read_lines

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from diagtrain.profiler.analyzer.read.step_segments import StepFilesTail
+from diagtrain.profiler.step_files import StepFilesTail
 from diagtrain.profiler.run_dir import (PROFILE_WINDOWS_FILE, SCHEMA_VERSION, STEPS_FILE, RankIndex, Records,
                                         remove_quietly, write_json_atomic)
 

@@ -35,6 +35,7 @@ _OUT_CHUNK = 2 << 20  # unpacked bytes produced at a time: a bomb is stopped wit
 MAX_GZIP_RATIO = 100
 RATIO_FLOOR = 64 << 20  # below this many unpacked bytes the ratio is not checked: small files pack well
 MAX_LINE_CHARS = 1 << 20  # a longer "line" is read in pieces: no log line is a megabyte
+MAX_LINES_BYTES = 2 << 30  # a file of lines: steps.jsonl or one of its segments (a million steps is ~0.3 GiB), stderr.log, nccl.log
 
 
 class InputError(ValueError):

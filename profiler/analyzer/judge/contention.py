@@ -27,7 +27,7 @@ import pandas as pd
 
 from diagtrain.profiler.analyzer.judge.cost import EVERY_STEP, INTERMITTENT, Cost, severity as cost_severity
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady, profiled_steps, steady
-from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, UPPER_BOUND, Finding
+from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, UPPER_BOUND, Candidate, Finding
 from diagtrain.profiler.analyzer.judge.quantities import SlowCause
 from diagtrain.profiler.analyzer.judge.verdict import HOST, LEAK_TIME, MORE_WORK, Assessed, Assessment
 from diagtrain.profiler.analyzer.run.ledger import cpu_wait, crowded_hosts
@@ -377,7 +377,7 @@ def hidden_work(findings: list[Finding], tables: Tables) -> Assessed:
 
 def _more_work_finding(extra: MoreWork, severity: str, metrics: dict, remark: dict, tables: Tables) -> Finding:
     others = sorted(r for r in tables.rank_hosts if r != extra.rank)
-    return Finding(
+    return Candidate(
         kind="straggler", severity=severity, ranks=[extra.rank], explanation="", remarks=[remark],
         suggestion=(f"Give rank {extra.rank} the same share of the work as its peers (its batch, its data shard, its "
                     "layers), or do the extra work (logging, evaluation) off the training loop."),

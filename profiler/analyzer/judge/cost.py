@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady, onset, profiled_steps, steady
-from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, UPPER_BOUND, Finding
+from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, UPPER_BOUND, Candidate, Finding
 from diagtrain.profiler.analyzer.judge.own_time import SOURCE as COUNTERS
 from diagtrain.profiler.analyzer.judge.quantities import CAUSE_OF, Measure, Quantity, SlowCause
 from diagtrain.profiler.analyzer.judge.verdict import DISPUTE, LEDGER, Assessed, Assessment
@@ -368,7 +368,7 @@ def _finding(cause: Cause, totals: dict[str, Any], c: Cost, t: Tables) -> Findin
     if cause.onset is not None:
         when += f" since step {cause.onset}"
     data = cause.part == "data"
-    f = Finding(
+    f = Candidate(
         kind="dataloader_stall" if data else "straggler", severity=severity(cause.share, cause.pattern, c),
         ranks=[cause.rank], steps=cause.steps,
         explanation=(f"rank {cause.rank}'s {part} takes {cause.own_ms:.1f} ms against its peers' {cause.peer_ms:.1f} ms "

@@ -25,7 +25,7 @@ import pandas as pd
 from diagtrain.profiler.analyzer.judge import measured as run_measured
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady
 from diagtrain.profiler.analyzer.judge.kinds import KINDS as ALL_KINDS, MODEL_CHECK
-from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.judge.findings import Candidate
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.util.settings import section, setting
 from diagtrain.profiler.model.collectives import WHOLE_BUFFER_OPS, ring_time
@@ -68,7 +68,7 @@ KINDS = tuple(k.name for k in ALL_KINDS if k.detector == MODEL_CHECK)
 
 
 def check(tables: Tables, spans_of: Callable[[int], pd.DataFrame | None] = lambda _: None,
-          ) -> tuple[dict[str, Any] | None, list[Finding]]:
+          ) -> tuple[dict[str, Any] | None, list[Candidate]]:
     """The report's ``expected`` section and its findings; (None, []) for a run without steps.
     ``spans_of(rank)`` gives a rank's timeline spans on the common clock (for the pipeline bubble)."""
     if tables.steps.empty:
@@ -338,7 +338,7 @@ def _step(rm: RunModel, m: Measured) -> dict[str, Any] | None:
 # -- findings ----------------------------------------------------------------------------------------
 
 
-def findings(section: dict[str, Any], tables: Tables, exact: bool, s: Expected) -> list[Finding]:
+def findings(section: dict[str, Any], tables: Tables, exact: bool, s: Expected) -> list[Candidate]:
     """Differences the model cannot explain, each with the numbers on both sides; none for a layout
     the section had to assume (a difference would say more about the assumption than the run)."""
     if not exact:
@@ -350,14 +350,14 @@ def findings(section: dict[str, Any], tables: Tables, exact: bool, s: Expected) 
     return found
 
 
-def _state_findings(section: dict[str, Any]) -> list[Finding]:
+def _state_findings(section: dict[str, Any]) -> list[Candidate]:
     off = [r for r in section["state"] if r["held_parameters"] is not None
            and round(r["held_parameters"]) != round(r["expected_parameters"])]
     if not off:
         return []
     layout = section["model"]["layout"]
     worst = max(off, key=lambda r: abs(r["held_parameters"] - r["expected_parameters"]))
-    return [Finding(
+    return [Candidate(
         kind="state_mismatch", severity="warning", ranks=[r["rank"] for r in off],
         explanation=(f"rank {worst['rank']} holds {worst['held_parameters']:,} parameters where {layout} should leave it "
                      f"{worst['expected_parameters']:,.0f} ({len(off)} rank{'s' if len(off) > 1 else ''} differ): the model is "
@@ -370,7 +370,7 @@ def _state_findings(section: dict[str, Any]) -> list[Finding]:
                    "expected": r["expected_parameters"]} for r in off])]
 
 
-def _collective_findings(section: dict[str, Any], s: Expected) -> list[Finding]:
+def _collective_findings(section: dict[str, Any], s: Expected) -> list[Candidate]:
     per_rank: dict[tuple, dict[str, float]] = {}
     for r in section["collectives"]:
         key = (r["op"], r["group"] or "unattributed")
@@ -385,7 +385,7 @@ def _collective_findings(section: dict[str, Any], s: Expected) -> list[Finding]:
                                                                      s.small_bytes):
             continue
         ratio = d["measured"] / d["expected"] if d["expected"] else float("inf")
-        out.append(Finding(
+        out.append(Candidate(
             kind="unexpected_communication", severity="warning", ranks=sorted(d["ranks"]),
             explanation=(f"{op} in the {group} group moves {d['measured'] / 2**20:.2f} MiB per step over its ranks; "
                          f"the layout ({section['model']['layout']}) needs {d['expected'] / 2**20:.2f} MiB "
@@ -401,7 +401,7 @@ def _collective_findings(section: dict[str, Any], s: Expected) -> list[Finding]:
     return out
 
 
-def _bubble_findings(section: dict[str, Any], tables: Tables, s: Expected) -> list[Finding]:
+def _bubble_findings(section: dict[str, Any], tables: Tables, s: Expected) -> list[Candidate]:
     b = section.get("bubble")
     if not b or b.get("measured") is None:
         return []
@@ -410,7 +410,7 @@ def _bubble_findings(section: dict[str, Any], tables: Tables, s: Expected) -> li
         return []
     # On CPU (gloo) a shared host stalls ranks by turns and every wait looks like bubble: info there.
     severity = "warning" if tables.on_gpu else "info"
-    return [Finding(
+    return [Candidate(
         kind="bubble_above_model", severity=severity, ranks=sorted(int(r) for r in tables.steps["rank"].unique()),
         explanation=(f"the pipeline idles {b['measured']:.0%} of its forward-backward time; {b['schedule']} with "
                      f"{b['stages']} stages and {b['microbatches']} microbatches explains {b['formula']:.0%} "
@@ -421,14 +421,14 @@ def _bubble_findings(section: dict[str, Any], tables: Tables, s: Expected) -> li
         evidence=[{"type": "stage", "stage": st, "busy_ms": ms} for st, ms in (b.get("stage_busy_ms") or {}).items()])]
 
 
-def _peak_findings(section: dict[str, Any], s: Expected) -> list[Finding]:
+def _peak_findings(section: dict[str, Any], s: Expected) -> list[Candidate]:
     over = [r for r in section["state"] if r["peak_bytes"] and
             r["peak_bytes"] > s.peak_ratio * r["expected_peak_bytes"] and
             r["peak_bytes"] - r["expected_peak_bytes"] > s.peak_min_excess_bytes]
     if not over:
         return []
     worst = max(over, key=lambda r: r["peak_bytes"] - r["expected_peak_bytes"])
-    return [Finding(
+    return [Candidate(
         kind="memory_above_model", severity="warning", ranks=[r["rank"] for r in over],
         explanation=(f"rank {worst['rank']} peaks at {worst['peak_bytes'] / 2**30:.1f} GiB; its layout explains "
                      f"{worst['expected_peak_bytes'] / 2**30:.1f} GiB (model state, gathered weights, activations)."),
@@ -440,7 +440,7 @@ def _peak_findings(section: dict[str, Any], s: Expected) -> list[Finding]:
                    "expected": r["expected_memory"]} for r in over])]
 
 
-def _slow_group_findings(section: dict[str, Any], s: Expected) -> list[Finding]:
+def _slow_group_findings(section: dict[str, Any], s: Expected) -> list[Candidate]:
     step = section.get("step") or {}
     if not step:
         return []
@@ -453,7 +453,7 @@ def _slow_group_findings(section: dict[str, Any], s: Expected) -> list[Finding]:
         if model <= 0 or measured < s.slow_group_ratio * model or \
                 measured - model < s.min_group_excess_share * step["measured_ms"]:
             continue
-        out.append(Finding(
+        out.append(Candidate(
             kind="slow_collective_group", severity="warning", ranks=sorted({r["rank"] for r in mine}),
             explanation=(f"the {group} group's collectives take {measured:.1f} ms per step; at the best bandwidth the "
                          f"group reached ({mine[0]['best_busbw_gbps']:.1f} GB/s) the ring model needs {model:.1f} ms."),

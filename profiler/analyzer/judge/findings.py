@@ -16,8 +16,10 @@ STOP_KINDS = stop_kinds()
 
 
 @dataclass
-class Finding:
-    """A problem, located (ranks, steps, time) and explained in words a person can act on.
+class Candidate:
+    """What a detector proposes (or an assessment, for a cause no detector named): a problem located (ranks, steps,
+    time), measured and put in words. Its ``severity`` and ``impact_ms`` are its proposal, which
+    ``verdict.verdict()`` weighs with the assessments' and turns into the :class:`Finding`.
 
     ``metrics`` holds ``observed``, ``expected`` and ``threshold`` (and anything else useful);
     ``evidence`` holds references: trace events, log lines, flight-recorder entries, files.
@@ -43,6 +45,12 @@ class Finding:
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
             raise ValueError(f"severity {self.severity!r} is not one of {SEVERITIES}")
+
+
+@dataclass
+class Finding(Candidate):
+    """The verdict on a candidate: made in one place, ``verdict.verdict()``, and read by the report, the dashboard,
+    ``compare`` and the notebook."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the findings.json / report.json record)."""

@@ -26,7 +26,8 @@ from typing import Any
 
 from diagtrain.profiler.analyzer.judge import pipeline
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady
-from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, Finding
+from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, Candidate, Finding
+from diagtrain.profiler.analyzer.judge.verdict import verdict
 from diagtrain.profiler.analyzer.run import job_time
 from diagtrain.profiler.analyzer.run.live_tables import LiveSteps, Window
 from diagtrain.profiler.analyzer.run.tables import Tables
@@ -180,7 +181,7 @@ class LiveJudge:
         else:
             if window is not self._window:  # the same tables judged again would give the same findings
                 self._judged, self._window = self._detect(window) if _past_warm_up(window) else [], window
-            findings = self._judged + self._stalled(window, now)
+            findings = self._judged + [verdict(c, []) for c in self._stalled(window, now)]
             self.job.add(window.tables)
         events = self._follow(findings, window, step, now, moved)
         self.judged_step = step if step is not None else self.judged_step
@@ -214,7 +215,7 @@ class LiveJudge:
         if message not in self.problems:
             self.problems.append(message)
 
-    def _stalled(self, window: Window, now: float) -> list[Finding]:
+    def _stalled(self, window: Window, now: float) -> list[Candidate]:
         """A rank that has finished no step for ``stalled_steps`` typical steps (and ``min_stalled_s``)."""
         s = self.settings
         typical_ms = float(statistics.median(window.tables.steps["wall_ms"]))
@@ -225,7 +226,7 @@ class LiveJudge:
             if idle_s <= limit_s or self.steps.ranks.exit_record(rank) is not None:
                 continue
             last = window.last_steps[rank]
-            found.append(Finding(
+            found.append(Candidate(
                 kind="no_progress", severity="warning", ranks=[rank], steps=[last + 1], time_range=(ended, now),
                 explanation=(f"no step finished on rank {rank} for {idle_s:.0f} s, {idle_s * 1e3 / typical_ms:.0f} typical "
                              f"steps of {typical_ms:.0f} ms, since it finished step {last}."),

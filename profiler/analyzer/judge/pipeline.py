@@ -21,8 +21,8 @@ from diagtrain.profiler.util import settings
 from diagtrain.profiler.analyzer.judge import contention, cost, critical_path, expected, job_cost, kinds, traced_excess
 from diagtrain.profiler.analyzer.judge.detectors.base import job_totals
 from diagtrain.profiler.analyzer.judge.explained import explained
-from diagtrain.profiler.analyzer.judge.findings import Finding, order
-from diagtrain.profiler.analyzer.judge.verdict import Assessed, Judged
+from diagtrain.profiler.analyzer.judge.findings import Candidate, Finding, order
+from diagtrain.profiler.analyzer.judge.verdict import Assessed, Judged, verdict
 from diagtrain.profiler.analyzer.run.tables import Tables
 
 # The detector modules, in the order they run, and those not asked while a job runs (what a stopped or finished
@@ -127,8 +127,8 @@ def ledger_section(t: Tables, progress: Callable[[str], None]) -> dict[str, Any]
 
 
 def run_detectors(t: Tables, progress: Callable[[str], None], notes: list[dict] | None = None,
-                  only: list[str] | None = None) -> list[Finding]:
-    """Every registered detector's findings (those named in ``only``, when given), each stamped with the
+                  only: list[str] | None = None) -> list[Candidate]:
+    """Every registered detector's candidates (those named in ``only``, when given), each stamped with the
     settings it ran with."""
     found = []
     for name, module in detector_modules().items():
@@ -171,7 +171,7 @@ def check_expected(t: Tables, spans_of: Callable[[int], pd.DataFrame | None],
     used = _settings_of(expected)
     for f in found:
         f.settings = {**used, **f.settings}
-    return section, found
+    return section, [verdict(c, []) for c in found]  # the model's own judgement: no assessment weighs it
 
 
 def _settings_of(module: ModuleType) -> dict[str, Any]:

@@ -1,19 +1,19 @@
 """One finding from a detector's candidate and the assessments of it: severity and impact decided here, once.
 
-A detector proposes a candidate (a ``Finding`` as it saw it: kind, ranks, steps, evidence, its own estimate).
+A detector proposes a candidate (a ``Candidate``: kind, ranks, steps, evidence, its words, its own estimate).
 Nothing edits a candidate afterwards. Each later judgement (judge/pipeline.py ``ASSESSMENTS``) returns
 :class:`Assessment` records of candidates: the ledger's price, the host-contention and allocator-churn
 judgement, "explained by" another finding, the traced operators, the critical path's replay, the check of
-the two prices against each other. :func:`verdict` turns a candidate and its assessments into the finding.
+the two prices against each other. :func:`verdict` turns a candidate and its assessments into the finding: the one place a ``Finding`` is made.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, Finding
+from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, Candidate, Finding
 
 # The assessments, by name (``Assessment.by``), in the order they are made and their remarks are read.
 LEDGER = "ledger"  # what the cause cost the job over every step (judge/cost.py)
@@ -55,13 +55,13 @@ class Assessment:
             raise ValueError(f"severity {self.severity!r} is not one of {SEVERITIES}")
 
 
-def verdict(candidate: Finding, assessments: list[Assessment]) -> Finding | None:
+def verdict(candidate: Candidate, assessments: list[Assessment]) -> Finding | None:
     """The finding: the candidate's fields, each assessment's metrics, settings and remarks in the order made,
     severity and impact from the first in ``SEVERITY_FROM`` and ``IMPACT_FROM`` that has a say; None when
     another finding explains it."""
     if any(a.drop for a in assessments):
         return None
-    f = copy.deepcopy(candidate)
+    f = _made(candidate)
     for a in assessments:
         f.metrics.update(a.metrics)
         f.settings.update(a.settings)
@@ -79,13 +79,21 @@ def verdict(candidate: Finding, assessments: list[Assessment]) -> Finding | None
     return f
 
 
+def _made(candidate: Candidate) -> Finding:
+    """The finding of a candidate's fields, copied: nothing edits a candidate (its steps, ints, as one list: a deep
+    copy walked a long run's hundreds of thousands one by one)."""
+    values = {f.name: getattr(candidate, f.name) for f in fields(Candidate)}
+    steps = list(values.pop("steps"))
+    return Finding(**copy.deepcopy(values), steps=steps)
+
+
 @dataclass
 class Assessed:
     """What one assessment step made: its assessments by the position of the finding in the list it was given,
     and new candidates (causes the ledger charged that no detector named)."""
 
     of: dict[int, list[Assessment]] = field(default_factory=dict)
-    new: list[Finding] = field(default_factory=list)
+    new: list[Candidate] = field(default_factory=list)
 
     def add(self, position: int, assessment: Assessment | None) -> None:
         """Record ``assessment`` of the finding at ``position`` (None: nothing to say)."""
@@ -97,7 +105,7 @@ class Judged:
     """Candidates and their assessments as judgement goes: each step sees the findings as decided so far (a
     finding's verdict made again only when a step assessed it)."""
 
-    def __init__(self, candidates: list[Finding]) -> None:
+    def __init__(self, candidates: list[Candidate]) -> None:
         self.entries: list[_Entry] = [_Entry(c) for c in candidates]
 
     def findings(self) -> list[Finding]:
@@ -118,7 +126,7 @@ class Judged:
 class _Entry:
     """One candidate, its assessments, and the verdict they make."""
 
-    def __init__(self, candidate: Finding) -> None:
+    def __init__(self, candidate: Candidate) -> None:
         self.candidate, self.assessments = candidate, []
         self.finding: Finding | None = verdict(candidate, [])
 

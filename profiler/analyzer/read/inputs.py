@@ -20,7 +20,6 @@ T = TypeVar("T")
 # Size limits (unpacked bytes), each far above what a real run writes.
 MAX_TRACE_BYTES = 4 << 30  # one profiled window; the 1M-event benchmark trace is ~0.4 GiB
 MAX_DUMP_BYTES = 1 << 30  # a flight-recorder dump: 20,000 entries with stacks is ~50 MiB
-MAX_LINES_BYTES = 2 << 30  # steps.jsonl (a million steps is ~0.3 GiB), stderr.log, nccl.log
 MAX_TABLE_BYTES = 2 << 30  # telemetry.parquet: a month of 1 Hz samples of an 8-GPU host is ~0.2 GiB
 MAX_DOC_BYTES = 256 << 20  # small JSON documents: manifest, rank.json, exit.json, parameters.json, ...
 MAX_RANKS = 1 << 20  # a million ranks: beyond any job; a larger rank number or world size is corrupt

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diagtrain.profiler.analyzer.read.inputs import MAX_DOC_BYTES, MAX_LINES_BYTES, MAX_RANKS, MAX_TABLE_BYTES, expect
+from diagtrain.profiler.analyzer.read.inputs import MAX_DOC_BYTES, MAX_RANKS, MAX_TABLE_BYTES, expect
 from diagtrain.profiler.run_dir import members_of_text, telemetry_rows, telemetry_table
-from diagtrain.profiler.util.bounded_read import InputError, read_input, read_json, read_lines, read_text
+from diagtrain.profiler.util.bounded_read import MAX_LINES_BYTES, InputError, read_input, read_json, read_lines, read_text
 
 # Bounds of the possible. A training step or phase longer than a week, or memory beyond a
 # pebibyte per rank, is a corrupt record, not a measurement.

@@ -38,7 +38,7 @@ from typing import Any
 import pandas as pd
 
 from diagtrain.profiler.analyzer.read import step_columns
-from diagtrain.profiler.analyzer.read.step_segments import open_step_files
+from diagtrain.profiler.step_files import open_step_files
 from diagtrain.profiler.analyzer.read.run_files import (SHOWN_PROBLEMS, StepFile, add_last_step, p2p_from_json,
                                                          p2p_to_json, rows_frame, step_row)
 from diagtrain.profiler.run_dir import remove_quietly, replacing, write_json_atomic

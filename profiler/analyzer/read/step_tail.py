@@ -13,7 +13,7 @@ from typing import Any
 
 from diagtrain.profiler.analyzer.read.run_files import StepFile, add_step
 # The tails live with the segments (no pandas there: the wrapper follows step records before the analyzer loads).
-from diagtrain.profiler.analyzer.read.step_segments import JsonlTail, StepFilesTail
+from diagtrain.profiler.step_files import JsonlTail, StepFilesTail
 
 __all__ = ["JsonlTail", "RankSteps", "StepFilesTail", "StepTail"]
 

@@ -11,7 +11,7 @@ import pandas as pd
 
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady, time_range
 from diagtrain.profiler.util.text import ranges
-from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.judge.findings import Candidate
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.util.settings import section, setting
 
@@ -33,7 +33,7 @@ class DataloaderStall:
 SETTINGS = (DataloaderStall, Steady)
 
 
-def detect(tables: Tables) -> list[Finding]:
+def detect(tables: Tables) -> list[Candidate]:
     """Ranks whose data phase stands far above the run's typical one in several steps."""
     s = DataloaderStall.active()
     steps = steady(tables.steps)
@@ -62,7 +62,7 @@ def _shared(steps: pd.DataFrame, stalls: pd.DataFrame, by_rank: dict[int, pd.Dat
     return stalls[stalls["step"].isin(common)]
 
 
-def _finding(rows: pd.DataFrame, ranks: list[int], typical: float, threshold: float, steps: pd.DataFrame) -> Finding:
+def _finding(rows: pd.DataFrame, ranks: list[int], typical: float, threshold: float, steps: pd.DataFrame) -> Candidate:
     """One finding of the stalls in ``rows``: one rank's, its peers waiting for it; or every rank's at once."""
     stalled = sorted(int(step) for step in rows["step"].unique())
     every = _period(stalled)
@@ -75,7 +75,7 @@ def _finding(rows: pd.DataFrame, ranks: list[int], typical: float, threshold: fl
     # Per step: one rank's stalls, or the job's (each step's median over its ranks: they wait together).
     lost = (rows["data_ms"] - typical).sum() if len(ranks) == 1 else \
         (rows.groupby("step")["data_ms"].median() - typical).sum()
-    return Finding(
+    return Candidate(
         kind="dataloader_stall", severity="warning", ranks=ranks, steps=stalled,
         time_range=time_range(rows),
         explanation=(

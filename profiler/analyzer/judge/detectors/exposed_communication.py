@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from diagtrain.profiler.util.settings import section, setting
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady
-from diagtrain.profiler.analyzer.judge.findings import UPPER_BOUND, Finding
+from diagtrain.profiler.analyzer.judge.findings import UPPER_BOUND, Candidate
 from diagtrain.profiler.analyzer.run.tables import Tables
 
 
@@ -20,7 +20,7 @@ class ExposedCommunication:
 SETTINGS = (ExposedCommunication, Steady)
 
 
-def detect(tables: Tables) -> list[Finding]:
+def detect(tables: Tables) -> list[Candidate]:
     """One finding when communication nothing overlaps takes a good share of the profiled steps."""
     s = ExposedCommunication.active()
     steps = steady(tables.steps)
@@ -37,7 +37,7 @@ def detect(tables: Tables) -> list[Finding]:
     top = _top_collectives(tables, s.top_collectives)
     saving = (f"; overlapping it would save up to {exposed_ms:.0f} ms per step" if tables.on_gpu else
               "; on CPU (gloo) a small model's step is mostly communication by design, so no saving is claimed")
-    return [Finding(
+    return [Candidate(
         kind="exposed_communication", severity=severity, ranks=sorted(int(r) for r in profiled["rank"].unique()),
         steps=sorted(int(s) for s in profiled["step"].unique()),
         explanation=(f"{share:.0%} of the profiled step time ({exposed_ms:.0f} ms per step, median over ranks and "

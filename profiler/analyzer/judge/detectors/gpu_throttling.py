@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.judge.findings import Candidate
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.util.settings import section, setting
 
@@ -17,7 +17,7 @@ class GpuThrottling:
 SETTINGS = (GpuThrottling,)
 
 
-def detect(tables: Tables) -> list[Finding]:
+def detect(tables: Tables) -> list[Candidate]:
     """Ranks whose GPU is throttled in at least ``throttled_share`` of the samples taken during steps."""
     s = GpuThrottling.active()
     t = tables.telemetry
@@ -33,7 +33,7 @@ def detect(tables: Tables) -> list[Finding]:
         reasons = throttled["throttle"].str.split(",").explode().value_counts()
         others = gpu[gpu["rank"] != rank]["sm_clock_mhz"]
         clock, peer_clock = float(throttled["sm_clock_mhz"].median()), float(others.median()) if len(others) else None
-        findings.append(Finding(
+        findings.append(Candidate(
             kind="gpu_throttling", severity="warning", ranks=[int(rank)],
             steps=sorted(int(step) for step in throttled["step"].unique()),
             explanation=(f"rank {int(rank)}'s GPU (device {int(rows['device'].iloc[0])}) is throttled in {share:.0%} of the "

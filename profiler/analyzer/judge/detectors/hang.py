@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 
 from diagtrain.profiler.analyzer.read import flight_records as fr
 from diagtrain.profiler.analyzer.run import divergence, stops
-from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.judge.findings import Candidate
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.util.settings import section, setting
 from diagtrain.profiler.run_dir import STOPPED
@@ -43,7 +43,7 @@ LIBRARY_MARKERS = ("site-packages/", "dist-packages/", "/lib/python3", "<frozen"
 SETTINGS = (Hang,)
 
 
-def detect(tables: Tables) -> list[Finding]:
+def detect(tables: Tables) -> list[Candidate]:
     """Mismatched collectives, and for a run that stopped, the one finding that says why."""
     s = Hang.active()
     if not tables.dumps and tables.manifest.get("status") not in STOPPED:
@@ -176,7 +176,7 @@ def _behind(b: fr.Blocked, blocked: list[fr.Blocked], found: list[Origin]) -> Or
     return found[0]
 
 
-def _hangs_in_collectives(tables: Tables, blocked: list[fr.Blocked], stalled_s: float | None = None) -> list[Finding]:
+def _hangs_in_collectives(tables: Tables, blocked: list[fr.Blocked], stalled_s: float | None = None) -> list[Candidate]:
     """One finding per independent origin of the hang, each with the consequences that follow from it."""
     found = origins(blocked)
     others = [o.first for o in found]
@@ -185,7 +185,7 @@ def _hangs_in_collectives(tables: Tables, blocked: list[fr.Blocked], stalled_s: 
 
 
 def _hang_in_collective(tables: Tables, b: fr.Blocked, stalled_s: float | None = None,
-                        later: list[fr.Blocked] = (), besides: list[fr.Blocked] = ()) -> Finding:
+                        later: list[fr.Blocked] = (), besides: list[fr.Blocked] = ()) -> Candidate:
     where = "; ".join(f"rank {r} {_where_in(tables, r, b)}" for r in b.missing)
     group = b.pg_desc or b.pg.split(":")[0]
     stopped = f" The run was interrupted after {stalled_s:.0f} s without a finished step." if stalled_s else ""
@@ -194,7 +194,7 @@ def _hang_in_collective(tables: Tables, b: fr.Blocked, stalled_s: float | None =
         stopped += (" Independently, " + "; ".join(f"rank{'s' if len(x.missing) > 1 else ''} {_list(x.missing)} never "
                                                     f"entered {_op(x.op)} #{x.seq} on {_group(x)}" for x in besides)
                     + " (a finding of its own): more than one rank stopped.")
-    return Finding(
+    return Candidate(
         kind="hang", severity="critical", ranks=b.missing,
         explanation=(f"rank{'s' if len(b.missing) > 1 else ''} {_list(b.missing)} never entered {_op(b.op)} #{b.seq} "
                      f"on {_group(b)}; rank{'s' if len(b.waiting) > 1 else ''} {_list(b.waiting)} "
@@ -270,7 +270,7 @@ def _where_in(tables: Tables, rank: int, b: fr.Blocked) -> str:
     return f"last entered {_op(last.op)} #{last.seq} there{done}"
 
 
-def _crash(tables: Tables, cause: stops.Stop, record: list[stops.Stop], blocked: list[fr.Blocked]) -> Finding:
+def _crash(tables: Tables, cause: stops.Stop, record: list[stops.Stop], blocked: list[fr.Blocked]) -> Candidate:
     # The first to die is the cause; the others' errors ("connection closed by peer") follow from it.
     rank = cause.ranks[0]
     waiting = next((b for b in blocked if rank in b.missing), blocked[0] if blocked else None)
@@ -288,7 +288,7 @@ def _crash(tables: Tables, cause: stops.Stop, record: list[stops.Stop], blocked:
         what = f"lost its connection to its peers first ({cause.detail[:300]}) at {cause.where or _where(tables, rank)}"
     else:
         what = f"crashed with {cause.detail} at {cause.where or _where(tables, rank)}"
-    return Finding(
+    return Candidate(
         kind="crash", severity="critical", ranks=[rank],
         explanation=f"rank {rank}{_on_host(tables, rank)} {what}{tail}.{_followed(tables, cause, record)}",
         suggestion=(f"Nothing else stopped first: look at the network between rank {rank} and its peers, and at "
@@ -316,7 +316,7 @@ PARTED = {
 }
 
 
-def _left(tables: Tables, cause: stops.Stop, record: list[stops.Stop]) -> Finding:
+def _left(tables: Tables, cause: stops.Stop, record: list[stops.Stop]) -> Candidate:
     """A rank whose script ended well while its peers waited for it: the origin, and they the consequence."""
     rank = cause.ranks[0]
     after = stops.consequences(record, cause)
@@ -328,7 +328,7 @@ def _left(tables: Tables, cause: stops.Stop, record: list[stops.Stop]) -> Findin
     entered = (f" Rank{'s' if len(missed.entered_by) > 1 else ''} {_list(missed.entered_by)} entered {missed.op} #{missed.seq} "
                f"on {missed.group}, which rank {rank} never issued (its last there was #{missed.last_of_leaver})."
                if missed else "")
-    return Finding(
+    return Candidate(
         kind="sequence_divergence", severity="critical", ranks=[rank], steps=[parted.step] if parted.step else [],
         explanation=(f"rank {rank}{_on_host(tables, rank)} left the job while its peers still needed it: "
                      f"{cause.detail}{_at(cause)}. Where its sequence parted from its "
@@ -345,14 +345,14 @@ def _left(tables: Tables, cause: stops.Stop, record: list[stops.Stop]) -> Findin
     )
 
 
-def _exit_crash(tables: Tables, cause: stops.Stop) -> Finding:
+def _exit_crash(tables: Tables, cause: stops.Stop) -> Candidate:
     """The training finished; a process died after its script ended, and the launcher called the job failed."""
     many = len(cause.ranks) > 1
     who = f"rank{'s' if many else ''} {_list(cause.ranks)}{_on_hosts(tables, cause.ranks)}"
     steps = tables.steps.loc[tables.steps["rank"].isin(cause.ranks), "step"] if not tables.steps.empty else []
     done = f" after step {int(max(steps))}" if len(steps) else ""
     said = f": {cause.detail[:300]}" if cause.detail else " without a message (every rank's script ended with code 0)"
-    return Finding(
+    return Candidate(
         kind="crash_at_exit", severity="error", ranks=cause.ranks,
         explanation=(f"the training finished, but the job failed on its way out: {who}'s script ended with code 0"
                      f"{done}, then {'their processes' if many else 'its process'} died while Python shut "
@@ -367,7 +367,7 @@ def _exit_crash(tables: Tables, cause: stops.Stop) -> Finding:
     )
 
 
-def _host_lost(tables: Tables, cause: stops.Stop, record: list[stops.Stop]) -> Finding:
+def _host_lost(tables: Tables, cause: stops.Stop, record: list[stops.Stop]) -> Candidate:
     if cause.kind == stops.HOST_LOST:
         ranks = f"; its ranks {_list(cause.ranks)} stopped without an exit record" if cause.ranks else ""
         what = (f"host {cause.host} was lost: its wrapper is gone without ending its record (killed, or the "
@@ -377,7 +377,7 @@ def _host_lost(tables: Tables, cause: stops.Stop, record: list[stops.Stop]) -> F
     else:
         what = f"diagtrain's wrapper on host {cause.host} failed ({cause.detail}){_at(cause)} and stopped its job"
         todo = f"This is diagtrain's fault, not the job's: report it with hosts/{cause.host}/host.json and console.log."
-    return Finding(
+    return Candidate(
         kind="host_lost", severity="critical", ranks=cause.ranks,
         explanation=f"{what}.{_followed(tables, cause, record)}", suggestion=todo,
         metrics={"host": cause.host, "last_seen": cause.time, "cause": cause.kind},
@@ -385,7 +385,7 @@ def _host_lost(tables: Tables, cause: stops.Stop, record: list[stops.Stop]) -> F
     )
 
 
-def _interrupted(tables: Tables, cause: stops.Stop, record: list[stops.Stop], stalled_s: float | None) -> Finding:
+def _interrupted(tables: Tables, cause: stops.Stop, record: list[stops.Stop], stalled_s: float | None) -> Candidate:
     """A run stopped by a signal: the cause when it made ranks elsewhere fail, else only a fact."""
     ran_ranks = set(tables.rank_hosts.values())
     interrupted = {s.host for s in record if s.kind == stops.HOST_INTERRUPTED}
@@ -398,7 +398,7 @@ def _interrupted(tables: Tables, cause: stops.Stop, record: list[stops.Stop], st
     progress = (f"; no rank had finished a step for {stalled_s:.0f} s before" if stalled_s is not None
                 else "; the ranks were making progress until then")
     if whole_run:
-        return Finding(
+        return Candidate(
             kind="interrupted", severity="info", ranks=sorted(tables.rank_hosts) or cause.ranks,
             explanation=(f"the run was interrupted: {who} {how}{_at(cause)}{progress}. Collectives that some ranks "
                          "had entered and others had not are where each rank was stopped, not a hang."),
@@ -406,7 +406,7 @@ def _interrupted(tables: Tables, cause: stops.Stop, record: list[stops.Stop], st
             metrics={"signal": cause.detail, "stalled_s": stalled_s, "cause": cause.kind},
             evidence=cause.evidence[:12], time_range=_instant(cause),
         )
-    return Finding(
+    return Candidate(
         kind="interrupted", severity="critical", ranks=cause.ranks,
         explanation=f"{who} {how}{_at(cause)}{progress}.{_followed(tables, cause, record)}",
         suggestion=(f"The job failed because {who} was stopped, not because of its code: find who sent "
@@ -456,12 +456,12 @@ def _at(stop: stops.Stop) -> str:
     return f" at {_clock(int(stop.time * 1e9))}" if stop.time is not None else ""
 
 
-def _mismatch_in_logs(tables: Tables) -> list[Finding]:
+def _mismatch_in_logs(tables: Tables) -> list[Candidate]:
     found = []
     for rank, events in sorted(tables.log_events.items()):
         for e in events:
             if e.kind in ("size_mismatch", "collective_mismatch"):
-                found.append(Finding(
+                found.append(Candidate(
                     kind="collective_mismatch", severity="critical", ranks=[rank],
                     explanation=f"rank {rank} received a collective that does not match its own: {e.text[:300]}",
                     suggestion="The ranks issued different collectives or sizes at the same point: make every rank "
@@ -473,13 +473,13 @@ def _mismatch_in_logs(tables: Tables) -> list[Finding]:
     return found
 
 
-def _hang_in_user_code(tables: Tables) -> Finding | None:
+def _hang_in_user_code(tables: Tables) -> Candidate | None:
     in_torch = {r for r in tables.stacks if _waiting_in_torch(tables, r)}
     outside = sorted(set(tables.stacks) - in_torch)
     if not outside or not in_torch:
         return None
     waits = "; ".join(f"rank {r} waits in {_innermost(tables, r)}" for r in sorted(in_torch)[:4])
-    return Finding(
+    return Candidate(
         kind="hang", severity="critical", ranks=outside,
         explanation=(f"rank{'s' if len(outside) > 1 else ''} {_list(outside)} "
                      f"{'are' if len(outside) > 1 else 'is'} outside any collective, in "
@@ -491,9 +491,9 @@ def _hang_in_user_code(tables: Tables) -> Finding | None:
     )
 
 
-def _mismatch(m: fr.Mismatch) -> Finding:
+def _mismatch(m: fr.Mismatch) -> Candidate:
     versions = "; ".join(f"rank {r}: {v}" for r, v in sorted(m.versions.items())[:8])
-    return Finding(
+    return Candidate(
         kind="collective_mismatch", severity="critical", ranks=sorted(m.versions),
         explanation=f"ranks disagree on collective #{m.seq} of the {m.pg_desc or m.pg} group: {versions}.",
         suggestion="The ranks issued different collectives (or shapes) at the same point: make every rank run "

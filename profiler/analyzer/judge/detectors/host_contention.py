@@ -11,14 +11,14 @@ from __future__ import annotations
 from diagtrain.profiler.analyzer.judge.contention import Contention, host_loads
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady
 from diagtrain.profiler.util.text import ranges
-from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.judge.findings import Candidate
 from diagtrain.profiler.analyzer.run.tables import Tables
 
 # Its thresholds are contention.py's, which also lowers the stragglers and late ranks it explains.
 SETTINGS = (Contention, Steady)
 
 
-def detect(tables: Tables) -> list[Finding]:
+def detect(tables: Tables) -> list[Candidate]:
     """One info finding per host whose CPUs other processes contended, or whose ranks waited for a CPU."""
     s = Contention.active()
     steps = steady(tables.steps)
@@ -35,7 +35,7 @@ def detect(tables: Tables) -> list[Finding]:
         if load.runq_ms is not None and load.runq_share is not None:
             said.append(f"Ranks {ranges(load.ranks)} waited {load.runq_ms:.1f} ms per step ({load.runq_share:.0%}) "
                         "for a CPU.")
-        findings.append(Finding(
+        findings.append(Candidate(
             kind="host_contention", severity="info", ranks=load.ranks, steps=stepped, time_range=load.time_range,
             explanation=" ".join(said) + " Step times and differences between ranks on this host reflect the host's "
                         "load as much as the job; a rank slowed by it is not reported as a straggler.",

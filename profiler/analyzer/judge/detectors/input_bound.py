@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady_job_steps, time_range
-from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.judge.findings import Candidate
 from diagtrain.profiler.analyzer.run import job_time
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.util.settings import section, setting
@@ -31,7 +31,7 @@ class InputBound:
 SETTINGS = (InputBound, Steady)
 
 
-def detect(tables: Tables) -> list[Finding]:
+def detect(tables: Tables) -> list[Candidate]:
     """One finding when the ranks' shared data wait is a good share of most steady steps."""
     s = InputBound.active()
     steps = steady_job_steps(tables)
@@ -45,7 +45,7 @@ def detect(tables: Tables) -> list[Finding]:
     if len(waiting) < s.min_rank_share * tables.steps["rank"].nunique():
         return []
     per_step, step_ms = float(np.median(data)), float(steps["time_ms"].median())
-    return [Finding(
+    return [Candidate(
         kind="input_bound", severity="info", ranks=sorted(waiting), steps=[int(x) for x in steps["step"]],
         time_range=time_range(steps),
         explanation=(f"the job is bound by its input: its ranks wait {per_step:.1f} ms for their next batch in a "

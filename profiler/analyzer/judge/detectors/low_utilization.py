@@ -6,7 +6,7 @@ GPU waits (for data, the host, or communication), not that its SMs are partly us
 
 from __future__ import annotations
 
-from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.judge.findings import Candidate
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.util.settings import section, setting
 
@@ -22,7 +22,7 @@ class LowUtilization:
 SETTINGS = (LowUtilization,)
 
 
-def detect(tables: Tables) -> list[Finding]:
+def detect(tables: Tables) -> list[Candidate]:
     """Ranks whose GPU's median utilization during steps is below ``low_util_percent``."""
     s = LowUtilization.active()
     t = tables.telemetry
@@ -34,7 +34,7 @@ def detect(tables: Tables) -> list[Finding]:
         util = float(rows["gpu_util_percent"].median())
         if len(rows) < s.min_samples or util >= s.low_util_percent:
             continue
-        findings.append(Finding(
+        findings.append(Candidate(
             kind="low_utilization", severity="warning", ranks=[int(rank)],
             steps=sorted(int(step) for step in rows["step"].unique()),
             explanation=(f"rank {int(rank)}'s GPU runs kernels only {util:.0f}% of the time during steps "

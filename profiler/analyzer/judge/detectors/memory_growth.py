@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady, time_range
-from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.judge.findings import Candidate
 from diagtrain.profiler.analyzer.run.tables import Tables, unix_seconds
 from diagtrain.profiler.util.groups import distinct_rows, median_of_others
 from diagtrain.profiler.util.settings import section, setting
@@ -87,7 +87,7 @@ class Growth:
         return self.rate * 60e3 / self.step_ms if self.step_ms > 0 else None
 
 
-def detect(tables: Tables) -> list[Finding]:
+def detect(tables: Tables) -> list[Candidate]:
     """Ranks whose memory rises step after step after warm-up."""
     s = MemoryGrowth.active()
     steps = steady(tables.steps, at_least=s.min_steps)
@@ -222,7 +222,7 @@ def _capacity(growths: list[Growth], tables: Tables) -> None:
         g.steps_left = max(0.0, g.capacity_bytes - float(used)) / rate
 
 
-def _finding(found: list[Growth], tables: Tables, s: MemoryGrowth) -> Finding:
+def _finding(found: list[Growth], tables: Tables, s: MemoryGrowth) -> Candidate:
     lead = found[0]  # the GPU's when it grows: what the job runs out of first
     rank = lead.rank
     rows = tables.steps[(tables.steps["rank"] == rank) & tables.steps["step"].isin(lead.steps)]
@@ -233,7 +233,7 @@ def _finding(found: list[Growth], tables: Tables, s: MemoryGrowth) -> Finding:
         sentences.append("The GPU's capacity is unknown (no NVML telemetry): when it would be full cannot be said."
                          if lead.memory == "gpu_allocated_bytes" else
                          "The host's free memory is unknown (no telemetry): when it would run out cannot be said.")
-    return Finding(
+    return Candidate(
         kind="memory_growth", severity=severity, ranks=[rank], steps=lead.steps,
         time_range=time_range(rows),
         explanation=f"rank {rank}'s memory grows step after step, as a leak does: " + " ".join(sentences),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.judge.findings import Candidate
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.util.settings import section, setting
 from diagtrain.profiler.model.precision import bytes_per_parameter
@@ -20,7 +20,7 @@ class MemoryImbalance:
 SETTINGS = (MemoryImbalance,)
 
 
-def detect(tables: Tables) -> list[Finding]:
+def detect(tables: Tables) -> list[Candidate]:
     """Ranks whose peak memory stands above their peers' median by the ratio and the bytes."""
     s = MemoryImbalance.active()
     if "peak_mem_bytes" not in tables.steps or tables.steps["peak_mem_bytes"].isna().all():
@@ -38,14 +38,14 @@ def detect(tables: Tables) -> list[Finding]:
     return findings
 
 
-def _finding(tables: Tables, rank: int, peak: float, median: float, s: MemoryImbalance) -> Finding:
+def _finding(tables: Tables, rank: int, peak: float, median: float, s: MemoryImbalance) -> Candidate:
     params = tables.parameters.get(rank)
     # The run does not say how it trains: the model state of the assumed precision (16 bytes a parameter).
     per_param = bytes_per_parameter()
     expected = params * per_param if params else None
     where = (f"; the model state it holds needs about {expected / MIB:.0f} MiB "
              f"({params:,} parameters x {per_param} bytes)") if expected else ""
-    return Finding(
+    return Candidate(
         kind="memory_imbalance", severity="warning", ranks=[rank],
         explanation=(f"rank {rank} peaks at {peak / MIB:.0f} MiB, {(peak - median) / MIB:.0f} MiB "
                      f"({peak / median:.2f}x) above its peers' median of {median / MIB:.0f} MiB{where}."),

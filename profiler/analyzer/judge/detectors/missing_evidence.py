@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady, informative_phases
 from diagtrain.profiler.analyzer.judge.detectors.pipeline_bubble import stage_work
-from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.judge.findings import Candidate
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.util.settings import section, setting
 
@@ -27,7 +27,7 @@ PROFILE_HINT = "diagtrain run --profile-steps 4-6 -- <your command>"
 SETTINGS = (MissingEvidence, Steady)
 
 
-def detect(tables: Tables) -> list[Finding]:
+def detect(tables: Tables) -> list[Candidate]:
     """One info finding per verdict the run's evidence could not reach, with how to reach it."""
     s = MissingEvidence.active()
     steps = tables.steps
@@ -38,13 +38,13 @@ def detect(tables: Tables) -> list[Finding]:
     return [f for f in found if f is not None]
 
 
-def _finding(what: str, missing: str, how: str, ranks: list[int], **metrics) -> Finding:
-    return Finding(kind="missing_evidence", severity="info", ranks=ranks,
+def _finding(what: str, missing: str, how: str, ranks: list[int], **metrics) -> Candidate:
+    return Candidate(kind="missing_evidence", severity="info", ranks=ranks,
                    explanation=f"{what} could not be checked: {missing}.", suggestion=how,
                    metrics={"check": what, **metrics})
 
 
-def _too_few_steps(tables: Tables) -> Finding | None:
+def _too_few_steps(tables: Tables) -> Candidate | None:
     n = int(tables.steps["step"].nunique())
     steady = Steady.active()
     min_steps = steady.warmup_steps + steady.min_steady_steps
@@ -55,7 +55,7 @@ def _too_few_steps(tables: Tables) -> Finding | None:
                     f"Run at least {min_steps + 2} steps.", _ranks(tables), steps=n)
 
 
-def _no_per_rank_evidence(tables: Tables, s: MissingEvidence) -> Finding | None:
+def _no_per_rank_evidence(tables: Tables, s: MissingEvidence) -> Candidate | None:
     """Peers exist but nothing separates a rank's own work from its waiting for the others."""
     steps = tables.steps
     if not any(len(peers) > 1 for peers in tables.structure.peer_groups(_ranks(tables))):
@@ -77,7 +77,7 @@ def _no_per_rank_evidence(tables: Tables, s: MissingEvidence) -> Finding | None:
                     "with diagtrain.profiler.instrument.StepRecorder).", _ranks(tables), profiled_steps=profiled)
 
 
-def _pipeline_without_busy_time(tables: Tables) -> Finding | None:
+def _pipeline_without_busy_time(tables: Tables) -> Candidate | None:
     s = tables.structure
     if s.n_stages < 2 or stage_work(tables) is not None:
         return None
@@ -87,7 +87,7 @@ def _pipeline_without_busy_time(tables: Tables) -> Finding | None:
                     stages=s.n_stages)
 
 
-def _hang_without_dumps(tables: Tables) -> Finding | None:
+def _hang_without_dumps(tables: Tables) -> Candidate | None:
     if tables.manifest.get("status") != "hung" or tables.dumps or tables.stacks:
         return None
     return _finding("where the job hangs", "no rank left a flight-recorder dump or its stacks",

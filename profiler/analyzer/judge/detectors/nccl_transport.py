@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.judge.findings import Candidate
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.util.settings import section, setting
 
@@ -24,7 +24,7 @@ class NcclTransport:
 SETTINGS = (NcclTransport,)
 
 
-def detect(tables: Tables) -> list[Finding]:
+def detect(tables: Tables) -> list[Candidate]:
     """Socket transports, network between GPUs of one host, and NCCL's warnings, from the NCCL logs."""
     s = NcclTransport.active()
     logs = tables.nccl_logs
@@ -33,12 +33,12 @@ def detect(tables: Tables) -> list[Finding]:
     return [f for f in (_sockets(tables, s), _same_host_network(tables, s), _warnings(tables, s)) if f]
 
 
-def _sockets(tables: Tables, s: NcclTransport) -> Finding | None:
+def _sockets(tables: Tables, s: NcclTransport) -> Candidate | None:
     edges = {r: [e for e in log.transports if e.family == "NET/Socket"] for r, log in tables.nccl_logs.items()}
     ranks = sorted(r for r, found in edges.items() if found)
     if not ranks:
         return None
-    return Finding(
+    return Candidate(
         kind="nccl_transport", severity="warning", ranks=ranks,
         explanation=(f"NCCL on ranks {', '.join(map(str, ranks))} sends over NET/Socket (TCP), "
                      "typically 10-50x slower than InfiniBand/RoCE for the same collective."),
@@ -51,7 +51,7 @@ def _sockets(tables: Tables, s: NcclTransport) -> Finding | None:
     )
 
 
-def _same_host_network(tables: Tables, s: NcclTransport) -> Finding | None:
+def _same_host_network(tables: Tables, s: NcclTransport) -> Candidate | None:
     hosts = tables.rank_hosts
     crossing = defaultdict(list)
     for rank, log in tables.nccl_logs.items():
@@ -62,7 +62,7 @@ def _same_host_network(tables: Tables, s: NcclTransport) -> Finding | None:
     if not crossing:
         return None
     ranks = sorted(crossing)
-    return Finding(
+    return Candidate(
         kind="nccl_transport", severity="warning", ranks=ranks,
         explanation=(f"GPUs on the same host use the network between them (ranks {', '.join(map(str, ranks))}): "
                      "NCCL did not use P2P (NVLink/PCIe) or shared memory."),
@@ -74,12 +74,12 @@ def _same_host_network(tables: Tables, s: NcclTransport) -> Finding | None:
     )
 
 
-def _warnings(tables: Tables, s: NcclTransport) -> Finding | None:
+def _warnings(tables: Tables, s: NcclTransport) -> Candidate | None:
     found = {r: log.warnings for r, log in tables.nccl_logs.items() if log.warnings}
     if not found:
         return None
     first_rank = min(found)
-    return Finding(
+    return Candidate(
         kind="nccl_transport", severity="warning", ranks=sorted(found),
         explanation=(f"NCCL printed {sum(map(len, found.values()))} warnings on ranks {', '.join(map(str, sorted(found)))}; "
                      f"first: {found[first_rank][0].text}"),

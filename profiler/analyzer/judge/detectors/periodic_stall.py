@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady_job_steps, time_range
-from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.judge.findings import Candidate
 from diagtrain.profiler.analyzer.run import job_time
 from diagtrain.profiler.util.settings import section, setting
 from diagtrain.profiler.util.stats import MAD_TO_SIGMA
@@ -50,7 +50,7 @@ PART_WORDS = {
 }
 
 
-def detect(tables: Tables) -> list[Finding]:
+def detect(tables: Tables) -> list[Candidate]:
     """One finding per run whose shared stalls recur at a fixed interval."""
     s = PeriodicStall.active()
     steps = steady_job_steps(tables)
@@ -73,7 +73,7 @@ def detect(tables: Tables) -> list[Finding]:
     extra = (rows["time_ms"] - normal_ms).clip(lower=0.0)
     part, grew_ms = _grown_part(rows, others)
     words = PART_WORDS.get(part, f"the {part} phase")
-    return [Finding(
+    return [Candidate(
         kind="periodic_stall", severity="info", ranks=sorted(int(r) for r in tables.ledger["rank"].unique()),
         steps=stalls, time_range=time_range(rows),
         explanation=(f"every {every} steps (steps {ranges(stalls)}) every rank's step takes {float(extra.median()):.0f} "

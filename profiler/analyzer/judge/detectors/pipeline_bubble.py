@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady
-from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.judge.findings import Candidate
 from diagtrain.profiler.analyzer.run.device_time import timed_on_device
 from diagtrain.profiler.analyzer.run.ledger import cpu_wait
 from diagtrain.profiler.analyzer.run.tables import Tables
@@ -61,7 +61,7 @@ class StageWork:
         return self.busy, self.source
 
 
-def detect(tables: Tables) -> list[Finding]:
+def detect(tables: Tables) -> list[Candidate]:
     """Too few microbatches for the stages, and stages of unequal work (or the pipeline as measured)."""
     settings = PipelineBubble.active()
     s = tables.structure
@@ -152,12 +152,12 @@ def _timed(steps: pd.DataFrame, busy: pd.Series, wall: pd.Series, source: str) -
     return StageWork(by_stage["busy"], by_stage["idle"].clip(lower=0.0), source, per_step=per_step)
 
 
-def _few_microbatches(tables: Tables, p: int, m: int, bubble: float, settings: PipelineBubble) -> Finding:
+def _few_microbatches(tables: Tables, p: int, m: int, bubble: float, settings: PipelineBubble) -> Candidate:
     steps = steady(tables.steps)
     wall = float(steps["wall_ms"].median()) if len(steps) else None
     suggested = settings.microbatches_per_stage * p
     s = tables.structure
-    return Finding(
+    return Candidate(
         kind="pipeline_bubble", severity="warning", ranks=sorted(int(r) for r in steps["rank"].unique()),
         explanation=(f"{m} microbatch{'es' if m != 1 else ''} for {p} pipeline stages: each stage idles "
                      f"(p-1)/(m+p-1) = {bubble:.0%} of every step waiting for the pipeline to fill and drain."),
@@ -171,7 +171,7 @@ def _few_microbatches(tables: Tables, p: int, m: int, bubble: float, settings: P
     )
 
 
-def _stages(tables: Tables, work: StageWork, bubble: float | None, settings: PipelineBubble) -> Finding:
+def _stages(tables: Tables, work: StageWork, bubble: float | None, settings: PipelineBubble) -> Candidate:
     busy = work.busy
     amount, compared_by = work.work
     s = tables.structure
@@ -202,7 +202,7 @@ def _stages(tables: Tables, work: StageWork, bubble: float | None, settings: Pip
                           "split (other processes on the host, a slower device)." if slowed else "")
                        + _by_turns(work, settings))
     layers = (tables.trainer or {}).get("stage_layers")
-    return Finding(
+    return Candidate(
         kind="pipeline_bubble", severity="warning" if unequal else "info",
         ranks=s.stage_ranks(busiest) if unequal else sorted(s.stages),
         explanation=explanation + (f" Layers per stage: {layers}." if layers and unequal else ""),

@@ -25,7 +25,7 @@ from diagtrain.profiler.analyzer.judge.detectors.base import (
     late_arrivals,
 )
 from diagtrain.profiler.analyzer.judge.quantities import SlowCause
-from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.judge.findings import Candidate
 from diagtrain.profiler.analyzer.run.tables import Tables
 
 
@@ -46,7 +46,7 @@ class SlowCollective:
 SETTINGS = (SlowCollective, LateArrival)
 
 
-def detect(tables: Tables) -> list[Finding]:
+def detect(tables: Tables) -> list[Candidate]:
     """Ranks persistently late at collectives, and groups whose transfers are slow for their size."""
     s = SlowCollective.active()
     c = tables.collectives
@@ -56,7 +56,7 @@ def detect(tables: Tables) -> list[Finding]:
     return _late_ranks(c, profiled_steps, s) + _slow_twin_groups(tables, s) + _intermittent(tables, s)
 
 
-def _late_ranks(c: pd.DataFrame, profiled_steps: int, s: SlowCollective) -> list[Finding]:
+def _late_ranks(c: pd.DataFrame, profiled_steps: int, s: SlowCollective) -> list[Candidate]:
     """One finding per rank that is persistently late in some process group (each judged alone)."""
     findings = []
     late_arrival = LateArrival.active()
@@ -76,7 +76,7 @@ def _late_ranks(c: pd.DataFrame, profiled_steps: int, s: SlowCollective) -> list
         paused = ("" if pd.isna(gap) else f"; right before each call it pauses {gap:.1f} ms longer than its peers"
                   if gap >= s.min_gap_ms else "; it pauses no longer than its peers right before its calls")
         lateness, count = float(rows["lateness_ms"].mean()), int(rows["collectives"].sum())
-        findings.append(Finding(
+        findings.append(Candidate(
             kind="slow_collective", severity="warning" if before_calls else "info", ranks=[int(rank)],
             explanation=(f"rank {rank} arrives last at collectives: {where}{paused}; its peers wait about "
                          f"{per_collective:.1f} ms in each"
@@ -110,7 +110,7 @@ def _transfers(c: pd.DataFrame, s: SlowCollective) -> pd.DataFrame:
                         size=known["group_ranks"].map(len))
 
 
-def _slow_twin_groups(tables: Tables, s: SlowCollective) -> list[Finding]:
+def _slow_twin_groups(tables: Tables, s: SlowCollective) -> list[Candidate]:
     """Groups far slower than the other groups of the same kind moving the same sizes."""
     t = _transfers(tables.collectives, s)
     findings = []
@@ -129,7 +129,7 @@ def _slow_twin_groups(tables: Tables, s: SlowCollective) -> list[Finding]:
     return findings
 
 
-def _intermittent(tables: Tables, s: SlowCollective) -> list[Finding]:
+def _intermittent(tables: Tables, s: SlowCollective) -> list[Candidate]:
     """A group whose transfers of one size are often far slower than its own best for that size."""
     if not tables.on_gpu:
         return []  # on gloo, transfer times vary with the host's scheduling: not a link's doing
@@ -149,13 +149,13 @@ def _intermittent(tables: Tables, s: SlowCollective) -> list[Finding]:
 
 
 def _bandwidth_finding(tables: Tables, rows: pd.DataFrame, op: str, bucket: float, measured: str,
-                       expected: float, s: SlowCollective) -> Finding:
+                       expected: float, s: SlowCollective) -> Candidate:
     group = rows["group"].iloc[0]
     ranks = sorted(int(r) for r in rows["group_ranks"].iloc[0]) or sorted(
         int(r) for r in tables.collectives.loc[tables.collectives["group"] == group, "rank"].unique())
     transports = sorted({e.via for r in ranks for e in (tables.nccl_logs.get(r).transports
                                                         if tables.nccl_logs.get(r) else [])})
-    return Finding(
+    return Candidate(
         kind="slow_collective", severity="warning" if tables.on_gpu else "info", ranks=ranks,
         explanation=(f"{op} of about {_size(2 ** bucket)} on the {_label(rows)} group [{','.join(map(str, ranks))}] "
                      f"reach {measured} (transfer time after the last rank arrived)"

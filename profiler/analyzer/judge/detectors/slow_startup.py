@@ -8,7 +8,7 @@ start, imports, the process group's set-up, then building the job and its first 
 from __future__ import annotations
 
 from diagtrain.profiler.analyzer.judge.detectors.base import job_totals
-from diagtrain.profiler.analyzer.judge.findings import UPPER_BOUND, Finding
+from diagtrain.profiler.analyzer.judge.findings import UPPER_BOUND, Candidate
 from diagtrain.profiler.analyzer.run import job_time
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.util.settings import section, setting
@@ -35,7 +35,7 @@ SEGMENT_WORDS = {
 }
 
 
-def detect(tables: Tables) -> list[Finding]:
+def detect(tables: Tables) -> list[Candidate]:
     """One finding when the start-up took ``min_s`` or more and ``min_share`` of the run or more."""
     s = SlowStartup.active()
     totals = job_totals(tables)
@@ -46,7 +46,7 @@ def detect(tables: Tables) -> list[Finding]:
         return []
     longest = max(totals.startup, key=totals.startup.get)
     split = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in totals.startup.items())
-    return [Finding(
+    return [Candidate(
         kind="slow_startup", severity="info", ranks=sorted(int(r) for r in tables.steps["rank"].unique()),
         steps=[],
         time_range=(totals.launched_at, totals.launched_at + startup) if totals.launched_at else None,

@@ -19,7 +19,7 @@ import pandas as pd
 from diagtrain.profiler.util.settings import section, setting
 from diagtrain.profiler.analyzer.judge.detectors.base import (LateArrival, Steady, onset, informative_phases, late_on_their_path,
                                                               steady, time_range)
-from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.judge.findings import Candidate
 from diagtrain.profiler.analyzer.judge.own_time import SOURCE as COUNTERS, OwnTime, blocked_column, own_time, waited
 from diagtrain.profiler.analyzer.judge.quantities import (CAUSE_OF, DEVICE_MEASURES, DeviceCause, Measure, Quantity,
                                                            phase as phase_quantity)
@@ -67,7 +67,7 @@ TIME_SOURCE = {"trace": "trace", DEVICE: "device", "phases": "host", COUNTERS: "
 SETTINGS = (Straggler, Steady, LateArrival, OwnTime)
 
 
-def detect(tables: Tables) -> list[Finding]:
+def detect(tables: Tables) -> list[Candidate]:
     """Ranks whose own work, in some part of the step, stands above their peers' beyond the noise."""
     s = Straggler.active()
     steps = steady(tables.steps)
@@ -87,7 +87,7 @@ def detect(tables: Tables) -> list[Finding]:
     return findings
 
 
-def _stragglers(steps: pd.DataFrame, phases: list[str], s: Straggler) -> list[Finding]:
+def _stragglers(steps: pd.DataFrame, phases: list[str], s: Straggler) -> list[Candidate]:
     step_ms = float(steps["wall_ms"].median())
     threshold = max(s.min_excess_ms, s.min_excess_share * step_ms)
     slow, compared, measured = _excess(steps, phases, threshold, step_ms, s)  # rank, step, phase, excess_ms, value_ms, peer_ms
@@ -118,7 +118,7 @@ def _stragglers(steps: pd.DataFrame, phases: list[str], s: Straggler) -> list[Fi
         cause = CAUSE_OF.get(measured[phase].measure)
         if cause is DeviceCause.HOST_LATE and _waited_for_data(steps, int(rank), rows["step"], s.data_share * per_step):
             continue  # its host waited for data: the dataloader_stall detector's finding, priced by the device's idle time
-        findings.append(Finding(
+        findings.append(Candidate(
             kind="straggler",
             severity="info" if same_work else _severity(per_step, rows["step"].nunique() / max(since, 1), step_ms, s),
             ranks=[int(rank)], steps=sorted(int(s) for s in rows["step"]),

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from diagtrain.profiler.analyzer.read.inputs import MAX_LINES_BYTES
 from diagtrain.profiler.run_dir import closed_segments, segment_path
-from diagtrain.profiler.util.bounded_read import InputError, open_regular, read_input
+from diagtrain.profiler.util.bounded_read import MAX_LINES_BYTES, InputError, open_regular, read_input
 
 LIST_ATTEMPTS = 5  # a rank closes a segment a day: a second close while one listing is taken is already rare
 
