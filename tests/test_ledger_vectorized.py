@@ -9,9 +9,10 @@ import numpy as np
 import pandas as pd
 from hypothesis import given, settings, strategies as st
 
-from diagtrain.profiler.analyzer.judge.detectors.straggler import Straggler, _Candidates, _over_peers
+from diagtrain.profiler.analyzer.judge.detectors.straggler import Straggler, _Candidates
 from diagtrain.profiler.analyzer.run import ledger as lg
 from diagtrain.profiler.util.groups import median_by, median_of_others, positions_by
+from straggler_reference import over_peers
 
 PARTS = ["forward", "backward", lg.OUTSIDE]
 # Few distinct values: ties between ranks (which one is the top, which median) are the hard cases.
@@ -158,8 +159,13 @@ def test_the_straggler_candidates_of_all_steps_are_each_steps(case, threshold):
     rank, step, values, usual, noise = case
     s = Straggler()
     by_step = positions_by(step)
-    candidates = _Candidates(by_step, values, usual, noise, threshold, 40.0, s)
+    numbers, at = np.unique(step, return_inverse=True)
+    candidates = _Candidates(at, len(numbers), values, usual, noise, threshold, 40.0, s)
     for k, (number, rows) in enumerate(by_step):
-        expected = _over_peers(number, rank[rows], values[rows], "forward", usual[rows], noise[rows], "phases",
-                               threshold, 40.0, s)
-        assert candidates.found(k, number, rank, values, "forward", "phases") == expected, (k, rows)
+        expected = over_peers(number, rank[rows], values[rows], "forward", usual[rows], noise[rows], "phases",
+                              threshold, 40.0, s)
+        found = [] if not candidates.ok[k] else [{
+            "rank": int(rank[candidates.top[k]]), "step": int(number), "phase": "forward",
+            "excess_ms": candidates.excess[k], "value_ms": float(candidates.value[k]),
+            "peer_ms": float(candidates.peer[k]), "source": "phases", "threshold_ms": float(candidates.limit[k])}]
+        assert found == expected, (k, rows)
