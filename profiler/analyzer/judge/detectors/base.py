@@ -63,7 +63,7 @@ class Onset:
     min_after: int = setting(3, "... with at least this many of its steps after it")
 
 
-def onset(flagged: list[int], steps: list[int]) -> int | None:
+def onset(flagged: list[int] | np.ndarray, steps: list[int] | np.ndarray) -> int | None:
     """The step a cause flagged in ``flagged`` (of ``steps``, in order) began at, where it came far more often from
     a step on than before it (Onset); None where it came at one rate (its first step is then its start)."""
     s = Onset.active()

@@ -67,6 +67,7 @@ RECORDED = (Measure.DEVICE_IDLE, Measure.DEVICE_BUSY, Measure.PHASE, Measure.OWN
 # Which time each kind of evidence measured (a finding's ``metrics["time_source"]``).
 TIME_SOURCE = {"trace": "trace", DEVICE: "device", "phases": "host", COUNTERS: "host"}
 SETTINGS = (Straggler, Steady, LateArrival, OwnTime)
+EVIDENCE_STEPS = 20  # the steps a finding shows as its evidence: its first ones (the report is read, not the run)
 
 
 def detect(tables: Tables) -> list[Finding]:
@@ -103,17 +104,18 @@ def _stragglers(steps: pd.DataFrame, phases: list[str], s: Straggler) -> list[Fi
         by_source = rows.groupby("source")["step"].nunique()
         source = max(by_source.index, key=lambda src: (by_source[src], -SOURCES.index(src)))
         # Per step it could be seen in: traces cover only the profiled steps.
-        seen_in = sorted(steps.loc[steps["profiled"], "step"].unique() if (rows["source"] == "trace").all()
-                         else steps["step"].unique())
-        began = onset(sorted(int(x) for x in rows["step"].unique()), seen_in)
-        blips = sorted({int(x) for x in rows.loc[rows["step"] < began, "step"]}) if began is not None else []
+        # Arrays, not lists of steps: a long run's straggler is slow in hundreds of thousands of them.
+        seen_in = np.unique(steps.loc[steps["profiled"], "step"] if (rows["source"] == "trace").all() else steps["step"])
+        flagged = np.unique(rows["step"].to_numpy())
+        began = onset(flagged, seen_in)
+        blips = int((flagged < began).sum()) if began is not None else 0
         if blips:  # before it began: a busy host's pauses, told apart
             rows = rows[rows["step"] >= began]
         phase = rows.loc[rows["source"] == source, "phase"].mode().iloc[0]
         per_step = float(rows["excess_ms"].median())
         observed = len(seen_in)
         impact = float(rows["excess_ms"].sum() / max(observed, 1))
-        since = sum(x >= began for x in seen_in) if began is not None else observed
+        since = int((seen_in >= began).sum()) if began is not None else observed
         others = sorted(int(r) for r in steps["rank"].unique() if r != rank)
         work = _work_ratio(steps, int(rank), rows["step"]) if measured[phase].measure is Measure.COMPUTE else None
         same_work = work is not None and work < s.more_work
@@ -123,8 +125,9 @@ def _stragglers(steps: pd.DataFrame, phases: list[str], s: Straggler) -> list[Fi
         findings.append(Finding(
             kind="straggler",
             severity="info" if same_work else _severity(per_step, rows["step"].nunique() / max(since, 1), step_ms, s),
-            ranks=[int(rank)], steps=sorted(int(s) for s in rows["step"]),
-            time_range=time_range(steps[steps["rank"].eq(rank) & steps["step"].isin(rows["step"])]),
+            ranks=[int(rank)], steps=rows["step"].sort_values().tolist(),
+            time_range=time_range(steps.loc[steps["rank"].eq(rank) & steps["step"].isin(rows["step"]),
+                                            [c for c in ("start", "end") if c in steps]]),
             explanation=(
                 f"rank {rank} is a straggler {_when(rows['step'], began, blips)}: {phase} "
                 f"{rows['value_ms'].median():.1f} ms, {per_step:.1f} ms more than its peers' "
@@ -144,10 +147,10 @@ def _stragglers(steps: pd.DataFrame, phases: list[str], s: Straggler) -> list[Fi
                      "quantity": measured[phase].key,
                      "step_time_median_ms": step_ms,
                      "source": source, "steps_seen": _seen(compared, int(rank), steps, source),
-                     "onset_step": began, "blips_before_onset": len(blips),
+                     "onset_step": began, "blips_before_onset": blips,
                      "time_source": TIME_SOURCE[source], **({"cause": cause.value} if cause else {})},
             evidence=[{"type": "steps", "rank": int(rank), "step": int(s), "phase": p, "excess_ms": round(float(e), 3)}
-                      for s, p, e in zip(rows["step"], rows["phase"], rows["excess_ms"])][:20],
+                      for s, p, e in rows[["step", "phase", "excess_ms"]].head(EVIDENCE_STEPS).itertuples(index=False)],
             impact_ms=impact,
         ))
     return findings
@@ -168,11 +171,12 @@ DEVICE_SUGGESTIONS = {
 }
 
 
-def _when(slow_steps: pd.Series, began: int | None, blips: list[int]) -> str:
-    """``in steps 3-5, 9`` or, for a cause with an onset, ``since step 100 (steps 100-200; ...)``."""
+def _when(slow_steps: pd.Series, began: int | None, blips: int) -> str:
+    """``in steps 3-5, 9`` or, for a cause with an onset, ``since step 100 (steps 100-200; ...)`` (``blips``: the
+    slow steps before it, left out)."""
     if began is None:
         return f"in steps {ranges(slow_steps)}"
-    before = f"; {len(blips)} slow step{'s' if len(blips) > 1 else ''} before it, now and then, left out" if blips else ""
+    before = f"; {blips} slow step{'s' if blips > 1 else ''} before it, now and then, left out" if blips else ""
     return f"since step {began} (steps {ranges(slow_steps)}{before})"
 
 
