@@ -61,7 +61,8 @@ def verdict(candidate: Finding, assessments: list[Assessment]) -> Finding | None
     another finding explains it."""
     if any(a.drop for a in assessments):
         return None
-    f = copy.deepcopy(candidate)
+    # Its steps are ints: copied as one list (deepcopy walked a long run's hundreds of thousands one by one).
+    f = copy.deepcopy(candidate, memo={id(candidate.steps): list(candidate.steps)})
     for a in assessments:
         f.metrics.update(a.metrics)
         f.settings.update(a.settings)

@@ -9,6 +9,7 @@ import pandas as pd
 
 from diagtrain.profiler.analyzer.run import job_time
 from diagtrain.profiler.analyzer.run.job_time import JobTime
+from diagtrain.profiler.util.groups import distinct
 from diagtrain.profiler.util.settings import section, setting
 from diagtrain.profiler.util.stats import binomial_tail, rate_change
 
@@ -206,7 +207,7 @@ def job_totals(tables: Tables) -> JobTime | None:
     steps = tables.job_steps
     if steps.empty:
         return None
-    kept = sorted(int(s) for s in steady(steps[["step"]])["step"].unique())
+    kept = distinct(steady(steps[["step"]])["step"]).tolist()
     return job_time.totals(tables, kept, finished=tables.manifest.get("status") != "running")
 
 

@@ -28,7 +28,7 @@ from diagtrain.profiler.analyzer.judge.quantities import (CAUSE_OF, DEVICE_MEASU
 from diagtrain.profiler.analyzer.run.device_time import on_device
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.util.stats import MAD_TO_SIGMA
-from diagtrain.profiler.util.groups import median_by
+from diagtrain.profiler.util.groups import distinct, median_by
 from diagtrain.profiler.util.text import ranges
 
 
@@ -105,8 +105,8 @@ def _stragglers(steps: pd.DataFrame, phases: list[str], s: Straggler) -> list[Fi
         source = max(by_source.index, key=lambda src: (by_source[src], -SOURCES.index(src)))
         # Per step it could be seen in: traces cover only the profiled steps.
         # Arrays, not lists of steps: a long run's straggler is slow in hundreds of thousands of them.
-        seen_in = np.unique(steps.loc[steps["profiled"], "step"] if (rows["source"] == "trace").all() else steps["step"])
-        flagged = np.unique(rows["step"].to_numpy())
+        seen_in = distinct(steps.loc[steps["profiled"], "step"] if (rows["source"] == "trace").all() else steps["step"])
+        flagged = distinct(rows["step"])
         began = onset(flagged, seen_in)
         blips = int((flagged < began).sum()) if began is not None else 0
         if blips:  # before it began: a busy host's pauses, told apart
@@ -370,7 +370,7 @@ def _pairs(quantities: pd.DataFrame, at: np.ndarray) -> tuple[np.ndarray, np.nda
     if not len(at):
         return ranks, steps
     low, span = steps.min(), steps.max() - steps.min() + 1
-    pair = np.unique((ranks - ranks.min()) * span + (steps - low))
+    pair = distinct((ranks - ranks.min()) * span + (steps - low))
     return pair // span + ranks.min(), pair % span + low
 
 
