@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diagtrain.profiler.analyzer.judge.detectors.base import Steady, onset, profiled_steps, steady
+from diagtrain.profiler.analyzer.judge.detectors.base import Onset, Steady, onset, profiled_steps, steady
 from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, UPPER_BOUND, Finding
 from diagtrain.profiler.analyzer.judge.own_time import SOURCE as COUNTERS
 from diagtrain.profiler.analyzer.judge.quantities import CAUSE_OF, Measure, Quantity, SlowCause
@@ -101,8 +101,19 @@ def noise_ms(ledger: pd.DataFrame) -> float:
 
 
 def causes(t: Tables, c: Cost | None = None) -> tuple[list[Cause], dict[str, Any]]:
-    """Every cause charged in the run's steady steps, costliest first; and the run's totals."""
+    """Every cause charged in the run's steady steps, costliest first; and the run's totals. Made once per
+    ledger and settings: the pricing assessment and the report's ledger section both read them (each pass
+    over a long run's ledger took a second at 2 x 500,000 steps)."""
     c = c or Cost.active()
+    settings = tuple(tuple(values(s).items()) for s in (c, Steady.active(), Onset.active()))
+    held = t.memo.get("causes")
+    if held is None or held[0] is not t.ledger or held[1] != settings:
+        held = t.memo["causes"] = (t.ledger, settings, _causes(t, c))
+    found, totals = held[2]
+    return list(found), dict(totals)
+
+
+def _causes(t: Tables, c: Cost) -> tuple[list[Cause], dict[str, Any]]:
     ledger = _steady(t)
     if ledger.empty:
         return [], {}
@@ -210,8 +221,8 @@ def _steady(t: Tables) -> pd.DataFrame:
     ledger = getattr(t, "ledger", None)
     if ledger is None or ledger.empty:
         return pd.DataFrame()
-    kept = steady(ledger[["rank", "step"]].drop_duplicates())
-    return ledger[ledger["step"].isin(kept["step"].unique())]
+    kept = steady(pd.DataFrame({"step": distinct(ledger["step"])}))  # its distinct steps: steady counts only them
+    return ledger[ledger["step"].isin(kept["step"])]
 
 
 def _pattern(charged: list[int] | np.ndarray, steps: list[int] | np.ndarray, c: Cost) -> tuple[str, int | None]:
