@@ -32,6 +32,7 @@ from diagtrain.profiler.analyzer.judge.quantities import SlowCause
 from diagtrain.profiler.analyzer.judge.verdict import HOST, LEAK_TIME, MORE_WORK, Assessed, Assessment
 from diagtrain.profiler.analyzer.run.ledger import cpu_wait, crowded_hosts
 from diagtrain.profiler.analyzer.run.tables import Tables, unix_seconds
+from diagtrain.profiler.util.groups import distinct
 from diagtrain.profiler.util.settings import section, setting, values
 
 @section("contention")
@@ -390,7 +391,7 @@ def _more_work_finding(extra: MoreWork, severity: str, metrics: dict, remark: di
                     "layers), or do the extra work (logging, evaluation) off the training loop."),
         metrics={**metrics, "source": "counters", "observed_ms": extra.cpu_ms, "expected_ms": extra.peer_cpu_ms,
                  "excess_ms": extra.estimate_ms, "others": others},
-        steps=sorted(int(s) for s in steady(tables.steps)["step"].unique()),
+        steps=distinct(steady(tables.steps[["step"]])["step"]).tolist(),
         impact_ms=None, settings=values(Contention.active()))
 
 
