@@ -67,7 +67,6 @@ RECORDED = (Measure.DEVICE_IDLE, Measure.DEVICE_BUSY, Measure.PHASE, Measure.OWN
 # Which time each kind of evidence measured (a finding's ``metrics["time_source"]``).
 TIME_SOURCE = {"trace": "trace", DEVICE: "device", "phases": "host", COUNTERS: "host"}
 SETTINGS = (Straggler, Steady, LateArrival, OwnTime)
-EVIDENCE_STEPS = 20  # the steps a finding shows as its evidence: its first ones (the report is read, not the run)
 
 
 def detect(tables: Tables) -> list[Finding]:
@@ -150,7 +149,7 @@ def _stragglers(steps: pd.DataFrame, phases: list[str], s: Straggler) -> list[Fi
                      "onset_step": began, "blips_before_onset": blips,
                      "time_source": TIME_SOURCE[source], **({"cause": cause.value} if cause else {})},
             evidence=[{"type": "steps", "rank": int(rank), "step": int(s), "phase": p, "excess_ms": round(float(e), 3)}
-                      for s, p, e in rows[["step", "phase", "excess_ms"]].head(EVIDENCE_STEPS).itertuples(index=False)],
+                      for s, p, e in rows[["step", "phase", "excess_ms"]].head(20).itertuples(index=False)],
             impact_ms=impact,
         ))
     return findings
