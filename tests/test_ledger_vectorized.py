@@ -5,13 +5,16 @@ peer group included."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pandas as pd
 from hypothesis import given, settings, strategies as st
 
-from diagtrain.profiler.analyzer.judge.detectors.straggler import Straggler, _Candidates, _over_peers
+from diagtrain.profiler.analyzer.judge.detectors.straggler import Straggler, _Candidates
 from diagtrain.profiler.analyzer.run import ledger as lg
 from diagtrain.profiler.util.groups import median_by, median_of_others, positions_by
+from straggler_reference import over_peers
 
 PARTS = ["forward", "backward", lg.OUTSIDE]
 # Few distinct values: ties between ranks (which one is the top, which median) are the hard cases.
@@ -158,8 +161,39 @@ def test_the_straggler_candidates_of_all_steps_are_each_steps(case, threshold):
     rank, step, values, usual, noise = case
     s = Straggler()
     by_step = positions_by(step)
-    candidates = _Candidates(by_step, values, usual, noise, threshold, 40.0, s)
+    numbers, at = np.unique(step, return_inverse=True)
+    candidates = _Candidates(at, len(numbers), values, usual, noise, threshold, 40.0, s)
     for k, (number, rows) in enumerate(by_step):
-        expected = _over_peers(number, rank[rows], values[rows], "forward", usual[rows], noise[rows], "phases",
-                               threshold, 40.0, s)
-        assert candidates.found(k, number, rank, values, "forward", "phases") == expected, (k, rows)
+        expected = over_peers(number, rank[rows], values[rows], "forward", usual[rows], noise[rows], "phases",
+                              threshold, 40.0, s)
+        found = [] if not candidates.ok[k] else [{
+            "rank": int(rank[candidates.top[k]]), "step": int(number), "phase": "forward",
+            "excess_ms": candidates.excess[k], "value_ms": float(candidates.value[k]),
+            "peer_ms": float(candidates.peer[k]), "source": "phases", "threshold_ms": float(candidates.limit[k])}]
+        assert found == expected, (k, rows)
+
+
+def reference_cpu_floor(ledger: pd.DataFrame, t) -> pd.Series:
+    """The CPU floor as first written: each row's host looked up by a map over the rows."""
+    free = lg.free_cpus(t)
+    host = ledger["rank"].map(t.rank_hosts)
+    cores = host.map(free).astype(float)
+    if cores.isna().any() or ledger["cpu_ms"].isna().any():
+        return pd.Series(np.nan, index=ledger.index)
+    work = ledger["cpu_ms"] - ledger["cpu_excess_ms"].where(ledger["lost_ms"] > 0, 0.0)
+    return (work / cores).groupby([ledger["step"], host]).transform("sum").groupby(ledger["step"]).transform("max")
+
+
+@settings(max_examples=300, deadline=None)
+@given(ledgers(), st.lists(st.sampled_from(["a", "b", "c", "a", "b", None]), min_size=7, max_size=7),
+       st.lists(st.sampled_from([0, 1, 2, 3, 2, 3]), min_size=3, max_size=3), st.lists(VALUE, min_size=1), st.booleans())
+def test_the_cpu_floor_of_all_rows_at_once_is_the_map_over_rows(case, host_of, cpus, more, measured):
+    table, _ = case
+    if measured:  # every rank's CPU time known: a floor (NaN makes it none)
+        table["cpu_ms"] = table["cpu_ms"].fillna(1.5)
+    table["cpu_excess_ms"] = [more[i % len(more)] for i in range(len(table))]
+    table["lost_ms"] = [more[(i + 1) % len(more)] - 2.0 for i in range(len(table))]
+    hosts = [{"name": name, "cpus": n} for name, n in zip("abc", cpus)]  # 0 CPUs: unknown
+    t = SimpleNamespace(telemetry=None, hosts=hosts, rank_hosts={r: h for r, h in enumerate(host_of) if h})
+    found = lg._cpu_floor({c: table[c].to_numpy() for c in table.columns}, t)
+    np.testing.assert_array_equal(found, reference_cpu_floor(table, t).to_numpy())

@@ -1,4 +1,5 @@
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from diagtrain.profiler.util.step_ranges import StepRange, parse_step_range, parse_step_ranges
 
@@ -32,3 +33,35 @@ def test_a_long_list_of_steps_reads_as_a_summary_in_a_sentence():
     assert ranges(uneven) == "1-3, 5, 7, 9, 11, 13, 15, 17, 19, 21, ... (3 more), 29, 100-101"
     blips = sorted({int(x) for x in range(7, 500_000, 97)} | set(range(500_000, 1_000_000)))
     assert len(ranges(blips)) < 120
+
+
+def reference_ranges(numbers, most):
+    """ranges as a loop over the numbers (its first form): the reference of the vectorized one."""
+    numbers = sorted(set(int(n) for n in numbers))
+    parts, start = [], None
+    for i, n in enumerate(numbers):
+        if start is None:
+            start = n
+        if i + 1 == len(numbers) or numbers[i + 1] != n + 1:
+            parts.append(str(start) if start == n else f"{start}-{n}")
+            start = None
+    if len(parts) <= most:
+        return ", ".join(parts)
+    gaps = {b - a for a, b in zip(numbers, numbers[1:])}
+    if len(gaps) == 1:
+        return f"{numbers[0]}, {numbers[1]}, ..., {numbers[-1]} (every {gaps.pop()}, {len(numbers)} in all)"
+    shown = most - 2
+    return ", ".join(parts[:shown]) + f", ... ({len(parts) - most} more), " + ", ".join(parts[-2:])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(-3, 60), max_size=40), st.integers(2, 6), st.sampled_from(["list", "set", "array", "series"]))
+def test_ranges_say_what_the_loop_over_the_numbers_says(numbers, most, kind):
+    import numpy as np
+    import pandas as pd
+
+    from diagtrain.profiler.util.text import ranges
+
+    given_as = {"list": numbers, "set": set(numbers), "array": np.array(numbers, dtype=np.int64),
+                "series": pd.Series(numbers, dtype=np.int64)}[kind]
+    assert ranges(given_as, most) == reference_ranges(numbers, most)

@@ -32,6 +32,7 @@ from diagtrain.profiler.analyzer.judge.quantities import SlowCause
 from diagtrain.profiler.analyzer.judge.verdict import HOST, LEAK_TIME, MORE_WORK, Assessed, Assessment
 from diagtrain.profiler.analyzer.run.ledger import cpu_wait, crowded_hosts
 from diagtrain.profiler.analyzer.run.tables import Tables, unix_seconds
+from diagtrain.profiler.util.groups import distinct
 from diagtrain.profiler.util.settings import section, setting, values
 
 @section("contention")
@@ -107,12 +108,16 @@ class HostLoad:
         return ", ".join(f"{p['name']} (pid {p['pid']}) {p['cpu_percent']:.0f}%" for p in self.processes)
 
 
+LOAD_COLUMNS = ("rank", "step", "start", "end", "runq_ms", "wall_ms")  # what host_loads reads of the steps
+
+
 def host_loads(tables: Tables, steps: pd.DataFrame | None = None) -> dict[str, HostLoad]:
     """Per host of the run, its CPU load while its ranks ran ``steps`` (default: the steady ones). Each
     table is grouped by host once: 1,024 ranks are 128 hosts, and a pass per host cost a third of a second."""
     s = Contention.active()
     whole_run = steps is None
-    steps = steady(tables.steps) if steps is None else steps
+    # Only the columns read here: a long run's whole step table copied twice cost half a second.
+    steps = steady(tables.steps[[c for c in LOAD_COLUMNS if c in tables.steps]]) if steps is None else steps
     hosts = pd.Series({int(r): h for r, h in tables.rank_hosts.items() if h is not None}, dtype=object)
     steps = steps[steps["rank"].isin(hosts.index)]
     if steps.empty:
@@ -120,7 +125,10 @@ def host_loads(tables: Tables, steps: pd.DataFrame | None = None) -> dict[str, H
     ranks_of: dict[str, list[int]] = {}
     for rank, host in sorted(hosts.items()):
         ranks_of.setdefault(host, []).append(rank)
-    spans = steps.groupby(steps["rank"].map(hosts).rename("host")).agg(start=("start", "min"), end=("end", "max"))
+    # Each rank's span, then its host's: the earliest start and latest end of its ranks' (a host per row was a
+    # lookup per step).
+    per_rank = steps.groupby("rank").agg(start=("start", "min"), end=("end", "max"))
+    spans = per_rank.groupby(per_rank.index.map(hosts).rename("host")).agg(start=("start", "min"), end=("end", "max"))
     runq = _runq_by_host(steps, hosts).to_dict("index")
     telemetry = _host_telemetry(tables.telemetry)
     loads = {}
@@ -383,7 +391,7 @@ def _more_work_finding(extra: MoreWork, severity: str, metrics: dict, remark: di
                     "layers), or do the extra work (logging, evaluation) off the training loop."),
         metrics={**metrics, "source": "counters", "observed_ms": extra.cpu_ms, "expected_ms": extra.peer_cpu_ms,
                  "excess_ms": extra.estimate_ms, "others": others},
-        steps=sorted(int(s) for s in steady(tables.steps)["step"].unique()),
+        steps=distinct(steady(tables.steps[["step"]])["step"]).tolist(),
         impact_ms=None, settings=values(Contention.active()))
 
 

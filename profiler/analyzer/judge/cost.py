@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diagtrain.profiler.analyzer.judge.detectors.base import Steady, onset, profiled_steps, steady
+from diagtrain.profiler.analyzer.judge.detectors.base import Onset, Steady, onset, profiled_steps, steady
 from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, UPPER_BOUND, Candidate, Finding
 from diagtrain.profiler.analyzer.judge.own_time import SOURCE as COUNTERS
 from diagtrain.profiler.analyzer.judge.quantities import CAUSE_OF, Measure, Quantity, SlowCause
@@ -26,7 +26,7 @@ from diagtrain.profiler.analyzer.run.ledger import (DEVICE_BUSY, DEVICE_IDLE, OU
                                                     work_column)
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.util.settings import section, setting, values
-from diagtrain.profiler.util.groups import median_by
+from diagtrain.profiler.util.groups import distinct, median_by
 from diagtrain.profiler.util.stats import MAD_TO_SIGMA
 from diagtrain.profiler.util.text import ranges
 
@@ -101,8 +101,19 @@ def noise_ms(ledger: pd.DataFrame) -> float:
 
 
 def causes(t: Tables, c: Cost | None = None) -> tuple[list[Cause], dict[str, Any]]:
-    """Every cause charged in the run's steady steps, costliest first; and the run's totals."""
+    """Every cause charged in the run's steady steps, costliest first; and the run's totals. Made once per
+    ledger and settings: the pricing assessment and the report's ledger section both read them (each pass
+    over a long run's ledger took a second at 2 x 500,000 steps)."""
     c = c or Cost.active()
+    settings = tuple(tuple(values(s).items()) for s in (c, Steady.active(), Onset.active()))
+    held = t.memo.get("causes")
+    if held is None or held[0] is not t.ledger or held[1] != settings:
+        held = t.memo["causes"] = (t.ledger, settings, _causes(t, c))
+    found, totals = held[2]
+    return list(found), dict(totals)
+
+
+def _causes(t: Tables, c: Cost) -> tuple[list[Cause], dict[str, Any]]:
     ledger = _steady(t)
     if ledger.empty:
         return [], {}
@@ -110,24 +121,25 @@ def causes(t: Tables, c: Cost | None = None) -> tuple[list[Cause], dict[str, Any
     bar = max(c.min_saving_ms, c.noise_sigmas * noise)
     charged = ledger[ledger["lost_ms"] > bar]
     bound = _cpu_bound(ledger, c)
-    steps = sorted(int(s) for s in ledger["step"].unique())
+    # Arrays of steps, not lists: a long run's cause is charged in hundreds of thousands of them.
+    steps = distinct(ledger["step"])
     job_ms = float(ledger.groupby("step")["job_ms"].first().sum())
     found = []
     for (rank, part), rows in charged.groupby(["rank", "cause_phase"]):
         if len(rows) < c.min_steps:
             continue
-        charged_steps = sorted(int(s) for s in rows["step"])
+        charged_steps = np.sort(rows["step"].to_numpy())
         began = onset(charged_steps, steps)
-        blips = [x for x in charged_steps if began is not None and x < began]
-        if blips:  # before it began: a busy host's blips, not this cause
+        blips = charged_steps[:int((charged_steps < began).sum())] if began is not None else charged_steps[:0]
+        if len(blips):  # before it began: a busy host's blips, not this cause
             rows, charged_steps = rows[rows["step"] >= began], charged_steps[len(blips):]
-        pattern, period = _pattern(charged_steps, [x for x in steps if began is None or x >= began], c)
+        pattern, period = _pattern(charged_steps, steps[steps >= began] if began is not None else steps, c)
         lost = float(rows["lost_ms"].sum())
         peers = ledger[ledger["step"].isin(charged_steps) & (ledger["rank"] != rank)]
-        found.append(Cause(int(rank), str(part), charged_steps, lost, lost / len(steps), lost / job_ms if job_ms else 0.0,
-                           pattern, period, float(rows[work_column(part)].median()),
+        found.append(Cause(int(rank), str(part), charged_steps.tolist(), lost, lost / len(steps),
+                           lost / job_ms if job_ms else 0.0, pattern, period, float(rows[work_column(part)].median()),
                            float(peers[work_column(part)].median()) if len(peers) else float("nan"),
-                           float(np.minimum(rows["lost_ms"], bound[rows.index]).sum()), began, blips))
+                           float(np.minimum(rows["lost_ms"], bound[rows.index]).sum()), began, blips.tolist()))
     found.sort(key=lambda x: -x.lost_ms)
     totals = {"steady_steps": len(steps), "job_s": round(job_ms / 1e3, 4), "noise_ms": round(noise, 3),
               "charged_above_ms": round(bar, 3),
@@ -209,15 +221,16 @@ def _steady(t: Tables) -> pd.DataFrame:
     ledger = getattr(t, "ledger", None)
     if ledger is None or ledger.empty:
         return pd.DataFrame()
-    kept = steady(ledger[["rank", "step"]].drop_duplicates())
-    return ledger[ledger["step"].isin(kept["step"].unique())]
+    kept = steady(pd.DataFrame({"step": distinct(ledger["step"])}))  # its distinct steps: steady counts only them
+    return ledger[ledger["step"].isin(kept["step"])]
 
 
-def _pattern(charged: list[int], steps: list[int], c: Cost) -> tuple[str, int | None]:
+def _pattern(charged: list[int] | np.ndarray, steps: list[int] | np.ndarray, c: Cost) -> tuple[str, int | None]:
+    """How a cause charged in ``charged`` (sorted) of ``steps`` came: in every step, every k steps, or now and then."""
     if len(charged) >= c.every_step_share * len(steps):
         return EVERY_STEP, 1
-    gaps = {b - a for a, b in zip(charged, charged[1:])}
-    if len(gaps) == 1 and len(charged) >= c.min_periods and (period := gaps.pop()) > 1:
+    gaps = distinct(np.diff(np.asarray(charged, dtype=np.int64)))
+    if len(gaps) == 1 and len(charged) >= c.min_periods and (period := int(gaps[0])) > 1:
         return f"every {period} steps", period
     return INTERMITTENT, None
 
@@ -330,10 +343,10 @@ def _seen_pattern(f: Finding, main: Cause, mine: list[Cause], t: Tables, c: Cost
     profiling's first window) saw the rank slow in all of them even where that was the only time it was."""
     if main.pattern != INTERMITTENT:
         return {}
-    steps = sorted(int(s) for s in _steady(t)["step"].unique())
+    steps = distinct(_steady(t)["step"])
     if main.onset is not None:  # since it began
-        steps = [x for x in steps if x >= main.onset]
-    seen = sorted(set().union(*(x.steps for x in mine)) | (set(f.steps) & set(steps)))
+        steps = steps[steps >= main.onset]
+    seen = sorted(set().union(*(x.steps for x in mine)) | set(np.intersect1d(f.steps, steps).tolist()))
     pattern, period = _pattern(seen, steps, c)
     return {"steps": seen, "pattern": pattern, "period": period} if pattern != INTERMITTENT else {}
 
@@ -384,7 +397,7 @@ def _finding(cause: Cause, totals: dict[str, Any], c: Cost, t: Tables) -> Findin
                  "source": "ledger", "quantity": quantity.key, "time_source": "device" if device_cause else "host",
                  **({"cause": device_cause.value} if device_cause else {}),
                  **_cost_metrics([cause], totals, t)},
-        evidence=[{"type": "ledger", "rank": cause.rank, "step": s, "part": cause.part} for s in cause.steps][:20],
+        evidence=[{"type": "ledger", "rank": cause.rank, "step": s, "part": cause.part} for s in cause.steps[:20]],
         settings=values(c),
     )
     f.impact_ms, bound = _bounded([cause], totals, c)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from diagtrain.profiler.analyzer.judge.kinds import stop_kinds
@@ -54,7 +54,9 @@ class Finding(Candidate):
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the findings.json / report.json record)."""
-        d = asdict(self)
+        # Its steps are ints: copied as one list (asdict walked a long run's hundreds of thousands one by one).
+        d = asdict(replace(self, steps=[]))
+        d["steps"] = list(self.steps)
         d["time_range"] = list(self.time_range) if self.time_range else None
         return d
 

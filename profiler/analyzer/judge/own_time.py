@@ -14,7 +14,7 @@ import pandas as pd
 
 from diagtrain.profiler.analyzer.judge.quantities import Measure, Quantity
 from diagtrain.profiler.util.settings import section, setting
-from diagtrain.profiler.util.stats import median_known
+from diagtrain.profiler.util.groups import median_by
 
 
 @section("own_time")
@@ -41,13 +41,21 @@ def blocked_column(quantity: Quantity) -> str | None:
     return f"{quantity.phase}_comm_wait_ms" if quantity.measure is Measure.PHASE else None
 
 
-def waited(blocked: np.ndarray, ranks: np.ndarray, rank: int, excess_ms: float) -> bool:
-    """Whether ``rank``'s excess in a phase in one step is mostly time blocked in collectives, beyond what
-    its peers were blocked there (``blocked``: the phase's blocked ms of the step's rows, ``ranks`` theirs)."""
-    # Arrays, not the step's rows re-indexed: this runs for every step of the straggler detector.
-    known = ~np.isnan(blocked)
-    ranks, blocked = ranks[known], blocked[known]
-    mine = ranks == rank
-    if not mine.any() or len(blocked) < 2:
-        return False
-    return float(blocked[mine][0] - median_known(blocked[~mine])) >= OwnTime.active().waiting_share * excess_ms
+def waited(blocked: np.ndarray, at: np.ndarray, group: np.ndarray, top: np.ndarray, excess_ms: np.ndarray) -> np.ndarray:
+    """Per step, whether its candidate's excess in a phase is mostly time blocked in collectives, beyond what
+    its peers were blocked there: it waited for another rank. ``blocked``: the phase's blocked ms per row; ``at``:
+    each row's step (0 .. n-1); ``group``: the rows compared in their step; ``top``: each step's candidate row
+    (-1 for none); ``excess_ms``: its excess per step. Every step at once: this decided each step of the
+    straggler detector, a second of a long run's analysis as a function per step."""
+    n_steps = len(top)
+    known = group & ~np.isnan(blocked)
+    is_top = np.zeros(len(blocked), dtype=bool)
+    is_top[top[top >= 0]] = True
+    others = known & ~is_top
+    counted = np.bincount(at[known], minlength=n_steps)  # the candidate's own row among them
+    peers = np.full(n_steps, np.nan)
+    peers[at[others]] = median_by(blocked[others], at[others])
+    mine = blocked[np.maximum(top, 0)]
+    share = OwnTime.active().waiting_share
+    with np.errstate(invalid="ignore"):  # a step without a candidate or known peers: not waiting
+        return (top >= 0) & ~np.isnan(mine) & (counted >= 2) & (mine - peers >= share * excess_ms)

@@ -71,6 +71,9 @@ class Tables:
     ledger: pd.DataFrame = field(default_factory=pd.DataFrame)  # where each rank's step went (run/ledger.py)
     job_steps: pd.DataFrame = field(default_factory=pd.DataFrame)  # where the job's steps went (run/job_time.py)
     rank_starts: dict[int, dict[str, float]] = field(default_factory=dict)  # rank -> its start-up times (rank.json)
+    # What judgement derives from these tables and reads more than once (judge/cost.py's causes), by name: made
+    # once per table, not once per reader.
+    memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 def build(run_dir: Path, results: list[RankResult], flight_recorder_dir: Path | None = None,

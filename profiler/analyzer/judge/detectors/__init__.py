@@ -1,5 +1,6 @@
-"""Detectors: one module per finding kind, each a ``detect(tables) -> list[Finding]`` function.
+"""Detectors: a module per detector, each a ``detect(tables) -> list[Candidate]`` function proposing the kinds
+judge/kinds.py lists for it.
 
-They are registered, and run in order with the passes that change their findings, in
-``judge/pipeline.py``; ``base.py`` holds what several detectors share.
+They are registered and run in order in ``judge/pipeline.py``, whose assessments weigh their candidates and
+whose ``verdict()`` makes the findings; ``base.py`` holds what several detectors share.
 """

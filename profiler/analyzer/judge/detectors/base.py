@@ -9,6 +9,7 @@ import pandas as pd
 
 from diagtrain.profiler.analyzer.run import job_time
 from diagtrain.profiler.analyzer.run.job_time import JobTime
+from diagtrain.profiler.util.groups import distinct
 from diagtrain.profiler.util.settings import section, setting
 from diagtrain.profiler.util.stats import binomial_tail, rate_change
 
@@ -63,7 +64,7 @@ class Onset:
     min_after: int = setting(3, "... with at least this many of its steps after it")
 
 
-def onset(flagged: list[int], steps: list[int]) -> int | None:
+def onset(flagged: list[int] | np.ndarray, steps: list[int] | np.ndarray) -> int | None:
     """The step a cause flagged in ``flagged`` (of ``steps``, in order) began at, where it came far more often from
     a step on than before it (Onset); None where it came at one rate (its first step is then its start)."""
     s = Onset.active()
@@ -206,7 +207,7 @@ def job_totals(tables: Tables) -> JobTime | None:
     steps = tables.job_steps
     if steps.empty:
         return None
-    kept = sorted(int(s) for s in steady(steps[["step"]])["step"].unique())
+    kept = distinct(steady(steps[["step"]])["step"]).tolist()
     return job_time.totals(tables, kept, finished=tables.manifest.get("status") != "running")
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from diagtrain.profiler.analyzer.judge.findings import Candidate
 from diagtrain.profiler.analyzer.run.tables import Tables
+from diagtrain.profiler.util.groups import distinct
 from diagtrain.profiler.util.settings import section, setting
 
 
@@ -35,7 +38,7 @@ def detect(tables: Tables) -> list[Candidate]:
         clock, peer_clock = float(throttled["sm_clock_mhz"].median()), float(others.median()) if len(others) else None
         findings.append(Candidate(
             kind="gpu_throttling", severity="warning", ranks=[int(rank)],
-            steps=sorted(int(step) for step in throttled["step"].unique()),
+            steps=distinct(throttled["step"]).astype(np.int64).tolist(),  # a week of 1 Hz samples: arrays
             explanation=(f"rank {int(rank)}'s GPU (device {int(rows['device'].iloc[0])}) is throttled in {share:.0%} of the "
                          f"samples taken during steps ({', '.join(reasons.index[:3])}); SM clock {clock:.0f} MHz"
                          + (f" against {peer_clock:.0f} MHz on the other GPUs." if peer_clock else ".")),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from diagtrain.profiler.analyzer.judge.contention import Contention, host_loads
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady
+from diagtrain.profiler.util.groups import distinct
 from diagtrain.profiler.util.text import ranges
 from diagtrain.profiler.analyzer.judge.findings import Candidate
 from diagtrain.profiler.analyzer.run.tables import Tables
@@ -21,12 +22,12 @@ SETTINGS = (Contention, Steady)
 def detect(tables: Tables) -> list[Candidate]:
     """One info finding per host whose CPUs other processes contended, or whose ranks waited for a CPU."""
     s = Contention.active()
-    steps = steady(tables.steps)
+    steps = steady(tables.steps[["rank", "step"]])  # what it reads: not a copy of a long run's whole table
     findings = []
     for host, load in sorted(host_loads(tables).items()):
         if not load.is_contended:
             continue
-        stepped = sorted(int(s) for s in steps.loc[steps["rank"].isin(load.ranks), "step"].unique())
+        stepped = distinct(steps.loc[steps["rank"].isin(load.ranks), "step"]).tolist()
         said = []
         if load.contended:
             said.append(f"Other processes on host {host} used {load.others_percent / 100:.1f} CPU cores while the job "

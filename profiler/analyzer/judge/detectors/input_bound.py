@@ -59,7 +59,7 @@ def detect(tables: Tables) -> list[Candidate]:
                  "lost_ms": float(data.sum()), "pattern": "every step", "period_steps": 1,
                  "category": job_time.DATA, "source": "job_ledger"},
         evidence=[{"type": "job_steps", "step": int(st), "data_ms": round(float(d), 3), "step_ms": round(float(w), 3)}
-                  for st, d, w in zip(steps["step"], steps["data_ms"], steps["time_ms"])][:20],
+                  for st, d, w in steps[["step", "data_ms", "time_ms"]].head(20).itertuples(index=False)],
     )]
 
 

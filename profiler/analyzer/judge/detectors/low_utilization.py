@@ -6,8 +6,11 @@ GPU waits (for data, the host, or communication), not that its SMs are partly us
 
 from __future__ import annotations
 
+import numpy as np
+
 from diagtrain.profiler.analyzer.judge.findings import Candidate
 from diagtrain.profiler.analyzer.run.tables import Tables
+from diagtrain.profiler.util.groups import distinct
 from diagtrain.profiler.util.settings import section, setting
 
 
@@ -36,7 +39,7 @@ def detect(tables: Tables) -> list[Candidate]:
             continue
         findings.append(Candidate(
             kind="low_utilization", severity="warning", ranks=[int(rank)],
-            steps=sorted(int(step) for step in rows["step"].unique()),
+            steps=distinct(rows["step"]).astype(np.int64).tolist(),  # a week of 1 Hz samples: arrays
             explanation=(f"rank {int(rank)}'s GPU runs kernels only {util:.0f}% of the time during steps "
                          f"(median of {len(rows)} samples)."),
             suggestion="Profile a few steps (--profile-steps) to see what the GPU waits for: the data loader, "

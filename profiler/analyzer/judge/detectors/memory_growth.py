@@ -140,9 +140,9 @@ def _growth(rank: int, memory: str, rows: pd.DataFrame, s: MemoryGrowth) -> Grow
     if rising < s.rising_share * len(own):
         return None
     wall = rows["wall_ms"] if "wall_ms" in rows else pd.Series(dtype=float)
-    return Growth(rank, memory, [int(v) for v in rows["step"]], start, end, own_growth, rate, rising, len(own),
-                  float(wall.median()) if wall.notna().any() else math.nan,
-                  profiled_steps=[int(v) for v, t in zip(rows["step"].iloc[1:], touched) if t])
+    steps = rows["step"].to_numpy(dtype=np.int64)  # as arrays: a long run's rank has hundreds of thousands
+    return Growth(rank, memory, steps.tolist(), start, end, own_growth, rate, rising, len(own),
+                  float(wall.median()) if wall.notna().any() else math.nan, profiled_steps=steps[1:][touched].tolist())
 
 
 def peer_level(rows: pd.DataFrame, memory: str, groups: list[list[int]]) -> np.ndarray:

@@ -88,7 +88,7 @@ def detect(tables: Tables) -> list[Candidate]:
                  "lost_ms": float(extra.sum()), "pattern": f"every {every} steps", "source": "job_ledger",
                  "unperiodic_stalls": sorted(set(stalled) - set(stalls))},
         evidence=[{"type": "job_steps", "step": int(st), "step_ms": round(float(w), 3)}
-                  for st, w in zip(rows["step"], rows["time_ms"])][:20],
+                  for st, w in rows[["step", "time_ms"]].head(20).itertuples(index=False)],
     )]
 
 

@@ -13,6 +13,8 @@ returns on the host once a collective is queued, so there the host's times say n
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
@@ -25,8 +27,8 @@ from diagtrain.profiler.analyzer.judge.quantities import (CAUSE_OF, DEVICE_MEASU
                                                            phase as phase_quantity)
 from diagtrain.profiler.analyzer.run.device_time import on_device
 from diagtrain.profiler.analyzer.run.tables import Tables
-from diagtrain.profiler.util.stats import MAD_TO_SIGMA, median_known
-from diagtrain.profiler.util.groups import median_by, positions_by
+from diagtrain.profiler.util.stats import MAD_TO_SIGMA
+from diagtrain.profiler.util.groups import distinct, median_by
 from diagtrain.profiler.util.text import ranges
 
 
@@ -101,17 +103,18 @@ def _stragglers(steps: pd.DataFrame, phases: list[str], s: Straggler) -> list[Ca
         by_source = rows.groupby("source")["step"].nunique()
         source = max(by_source.index, key=lambda src: (by_source[src], -SOURCES.index(src)))
         # Per step it could be seen in: traces cover only the profiled steps.
-        seen_in = sorted(steps.loc[steps["profiled"], "step"].unique() if (rows["source"] == "trace").all()
-                         else steps["step"].unique())
-        began = onset(sorted(int(x) for x in rows["step"].unique()), seen_in)
-        blips = sorted({int(x) for x in rows.loc[rows["step"] < began, "step"]}) if began is not None else []
+        # Arrays, not lists of steps: a long run's straggler is slow in hundreds of thousands of them.
+        seen_in = distinct(steps.loc[steps["profiled"], "step"] if (rows["source"] == "trace").all() else steps["step"])
+        flagged = distinct(rows["step"])
+        began = onset(flagged, seen_in)
+        blips = int((flagged < began).sum()) if began is not None else 0
         if blips:  # before it began: a busy host's pauses, told apart
             rows = rows[rows["step"] >= began]
         phase = rows.loc[rows["source"] == source, "phase"].mode().iloc[0]
         per_step = float(rows["excess_ms"].median())
         observed = len(seen_in)
         impact = float(rows["excess_ms"].sum() / max(observed, 1))
-        since = sum(x >= began for x in seen_in) if began is not None else observed
+        since = int((seen_in >= began).sum()) if began is not None else observed
         others = sorted(int(r) for r in steps["rank"].unique() if r != rank)
         work = _work_ratio(steps, int(rank), rows["step"]) if measured[phase].measure is Measure.COMPUTE else None
         same_work = work is not None and work < s.more_work
@@ -121,8 +124,9 @@ def _stragglers(steps: pd.DataFrame, phases: list[str], s: Straggler) -> list[Ca
         findings.append(Candidate(
             kind="straggler",
             severity="info" if same_work else _severity(per_step, rows["step"].nunique() / max(since, 1), step_ms, s),
-            ranks=[int(rank)], steps=sorted(int(s) for s in rows["step"]),
-            time_range=time_range(steps[steps["rank"].eq(rank) & steps["step"].isin(rows["step"])]),
+            ranks=[int(rank)], steps=rows["step"].sort_values().tolist(),
+            time_range=time_range(steps.loc[steps["rank"].eq(rank) & steps["step"].isin(rows["step"]),
+                                            [c for c in ("start", "end") if c in steps]]),
             explanation=(
                 f"rank {rank} is a straggler {_when(rows['step'], began, blips)}: {phase} "
                 f"{rows['value_ms'].median():.1f} ms, {per_step:.1f} ms more than its peers' "
@@ -142,10 +146,10 @@ def _stragglers(steps: pd.DataFrame, phases: list[str], s: Straggler) -> list[Ca
                      "quantity": measured[phase].key,
                      "step_time_median_ms": step_ms,
                      "source": source, "steps_seen": _seen(compared, int(rank), steps, source),
-                     "onset_step": began, "blips_before_onset": len(blips),
+                     "onset_step": began, "blips_before_onset": blips,
                      "time_source": TIME_SOURCE[source], **({"cause": cause.value} if cause else {})},
             evidence=[{"type": "steps", "rank": int(rank), "step": int(s), "phase": p, "excess_ms": round(float(e), 3)}
-                      for s, p, e in zip(rows["step"], rows["phase"], rows["excess_ms"])][:20],
+                      for s, p, e in rows[["step", "phase", "excess_ms"]].head(20).itertuples(index=False)],
             impact_ms=impact,
         ))
     return findings
@@ -166,11 +170,12 @@ DEVICE_SUGGESTIONS = {
 }
 
 
-def _when(slow_steps: pd.Series, began: int | None, blips: list[int]) -> str:
-    """``in steps 3-5, 9`` or, for a cause with an onset, ``since step 100 (steps 100-200; ...)``."""
+def _when(slow_steps: pd.Series, began: int | None, blips: int) -> str:
+    """``in steps 3-5, 9`` or, for a cause with an onset, ``since step 100 (steps 100-200; ...)`` (``blips``: the
+    slow steps before it, left out)."""
     if began is None:
         return f"in steps {ranges(slow_steps)}"
-    before = f"; {len(blips)} slow step{'s' if len(blips) > 1 else ''} before it, now and then, left out" if blips else ""
+    before = f"; {blips} slow step{'s' if blips > 1 else ''} before it, now and then, left out" if blips else ""
     return f"since step {began} (steps {ranges(slow_steps)}{before})"
 
 
@@ -251,6 +256,9 @@ def _usual(quantities: pd.DataFrame, min_steps: int) -> tuple[pd.DataFrame, pd.D
     return usual, noise.where(by_rank.count() >= min_steps)
 
 
+SLOW_COLUMNS = ["rank", "step", "phase", "excess_ms", "value_ms", "peer_ms", "source", "threshold_ms"]
+
+
 def _excess(steps: pd.DataFrame, phases: list[str], threshold: float,
             step_ms: float, s: Straggler) -> tuple[pd.DataFrame, tuple[np.ndarray, np.ndarray], dict[str, Quantity]]:
     """Each rank's excess over its peers per step, from traces where profiled, else from phases; the distinct
@@ -261,69 +269,121 @@ def _excess(steps: pd.DataFrame, phases: list[str], threshold: float,
     # A data stall comes first in a step, also in profiled ones, and explains what follows it.
     traced = excluded + [label for label, q in measured.items() if q.measure not in RECORDED]
     phased = [label for m in RECORDED for label, q in measured.items() if q.measure is m]
-    rows, compared = [], []  # the row positions compared in each step: arrays, not a set of every pair (8,192 ranks)
     ranks = quantities["rank"].to_numpy()
-    values = {label: quantities[label].to_numpy(dtype=float) for label in measured}
-    usual_rows, noise_rows = usual.reindex(ranks), noise.reindex(ranks)
-    usual_at = {label: usual_rows[label].to_numpy(dtype=float) for label in measured}
-    noise_at = {label: noise_rows[label].to_numpy(dtype=float) for label in measured}
-    by_step = positions_by(quantities["step"].to_numpy())
-    # Every step's candidate at once, per part: a loop of numpy calls per step cost most of a live
-    # judgement of 64 ranks and 15 s of a run of 20,000 steps (issue 39). The loop below only decides.
-    candidates = {label: _Candidates(by_step, values[label], usual_at[label], noise_at[label], threshold, step_ms, s)
-                  for label in measured}
-    # What own_time.waited reads of a step's rows: the rank and its blocked time per phase.
-    blocked = {c: steps[c].to_numpy(dtype=float) for c in steps.columns if str(c).endswith("_comm_wait_ms")}
-    profiled_rows = steps["profiled"].to_numpy(dtype=bool) if "profiled" in steps else np.zeros(len(steps), bool)
-    for k, (step, group) in enumerate(by_step):
-        profiled, whole = bool(profiled_rows[group].all()), True
-        # From traces, the first part in which a rank stands out; from phases, the earliest phase
-        # with a slow rank is the cause, and later ones are waiting.
-        for label in (traced if profiled and len(traced) > len(excluded) else phased):
-            measure = measured[label].measure
-            source = ("phases" if measure is Measure.PHASE else COUNTERS if measure is Measure.OWN_TIME
-                      else DEVICE if measure in DEVICE_MEASURES else "trace")
-            found = (candidates[label].found(k, step, ranks, values[label], label, source) if whole else
-                     _over_peers(step, ranks[group], values[label][group], label, usual_at[label][group],
-                                 noise_at[label][group], source, threshold, step_ms, s))
-            column = blocked.get(blocked_column(measured[label]) or "")
-            if found and column is not None and waited(column[group], ranks[group], found[0]["rank"],
-                                                       found[0]["excess_ms"]):
-                continue  # blocked in collectives there: it waited for another rank
-            if found and label in excluded:
-                # A stalled rank: the others wait for it later in this step, so the rest of the
-                # step is compared without it (with one rank left, not at all).
-                group, whole = group[ranks[group] != found[0]["rank"]], False
-                continue
-            if found:
-                rows += found
-                break
-        if len(group) >= 2:
-            compared.append(group)
-    return pd.DataFrame(rows, columns=["rank", "step", "phase", "excess_ms", "value_ms", "peer_ms", "source",
-                                       "threshold_ms"]), _pairs(quantities, compared), measured
+    numbers, at = np.unique(quantities["step"].to_numpy(), return_inverse=True)
+    # Each rank's usual value and noise stay one per rank, looked up for the rows a part compares: two arrays per
+    # row for every part raised the detector's peak by 60 MiB at 2 x 500,000 steps. (usual and noise are indexed
+    # by every rank of the rows.)
+    parts = {label: _Part(label, _source(q.measure), quantities[label].to_numpy(dtype=float),
+                          usual[label].to_numpy(dtype=float), noise[label].to_numpy(dtype=float),
+                          _column(steps, blocked_column(q))) for label, q in measured.items()}
+    profiled = steps["profiled"].to_numpy(dtype=bool) if "profiled" in steps else np.zeros(len(steps), bool)
+    # From traces, the first part in which a rank stands out; from phases, the earliest phase with a slow
+    # rank is the cause, and later ones are waiting. Every step at once, part by part: a loop over the
+    # steps cost 4 s of a run of 2 x 100,000 steps (issue 62).
+    traced_steps = (np.bincount(at, weights=~profiled, minlength=len(numbers)) == 0) & (len(traced) > len(excluded))
+    walk = _Walk(at, len(numbers), usual.index.get_indexer(ranks))
+    for labels, in_mode in ((traced, traced_steps), (phased, ~traced_steps)):
+        for label in labels:
+            walk.compare(parts[label], in_mode, label in excluded, threshold, step_ms, s)
+    return walk.slow(ranks, numbers), _pairs(quantities, walk.compared()), measured
 
 
-def _pairs(quantities: pd.DataFrame, positions: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct (rank, step) pairs of the rows at ``positions``: their ranks and their steps."""
-    at = np.concatenate(positions) if positions else np.zeros(0, dtype=int)
+def _source(measure: Measure) -> str:
+    """The kind of evidence a measure is of."""
+    return ("phases" if measure is Measure.PHASE else COUNTERS if measure is Measure.OWN_TIME
+            else DEVICE if measure in DEVICE_MEASURES else "trace")
+
+
+def _column(steps: pd.DataFrame, name: str | None) -> np.ndarray | None:
+    """The step column ``name`` as floats (None where there is none)."""
+    return steps[name].to_numpy(dtype=float) if name is not None and name in steps else None
+
+
+@dataclass
+class _Part:
+    """One compared part of the step: its values per row, each rank's usual value and noise (per rank, in the order
+    of _usual's index), and the time blocked in collectives within it per row (a phase's counters; None for the rest)."""
+
+    label: str
+    source: str
+    values: np.ndarray
+    usual: np.ndarray
+    noise: np.ndarray
+    blocked: np.ndarray | None
+
+
+class _Walk:
+    """The parts compared step by step, as arrays over the steps: which steps still have no straggler, which
+    rows were left out of their step (a rank stalled for data: the rest of its step is compared without it),
+    and the candidates kept (``at``: each row's step, 0 .. ``n_steps`` - 1; ``rank_at``: each row's rank's position
+    in the parts' per-rank values)."""
+
+    def __init__(self, at: np.ndarray, n_steps: int, rank_at: np.ndarray) -> None:
+        self.at, self.n_steps, self.rank_at = at, n_steps, rank_at
+        self.open = np.ones(n_steps, dtype=bool)
+        self.dropped = np.zeros(len(at), dtype=bool)
+        self.kept: list[pd.DataFrame] = []
+
+    def compare(self, part: _Part, in_mode: np.ndarray, exclusion: bool, threshold: float, step_ms: float,
+                s: Straggler) -> None:
+        """Compare ``part`` in the open steps of ``in_mode``: a candidate that waited in collectives there is
+        passed over; one found in an ``exclusion`` part (data) leaves its step's comparison; else it is kept
+        and its step decided."""
+        rows = np.flatnonzero((self.open & in_mode)[self.at] & ~self.dropped)
+        if not len(rows):
+            return
+        of_rank = self.rank_at[rows]
+        found = _Candidates(self.at[rows], self.n_steps, part.values[rows], part.usual[of_rank], part.noise[of_rank],
+                            threshold, step_ms, s)
+        hit = found.ok
+        top = np.where(hit, rows[np.minimum(found.top, len(rows) - 1)], -1)
+        if part.blocked is not None:
+            group = np.zeros(len(self.at), dtype=bool)
+            group[rows] = True
+            hit = hit & ~waited(part.blocked, self.at, group, top, found.excess)
+        if exclusion:
+            self.dropped[top[hit]] = True
+            return
+        self.open &= ~hit
+        k = np.flatnonzero(hit)
+        self.kept.append(pd.DataFrame({"k": k, "row": top[k], "phase": part.label, "excess_ms": found.excess[k],
+                                       "value_ms": found.value[k], "peer_ms": found.peer[k], "source": part.source,
+                                       "threshold_ms": found.limit[k]}))
+
+    def slow(self, ranks: np.ndarray, numbers: np.ndarray) -> pd.DataFrame:
+        """The candidates kept, one per step at most, in step order (columns SLOW_COLUMNS)."""
+        if not self.kept:
+            return pd.DataFrame(columns=SLOW_COLUMNS)
+        kept = pd.concat(self.kept, ignore_index=True).sort_values("k", kind="stable")
+        kept.insert(0, "rank", ranks[kept["row"].to_numpy()].astype(np.int64))
+        kept.insert(1, "step", numbers[kept["k"].to_numpy()].astype(np.int64))
+        return kept[SLOW_COLUMNS].reset_index(drop=True)
+
+    def compared(self) -> np.ndarray:
+        """The rows of the steps where a rank was compared with a peer (two rows or more left in the step)."""
+        left = ~self.dropped
+        sizes = np.bincount(self.at[left], minlength=self.n_steps)
+        return np.flatnonzero(left & (sizes[self.at] >= 2))
+
+
+def _pairs(quantities: pd.DataFrame, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (rank, step) pairs of the rows at positions ``at``: their ranks and their steps."""
     ranks, steps = quantities["rank"].to_numpy(dtype=np.int64)[at], quantities["step"].to_numpy(dtype=np.int64)[at]
     if not len(at):
         return ranks, steps
     low, span = steps.min(), steps.max() - steps.min() + 1
-    pair = np.unique((ranks - ranks.min()) * span + (steps - low))
+    pair = distinct((ranks - ranks.min()) * span + (steps - low))
     return pair // span + ranks.min(), pair % span + low
 
 
 class _Candidates:
-    """One part's candidate in every step at once: what :func:`_over_peers` finds in each step's rows,
-    as arrays over the steps (``by_step``: each step's row positions, as positions_by gives them)."""
+    """One part's candidate in every step at once: the rank whose value stands above the rest of its step,
+    beyond the noise, if one does (``at``: each row's step, 0 .. ``n_steps`` - 1; ``usual`` and ``noise``: each
+    row's rank's). tests/straggler_reference.py keeps the function per step it gives to the bit."""
 
-    def __init__(self, by_step: list[tuple[object, np.ndarray]], values: np.ndarray, usual: np.ndarray,
+    def __init__(self, at: np.ndarray, n_steps: int, values: np.ndarray, usual: np.ndarray,
                  noise: np.ndarray, threshold: float, step_ms: float, s: Straggler) -> None:
-        n_steps, at = len(by_step), np.zeros(len(values), dtype=np.int64)
-        for k, (_, rows) in enumerate(by_step):
-            at[rows] = k
         sizes = np.bincount(at, minlength=n_steps)
         unknown = np.bincount(at, weights=np.isnan(values), minlength=n_steps) > 0
         # The top row of each step: its largest value, the first such row on a tie (as np.argmax).
@@ -341,26 +401,21 @@ class _Candidates:
         with np.errstate(invalid="ignore"):  # NaN in a step makes it unknown (below): its spread is not used
             np.maximum.at(high, at[peer], values[peer])
             np.minimum.at(low, at[peer], values[peer])
+        # Above the peers in this step and above what they usually take: one peer's quick step is
+        # not the candidate's slow one.
         spread_rest = np.where(sizes > 2, high - low, 0.0)
         usual_others = _median_per_step(usual, at, peer & ~np.isnan(usual), n_steps)
+        # The peers' own variation, not the candidate's: a straggler for part of the run varies a lot.
         peer_noise = _median_per_step(noise, at, peer & ~np.isnan(noise), n_steps)
-        # As _over_peers, with Python's max(a, b) (b where b > a): NaN never wins.
+        # Python's max(a, b) (b where b > a): NaN never wins.
         top = np.minimum(self.top, len(values) - 1)
         self.value = values[top]
         self.excess = self.value - np.where(usual_others > self.peer, usual_others, self.peer)
+        # Too few steps to know how much the peers vary: only a large excess counts.
         bar = np.where(np.isnan(peer_noise), s.unknown_noise_share * step_ms, s.noise_sigmas * peer_noise)
         self.limit = np.where(bar > threshold, bar, threshold)
         with np.errstate(invalid="ignore"):
             self.ok = (sizes >= 2) & ~unknown & ~(self.excess < self.limit) & ~(self.excess <= 2 * spread_rest)
-
-    def found(self, k: int, step: object, ranks: np.ndarray, values: np.ndarray, label: str, source: str) -> list[dict]:
-        """Step ``k``'s candidate as :func:`_over_peers` gives it (none, or the one rank that stands out)."""
-        if not self.ok[k]:
-            return []
-        top = self.top[k]
-        return [{"rank": int(ranks[top]), "step": int(step), "phase": label, "excess_ms": self.excess[k],
-                 "value_ms": float(values[top]), "peer_ms": float(self.peer[k]), "source": source,
-                 "threshold_ms": float(self.limit[k])}]
 
 
 def _median_per_step(values: np.ndarray, at: np.ndarray, chosen: np.ndarray, n_steps: int) -> np.ndarray:
@@ -368,30 +423,3 @@ def _median_per_step(values: np.ndarray, at: np.ndarray, chosen: np.ndarray, n_s
     out = np.full(n_steps, np.nan)
     out[at[chosen]] = median_by(values[chosen], at[chosen])
     return out
-
-
-def _over_peers(step: int, ranks: np.ndarray, values: np.ndarray, label: str, usual: np.ndarray, noise: np.ndarray,
-                source: str, threshold: float, step_ms: float, s: Straggler) -> list[dict]:
-    """The rank whose value stands above the rest, beyond the noise, if one does (``usual`` and
-    ``noise``: each rank's, aligned with ``ranks``)."""
-    if len(values) < 2 or np.isnan(values).any():
-        return []  # a rank alone in this step has no peers to compare with
-    top = int(np.argmax(values))
-    peers = np.delete(values, top)
-    peer = float(np.median(peers))
-    others = ranks != ranks[top]
-    # Above the peers in this step and above what they usually take: one peer's quick step is
-    # not the candidate's slow one.
-    excess = values[top] - max(peer, median_known(usual[others]))
-    spread_rest = float(peers.max() - peers.min()) if len(peers) > 1 else 0.0
-    # The peers' own variation, not the candidate's: a straggler for part of the run varies a lot.
-    peer_noise = median_known(noise[others])
-    if not np.isnan(peer_noise):
-        limit = max(threshold, s.noise_sigmas * peer_noise)
-    else:  # too few steps to know how much the peers vary: only a large excess counts
-        limit = max(threshold, s.unknown_noise_share * step_ms)
-    if excess < limit or excess <= 2 * spread_rest:
-        return []
-    return [{"rank": int(ranks[top]), "step": int(step), "phase": label, "excess_ms": excess,
-             "value_ms": float(values[top]), "peer_ms": peer, "source": source, "threshold_ms": limit}]
-
