@@ -114,7 +114,7 @@ def causes(t: Tables, c: Cost | None = None) -> tuple[list[Cause], dict[str, Any
 
 
 def _causes(t: Tables, c: Cost) -> tuple[list[Cause], dict[str, Any]]:
-    ledger = _steady(t)
+    ledger = _steady(t, CAUSE_COLUMNS + tuple(c for c in t.ledger.columns if str(c).startswith("work_")))
     if ledger.empty:
         return [], {}
     noise = noise_ms(ledger)
@@ -217,11 +217,19 @@ def disputed(findings: list[Finding], _: Tables) -> Assessed:
     return out
 
 
-def _steady(t: Tables) -> pd.DataFrame:
+# What the causes read of the ledger, besides its work_<part>_ms columns: a long run's whole ledger is not copied.
+CAUSE_COLUMNS = ("rank", "step", "lost_ms", "cause_phase", "job_ms", "running_ms", "cpu_floor_ms", "wait_ms",
+                 "starved_ms", "time_source")
+
+
+def _steady(t: Tables, columns: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """The ledger's rows of steady steps (``columns`` of it, those it has, where given)."""
     ledger = getattr(t, "ledger", None)
     if ledger is None or ledger.empty:
         return pd.DataFrame()
     kept = steady(pd.DataFrame({"step": distinct(ledger["step"])}))  # its distinct steps: steady counts only them
+    if columns is not None:
+        ledger = ledger[[c for c in ledger.columns if c in columns]]
     return ledger[ledger["step"].isin(kept["step"])]
 
 
@@ -343,7 +351,7 @@ def _seen_pattern(f: Finding, main: Cause, mine: list[Cause], t: Tables, c: Cost
     profiling's first window) saw the rank slow in all of them even where that was the only time it was."""
     if main.pattern != INTERMITTENT:
         return {}
-    steps = distinct(_steady(t)["step"])
+    steps = distinct(_steady(t, ("step",))["step"])
     if main.onset is not None:  # since it began
         steps = steps[steps >= main.onset]
     seen = sorted(set().union(*(x.steps for x in mine)) | set(np.intersect1d(f.steps, steps).tolist()))

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from diagtrain.profiler.util import settings
+from diagtrain.profiler.util.heap import release_freed_memory
 from diagtrain.profiler.analyzer.judge import contention, cost, critical_path, expected, job_cost, kinds, traced_excess
 from diagtrain.profiler.analyzer.judge.detectors.base import job_totals
 from diagtrain.profiler.analyzer.judge.explained import explained
@@ -90,6 +91,7 @@ def judge(t: Tables, spans_of: Callable[[int], pd.DataFrame | None], progress: C
     ``progress``). A failing step is reported, never fatal."""
     status = (lambda _: None) if live else progress
     status("running the detectors")
+    release_freed_memory()  # what building the tables and checking their health freed: not under the detectors' peak
     judged = Judged(run_detectors(t, progress, notes, only=[d for d in DETECTORS if d not in NOT_LIVE] if live else None))
     status("tracing the critical path")  # from the tables alone: its replay assesses the findings below
     paths, path_section = trace_critical_path(t, progress)
@@ -99,6 +101,7 @@ def judge(t: Tables, spans_of: Callable[[int], pd.DataFrame | None], progress: C
             judged.take(assess(judged.findings(), context))
         except Exception as e:  # noqa: BLE001 - the findings stand as they were
             progress(f"{name} check failed: {type(e).__name__}: {e}")
+        release_freed_memory()
     findings = judged.findings()
     if live:
         return Judgement(findings, path_section, None, None)
@@ -147,6 +150,7 @@ def run_detectors(t: Tables, progress: Callable[[str], None], notes: list[dict] 
         for f in made:
             f.settings = {**used, **f.settings}
         found += made
+        release_freed_memory()  # a detector's temporaries (a long run's copies of its steps), before the next's
     return found
 
 

@@ -27,6 +27,7 @@ from diagtrain.profiler.analyzer.read.step_cache import cache_dir as step_cache_
 from diagtrain.profiler.analyzer.read.step_cache import read_steps_cached
 from diagtrain.profiler.run_dir import (CLOCK_RECORD, HOST_RECORD, HOSTS_DIR, PROFILE_WINDOWS_FILE, STEPS_FILE,
                                         has_step_records, read_hosts, read_json, run_status)
+from diagtrain.profiler.util.heap import release_freed_memory
 from diagtrain.profiler.util.step_ranges import parse_step_ranges
 
 MAX_WINDOW_STEPS = 10_000  # one requested window's steps counted at most: a larger range is a typo, not a profile
@@ -135,7 +136,10 @@ def read_step_records(folders: dict[int, Path], inputs: Inputs, notes: list[dict
             p2p[rank] = found.p2p
         if found.device and flushed is not None:
             flushed.append(device_record(rank, found.device))
-    return rf.one_table(frames), phases, p2p
+    table = rf.one_table(frames)
+    del frames
+    release_freed_memory()  # the blocks' columns, joined: holes in the heap the whole table never reuses
+    return table, phases, p2p
 
 
 def rank_folders(run_dir: Path, inputs: Inputs) -> dict[int, Path]:

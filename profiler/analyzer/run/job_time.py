@@ -73,7 +73,9 @@ def build(t: Tables) -> pd.DataFrame:
     (``part_<part>_ms``) beside. Empty without the ranks' ledger."""
     if t.ledger.empty or t.steps.empty:
         return pd.DataFrame(columns=STEP_COLUMNS)
-    ledger = t.ledger.merge(_gaps(t.steps), on=["rank", "step"], how="left")
+    # The columns it reads: a merge copies what it is given, and a long run's whole ledger is hundreds of MB.
+    read = [c for c in t.ledger.columns if c in ("rank", "step", "lost_ms") or str(c).startswith(("work_", "excess_"))]
+    ledger = t.ledger[read].merge(_gaps(t.steps), on=["rank", "step"], how="left")
     shared = _shared_parts(ledger, t.steps, [*t.phases, OUTSIDE, DEVICE_BUSY, DEVICE_IDLE])
     by_step = shared.groupby(ledger["step"].to_numpy())
     typical = by_step.median()  # the job's typical rank, part by part

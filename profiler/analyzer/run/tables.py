@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from diagtrain.profiler.util.heap import release_freed_memory
 from diagtrain.profiler.analyzer.run import clocks, device_time, job_time, ledger
 from diagtrain.profiler.analyzer.read import run_files as rf
 from diagtrain.profiler.analyzer.rank.collectives import match
@@ -118,7 +119,9 @@ def assemble(t: Tables, device: list[DeviceRecord], p2p: dict[int, P2PCalls], me
     t.ranks = rank_table(t, results)
     t.telemetry = join_telemetry(t.telemetry, t.steps)
     t.ledger = ledger.build(t)
+    release_freed_memory()  # each ledger's temporaries, before the next stage's: a long run's peak is one stage's
     t.job_steps = job_time.build(t)
+    release_freed_memory()
     return t
 
 
@@ -190,13 +193,17 @@ COUNTER_COLUMNS = ("comm_wait_ms", "comm_calls", "cpu_ms", "runq_ms", "comm_runq
                    "gpu_peak_since")
 
 
+# Columns no record carried a value of: not measured, no column (a column of Nones is 8 bytes a rank-step).
+UNKNOWN_DROPPED = (*COUNTER_COLUMNS, "peak_mem_bytes", "samples", "tokens")
+
+
 def step_table(recorded: pd.DataFrame, traced: pd.DataFrame | None = None, profiled: set[int] | None = None) -> pd.DataFrame:
     """The steps table: each rank's step records joined with its traced steps, sorted, profiled steps marked (by the
     traces, or ``profiled``: the steps the ranks were asked to profile, for a window whose traces are not read), no
     column for a counter no record carried (older runs, jobs whose counters are off)."""
     if len(recorded):
         recorded = recorded.drop(columns=[c for c in recorded.columns
-                                          if c in COUNTER_COLUMNS and recorded[c].isna().all()])
+                                          if c in UNKNOWN_DROPPED and recorded[c].isna().all()])
     steps = _joined(recorded, pd.DataFrame() if traced is None else traced)
     if profiled is not None and len(steps):
         # Profiled steps carry the profiler's own cost (its buffers grow RSS): the detectors know them.

@@ -107,6 +107,11 @@ def steady(steps: pd.DataFrame, at_least: int | None = None) -> pd.DataFrame:
     return later if later["step"].nunique() >= (s.min_steady_steps if at_least is None else at_least) else steps
 
 
+def steady_columns(steps: pd.DataFrame, columns: tuple[str, ...], at_least: int | None = None) -> pd.DataFrame:
+    """:func:`steady` of ``columns`` of ``steps`` (those it has): a long run's whole table is not copied for a few."""
+    return steady(steps[[c for c in dict.fromkeys(columns) if c in steps]], at_least)
+
+
 def time_range(steps: pd.DataFrame) -> tuple[float, float] | None:
     """Unix-time span of these step rows."""
     if steps.empty or "start" not in steps:

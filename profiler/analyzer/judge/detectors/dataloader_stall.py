@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady, time_range
+from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady_columns, time_range
 from diagtrain.profiler.util.text import ranges
 from diagtrain.profiler.analyzer.judge.findings import Candidate
 from diagtrain.profiler.analyzer.run.tables import Tables
@@ -36,7 +36,7 @@ SETTINGS = (DataloaderStall, Steady)
 def detect(tables: Tables) -> list[Candidate]:
     """Ranks whose data phase stands far above the run's typical one in several steps."""
     s = DataloaderStall.active()
-    steps = steady(tables.steps)
+    steps = steady_columns(tables.steps, ("rank", "step", "start", "end", "wall_ms", "data_ms"))
     if "data_ms" not in steps or steps["data_ms"].isna().all():
         return []
     typical = float(steps["data_ms"].median())

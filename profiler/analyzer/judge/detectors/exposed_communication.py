@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from diagtrain.profiler.util.settings import section, setting
-from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady
+from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady_columns
 from diagtrain.profiler.analyzer.judge.findings import UPPER_BOUND, Candidate
 from diagtrain.profiler.analyzer.run.tables import Tables
 
@@ -23,7 +23,7 @@ SETTINGS = (ExposedCommunication, Steady)
 def detect(tables: Tables) -> list[Candidate]:
     """One finding when communication nothing overlaps takes a good share of the profiled steps."""
     s = ExposedCommunication.active()
-    steps = steady(tables.steps)
+    steps = steady_columns(tables.steps, ("rank", "step", "wall_ms", "exposed_comm_ms"))
     if "exposed_comm_ms" not in steps or steps["exposed_comm_ms"].isna().all():
         return []
     profiled = steps[steps["exposed_comm_ms"].notna()]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady, time_range
+from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady_columns, time_range
 from diagtrain.profiler.analyzer.judge.findings import Candidate
 from diagtrain.profiler.analyzer.run.tables import Tables, unix_seconds
 from diagtrain.profiler.util.groups import distinct_rows, median_of_others
@@ -90,7 +90,8 @@ class Growth:
 def detect(tables: Tables) -> list[Candidate]:
     """Ranks whose memory rises step after step after warm-up."""
     s = MemoryGrowth.active()
-    steps = steady(tables.steps, at_least=s.min_steps)
+    steps = steady_columns(tables.steps, ("rank", "step", "start", "end", "wall_ms", "profiled", *MEMORIES),
+                           at_least=s.min_steps)
     if steps.empty or not any(m in steps for m in MEMORIES):
         return []
     steps = steps[steps["step"] > max(s.warmup_steps, Steady.active().warmup_steps)]

@@ -67,12 +67,16 @@ RECORDED = (Measure.DEVICE_IDLE, Measure.DEVICE_BUSY, Measure.PHASE, Measure.OWN
 # Which time each kind of evidence measured (a finding's ``metrics["time_source"]``).
 TIME_SOURCE = {"trace": "trace", DEVICE: "device", "phases": "host", COUNTERS: "host"}
 SETTINGS = (Straggler, Steady, LateArrival, OwnTime)
+# Columns of the steps table the detector never reads (memory, counts, CPU counters): left out of its copy of the
+# steady steps, a long run's largest.
+UNREAD = ("peak_mem_bytes", "samples", "tokens", "comm_calls", "cpu_ms", "runq_ms", "comm_runq_ms", "page_faults",
+          "rss_bytes", "gpu_allocated_bytes", "gpu_reserved_bytes", "gpu_peak_bytes", "gpu_peak_since")
 
 
 def detect(tables: Tables) -> list[Candidate]:
     """Ranks whose own work, in some part of the step, stands above their peers' beyond the noise."""
     s = Straggler.active()
-    steps = steady(tables.steps)
+    steps = steady(tables.steps.drop(columns=[c for c in UNREAD if c in tables.steps]))
     if steps.empty or steps["rank"].nunique() < 2:
         return []
     findings = []
@@ -250,9 +254,11 @@ def _usual(quantities: pd.DataFrame, min_steps: int) -> tuple[pd.DataFrame, pd.D
     values = quantities.drop(columns=["step", "rank"])
     by_rank = values.groupby(quantities["rank"])
     usual = by_rank.median()
-    # All ranks at once (a function per rank and quantity cost a second at 1,024 ranks); NaN is skipped.
-    deviation = (values - usual.loc[quantities["rank"]].to_numpy()).abs()
-    noise = MAD_TO_SIGMA * deviation.groupby(quantities["rank"]).median()
+    # All ranks at once (a function per rank and quantity cost a second at 1,024 ranks), a quantity at a time (all
+    # at once held three copies of a long run's quantities); NaN is skipped.
+    at = usual.index.get_indexer(quantities["rank"])
+    noise = pd.DataFrame({label: MAD_TO_SIGMA * (values[label] - usual[label].to_numpy()[at]).abs()
+                          .groupby(quantities["rank"]).median() for label in values.columns}, columns=values.columns)
     return usual, noise.where(by_rank.count() >= min_steps)
 
 
