@@ -17,6 +17,7 @@ import io
 import json
 import os
 import re
+import secrets
 import signal
 import stat
 import time
@@ -149,7 +150,32 @@ def default_run_dir(label: str, root: str | os.PathLike = "runs") -> Path:
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     """Write ``obj`` as JSON to ``path`` so that readers see the old file or the new one, never half."""
-    write_bytes_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+    write_bytes_atomic(path, (json_text(obj, sort_keys=True) + "\n").encode())
+
+
+INLINE_NUMBERS = 8  # a longer list of plain numbers is written on one line: a long run's steps, not one a line
+
+
+def json_text(obj: Any, sort_keys: bool = False, default: Any = None) -> str:
+    """``obj`` as indented JSON, with each list of more than INLINE_NUMBERS plain numbers on one line: a finding of
+    a long run names hundreds of thousands of steps, one a line was megabytes, and Python's indenting encoder
+    wrote them a second a million."""
+    inline: list[list[Any]] = []
+    token = secrets.token_hex(8)  # each list's stand-in: a string no document holds
+
+    def swapped(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: swapped(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            if len(x) > INLINE_NUMBERS and all(type(v) in (int, float) for v in x):
+                inline.append(list(x))
+                return f"{token}:{len(inline) - 1}"
+            return [swapped(v) for v in x]
+        return x
+
+    text = json.dumps(swapped(obj), indent=2, sort_keys=sort_keys, default=default)
+    stand_in = re.compile(f'"{token}:(\\d+)"')
+    return stand_in.sub(lambda m: json.dumps(inline[int(m.group(1))], separators=(", ", ": ")), text) if inline else text
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import html
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from diagtrain.profiler.analyzer.report.sections import (critical_path_lines, ex
 from diagtrain.profiler.analyzer.report.wording import finding_json, saving_text
 from diagtrain.profiler.analyzer.run.health import UNCOUNTED_CHECKS
 from diagtrain.profiler.analyzer.run.tables import Tables
-from diagtrain.profiler.run_dir import SCHEMA_VERSION, write_bytes_atomic
+from diagtrain.profiler.run_dir import SCHEMA_VERSION, json_text, write_bytes_atomic
 from diagtrain.profiler.util.bounded_read import display
 
 FORMATS = ("md", "json", "html")
@@ -46,7 +45,7 @@ def write(run_out: Path, report: dict[str, Any], formats: list[str], tables: Tab
     written = []
     for fmt in formats:
         path = run_out / f"report.{fmt}"
-        text = {"md": markdown, "json": lambda r: json.dumps(r, indent=2, default=str) + "\n",
+        text = {"md": markdown, "json": lambda r: json_text(r, default=str) + "\n",
                 "html": lambda r: html_page(r, tables)}[fmt](report)
         write_bytes_atomic(path, text.encode())
         written.append(path)
