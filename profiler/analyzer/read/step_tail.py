@@ -8,6 +8,7 @@ seconds, so a read costs what was appended, not the run.
 
 from __future__ import annotations
 
+import heapq
 import json
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,8 @@ class RankSteps:
         self.found.repeated += sum(step in self.rows for step in added)  # a step recorded again, read later
         self.rows.update(added)
         if self.keep is not None and len(self.rows) > self.keep:
-            for step in sorted(self.rows)[:len(self.rows) - self.keep]:
+            # The oldest few only (one a read, as a rank moves on): not a sort of every step held, at every rank.
+            for step in heapq.nsmallest(len(self.rows) - self.keep, self.rows):
                 del self.rows[step]
                 self.found.p2p.pop(step, None)
         self.found.bound_problems()
