@@ -27,6 +27,7 @@ from diagtrain.profiler.analyzer.read.step_tail import JsonlTail, RankSteps, Ste
 from diagtrain.profiler.analyzer.rank.p2p import from_step_records as p2p_from_step_records
 from diagtrain.profiler.analyzer.read.run_read import clock_measurements, requested_profile_steps
 from diagtrain.profiler.analyzer.run import device_time
+from diagtrain.profiler.analyzer.run.live_ledger import LiveLedger
 from diagtrain.profiler.analyzer.run.live_traces import LiveTraces
 from diagtrain.profiler.analyzer.run.tables import Tables, assemble, step_table
 from diagtrain.profiler.run_dir import ANALYSIS_CACHE, HOSTS_DIR, RankIndex, read_hosts
@@ -62,6 +63,7 @@ class LiveSteps:
         self.direct: dict[int, StepTail] = {}  # rank -> its own steps.jsonl, where no summary carries it
         self.silenced: list[str] = []  # hosts whose summary fell silent at the last read
         self.rows = HeldRows()  # the held step rows as a table, built from what each read added
+        self.ledger = LiveLedger()  # the windows' ledgers, each reusing the steps of the one before
         self.telemetry: dict[Path, JsonlTail] = {}
         self.samples: list[dict[str, Any]] = []  # telemetry rows of the ranks and hosts, recent ones
         self.new_samples: list[dict[str, Any]] = []  # the rows the last read added
@@ -212,7 +214,7 @@ class LiveSteps:
                         world_size=self.world_size(), rank_hosts=self.rank_hosts(), hosts=hosts,
                         on_gpu=self.traces is not None and self.traces.on_gpu, process_groups=self.process_groups(),
                         telemetry=self._recent_telemetry(float(steps["start"].min())))
-        return assemble(tables, device, p2p, clock_measurements(self.run_dir))
+        return assemble(tables, device, p2p, clock_measurements(self.run_dir), ledger_of=self.ledger.build)
 
     def hosts(self) -> list[dict[str, Any]]:
         """The hosts' records (their CPUs: a crowded host hides a rank's extra work), read until every rank's is."""

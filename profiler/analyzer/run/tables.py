@@ -7,6 +7,7 @@ detectors see the same columns either way. Detectors never read files themselves
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,10 +96,11 @@ def build(run_dir: Path, results: list[RankResult], flight_recorder_dir: Path | 
 
 
 def assemble(t: Tables, device: list[DeviceRecord], p2p: dict[int, P2PCalls], measurements: dict[str, list[dict]],
-             results: list[RankResult] | tuple = ()) -> Tables:
+             results: list[RankResult] | tuple = (), ledger_of: Callable[[Tables], pd.DataFrame] = ledger.build) -> Tables:
     """What the read tables imply, derived the same way for a live window (run/live_tables.py) and a finished
     run: device timings, the run's structure, every host on one clock, waits, ranks, telemetry by step, the ledgers
-    (the ranks' and the job's)."""
+    (the ranks' and the job's). ``ledger_of``: the ranks' ledger of the tables, as ``ledger.build`` gives it (a live
+    window's reuses the steps the window before held: run/live_ledger.py)."""
     if "data" not in t.phases and "data_ms" in t.steps and t.steps["data_ms"].notna().any():
         t.phases = ["data", *t.phases]  # from the traces' DataLoader spans: a data phase comes first
     # Before the clocks are lined up: a flight record's creation time is on its rank's own clock, as its steps are.
@@ -114,7 +116,7 @@ def assemble(t: Tables, device: list[DeviceRecord], p2p: dict[int, P2PCalls], me
     t.steps = with_waits(t.steps, t.collectives)
     t.ranks = rank_table(t, results)
     t.telemetry = join_telemetry(t.telemetry, t.steps)
-    t.ledger = ledger.build(t)
+    t.ledger = ledger_of(t)
     t.job_steps = job_time.build(t)
     return t
 
