@@ -120,7 +120,10 @@ def host_loads(tables: Tables, steps: pd.DataFrame | None = None) -> dict[str, H
     ranks_of: dict[str, list[int]] = {}
     for rank, host in sorted(hosts.items()):
         ranks_of.setdefault(host, []).append(rank)
-    spans = steps.groupby(steps["rank"].map(hosts).rename("host")).agg(start=("start", "min"), end=("end", "max"))
+    # By rank first (integers), then the ranks' spans by host: a host's name mapped to every step row cost
+    # 30 ms at 8,192 ranks; the earliest start of its ranks' earliest is its earliest all the same.
+    by_rank = steps.groupby("rank").agg(start=("start", "min"), end=("end", "max"))
+    spans = by_rank.groupby(by_rank.index.map(hosts).rename("host")).agg(start=("start", "min"), end=("end", "max"))
     runq = _runq_by_host(steps, hosts).to_dict("index")
     telemetry = _host_telemetry(tables.telemetry)
     loads = {}
