@@ -342,7 +342,9 @@ def main() -> None:
         for ranks in args.ranks:
             for way in args.ways:
                 sections[WAYS[way]].append(measure(ranks, args.reps, ranks in args.profile, way == "reduced"))
-                print(json.dumps({k: v for k, v in sections[WAYS[way]][-1].items() if k != "cpu_s"}), flush=True)
+                row = sections[WAYS[way]][-1]
+                # Unsaved, every judgement's CPU too: in_turns pools the rounds' judgements from this line.
+                print(json.dumps(row if args.no_save else {k: v for k, v in row.items() if k != "cpu_s"}), flush=True)
     found = [time_to_finding(n) for n in args.time_to_finding]
     for row in found:
         print(json.dumps(row), flush=True)
