@@ -115,3 +115,13 @@ def test_what_every_step_shares_changing_builds_the_whole_window(built, change):
     built.clear()
     pd.testing.assert_frame_equal(live.build(t), expected, check_exact=True)
     assert built == [WINDOW]
+
+
+def test_a_window_whose_blocked_time_is_no_longer_recorded_has_no_ledger_as_one_build_gives(built):
+    live = LiveLedger()
+    live.build(window(WINDOW))
+    t = window(WINDOW + 1)
+    t.steps["comm_wait_ms"] = np.nan  # every step's counters gone: every step changed
+    found = live.build(t)
+    pd.testing.assert_frame_equal(found, ledger.build(t), check_exact=True)
+    assert found.empty

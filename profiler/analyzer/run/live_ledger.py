@@ -37,8 +37,8 @@ class LiveLedger:
         """``ledger.build(t)``, reusing the rows of the last window's steps whose rows did not change."""
         shared = _shared(t)
         changed = self._changed(t.steps) if shared == self._shared else None
-        if changed is None:
-            built = ledger.build(t)
+        if changed is None or changed >= set(pd.unique(t.steps["step"].to_numpy()).tolist()):
+            built = ledger.build(t)  # nothing to reuse (a window whose every step changed may have no ledger at all)
         else:
             built = self._updated(t, changed)
         self._steps, self._ledger, self._shared = t.steps, built, shared
