@@ -244,16 +244,17 @@ def _straggler_named(active: list[dict]) -> bool:
     return any(f["kind"] == "straggler" and f["ranks"] == [STRAGGLER] and f["severity"] != "info" for f in active)
 
 
-def in_turns(before: Path, ranks: list[int], reps: int, rounds: int) -> dict[str, list[dict]]:
-    """Each rank count measured by the older code and by this code in turns, in fresh processes; per
-    code, one row per rank count over all its rounds' judgements."""
+def in_turns(before: Path, ranks: list[int], reps: int, rounds: int, way: str = "reduced") -> dict[str, list[dict]]:
+    """Each rank count measured by the older code and by this code in turns, in fresh processes, the judge reading
+    the records ``way`` (one way: a process measuring both would report the last); per code, one row per rank
+    count over all its rounds' judgements."""
     code = {"before": str(before), "after": ""}  # "": no PYTHONPATH, the installed (this) diagtrain
     found: dict[str, dict[int, list[dict]]] = {name: {n: [] for n in ranks} for name in code}
     for _ in range(rounds):
         for n in ranks:
             for name, path in code.items():
-                out = subprocess.run([sys.executable, __file__, "--ranks", str(n), "--reps", str(reps), "--no-save"],
-                                     capture_output=True, text=True, check=True,
+                out = subprocess.run([sys.executable, __file__, "--ranks", str(n), "--reps", str(reps), "--no-save",
+                                      "--ways", way], capture_output=True, text=True, check=True,
                                      env={**os.environ, "PYTHONPATH": path})
                 found[name][n].append(json.loads(out.stdout.strip().splitlines()[-1]))
                 print(name, json.dumps({k: v for k, v in found[name][n][-1].items() if k != "cpu_s"}), flush=True)
@@ -333,13 +334,17 @@ def main() -> None:
         started.append(from_start(n))
         print(json.dumps({k: v for k, v in started[-1].items() if k != "cpu_s"}), flush=True)
     if args.before:
-        sections = in_turns(args.before, args.ranks, args.reps, args.rounds)
+        if len(args.ways) != 1:
+            parser.error("--before measures one way at a time: give --ways reduced or --ways direct")
+        sections = in_turns(args.before, args.ranks, args.reps, args.rounds, args.ways[0])
     else:
         sections = {WAYS[way]: [] for way in args.ways}
         for ranks in args.ranks:
             for way in args.ways:
                 sections[WAYS[way]].append(measure(ranks, args.reps, ranks in args.profile, way == "reduced"))
-                print(json.dumps({k: v for k, v in sections[WAYS[way]][-1].items() if k != "cpu_s"}), flush=True)
+                row = sections[WAYS[way]][-1]
+                # Unsaved, every judgement's CPU too: in_turns pools the rounds' judgements from this line.
+                print(json.dumps(row if args.no_save else {k: v for k, v in row.items() if k != "cpu_s"}), flush=True)
     found = [time_to_finding(n) for n in args.time_to_finding]
     for row in found:
         print(json.dumps(row), flush=True)

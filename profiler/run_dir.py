@@ -435,12 +435,16 @@ class RankIndex:
 
     def refresh(self) -> dict[int, dict[str, Any]]:
         """Every rank that has written rank.json so far, by rank."""
-        if self.ranks_dir.is_dir():
-            for folder in self.ranks_dir.iterdir():
-                if folder.name.isdigit() and int(folder.name) not in self.info:
-                    info = read_json(folder / "rank.json")
-                    if isinstance(info, dict):  # anything else is not a rank record (a damaged file)
-                        self.info[int(folder.name)] = info
+        try:
+            # Names only, a path made for a new rank alone: 8,192 folders were 8,192 paths at every refresh (25 ms).
+            names = [entry.name for entry in os.scandir(self.ranks_dir)]
+        except OSError:  # no ranks folder yet (or not a folder)
+            return self.info
+        for name in names:
+            if name.isdigit() and int(name) not in self.info:
+                info = read_json(self.ranks_dir / name / "rank.json")
+                if isinstance(info, dict):  # anything else is not a rank record (a damaged file)
+                    self.info[int(name)] = info
         return self.info
 
     def on_host(self, host: str) -> dict[int, dict[str, Any]]:

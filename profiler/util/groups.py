@@ -61,47 +61,79 @@ def median_of_others(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
     of them is NaN, and for an element alone in its group), without a median per element.
 
     Sorted within its group, an element's others are the sorted values with its own position left
-    out: their middle one (or two) sit at fixed positions, shifted by one past the element's own."""
+    out: their middle one (or two) sit at fixed positions, shifted by one past the element's own. Whether it
+    is shifted is told by the element's value: one at or below the value at a middle position sits at or
+    before it, or its equals fill the positions between and the shifted value is the same."""
     g = _Sorted(values, groups)
-    own = np.arange(len(g.values)) - g.start  # the element's position in its sorted group
     others = g.size - 1
     low, high = (others - 1) // 2, others // 2
-    found = g.middle(low + (low >= own), high + (high >= own), others >= 1)
-    return g.back(np.where(g.nans - np.isnan(g.values) > 0, np.nan, found))
+    a = g.past(low, g.values)
+    b = g.past(high, g.values)
+    found = np.where(g.of(low == high), a, (a + b) / 2)
+    return np.where(g.of(others < 1) | (g.of(g.nans) - np.isnan(g.values) > 0), np.nan, found)
 
 
 def median_by(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
     """For each element, ``np.median`` of its group (itself included), to the bit (NaN where the group
     holds a NaN)."""
     g = _Sorted(values, groups)
-    found = g.middle((g.size - 1) // 2, g.size // 2, g.size >= 1)
-    return g.back(np.where(g.nans > 0, np.nan, found))
+    low, high = (g.size - 1) // 2, g.size // 2
+    a, b = g.at(low), g.at(high)
+    return g.of(np.where(g.nans > 0, np.nan, np.where(low == high, a, (a + b) / 2)))
+
+
+def _by_group_then_value(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """The positions of ``values`` sorted by group, then by value (NaN last): ``np.lexsort((values, groups))`` up
+    to the order of equal values, which no median here tells apart. An unstable sort of the values (SIMD
+    quicksort), then a stable one of their groups (:func:`stable_order`): a sixth of lexsort's merge sort (5 ms,
+    not 30, for 8,192 ranks x 20 steps, where the medians were most of a live judgement's ledger)."""
+    by_value = np.argsort(values)
+    return by_value[stable_order(groups[by_value])]
+
+
+def stable_order(keys: np.ndarray) -> np.ndarray:
+    """``np.argsort(keys, kind="stable")``, in linear time for integer keys that span less than 2**32 values (group
+    codes, steps): numpy sorts 16-bit integers by radix, so such keys are sorted by their low 16 bits, then stably by
+    their high 16 (timsort of 160,000 shuffled int64 codes took 12 ms, the radix passes 1-2 ms)."""
+    keys = np.asarray(keys)
+    if keys.dtype.kind not in "iu" or len(keys) == 0:
+        return np.argsort(keys, kind="stable")
+    low, high = int(keys.min()), int(keys.max())
+    if high - low >= 2**32:
+        return np.argsort(keys, kind="stable")
+    shifted = keys.astype(np.int64) - low if keys.dtype != np.uint64 else (keys - np.uint64(low)).astype(np.int64)
+    if high - low < 2**16:
+        return np.argsort(shifted.astype(np.uint16), kind="stable")
+    order = np.argsort((shifted & 0xFFFF).astype(np.uint16), kind="stable")
+    return order[np.argsort((shifted[order] >> 16).astype(np.uint16), kind="stable")]
 
 
 class _Sorted:
-    """Values sorted within their groups (NaN last), and per sorted element its group's start and size
-    and how many NaN the group holds."""
+    """Values sorted within their groups (NaN last): per group its start among them, size and NaN count; per
+    element its group. Per-group answers are taken to the elements by one gather (:meth:`of`), not computed
+    for every element of a sorted copy and put back in order."""
 
     def __init__(self, values: np.ndarray, groups: np.ndarray) -> None:
-        values, groups = np.asarray(values, dtype=float), np.asarray(groups)
-        self.order = np.lexsort((values, groups))
-        self.values, cells = values[self.order], groups[self.order]
-        n = len(values)
-        starts = np.flatnonzero(np.r_[True, cells[1:] != cells[:-1]]) if n else np.zeros(0, dtype=int)
-        sizes = np.diff(np.r_[starts, n]).astype(int)
-        self.start, self.size = np.repeat(starts, sizes), np.repeat(sizes, sizes)
-        self.nans = np.repeat(np.add.reduceat(np.isnan(self.values).astype(int), starts) if n else np.zeros(0), sizes)
+        self.values, groups = np.asarray(values, dtype=float), np.asarray(groups)
+        order = _by_group_then_value(self.values, groups)
+        self.sorted, cells = self.values[order], groups[order]
+        n = len(order)
+        self.start = np.flatnonzero(np.r_[True, cells[1:] != cells[:-1]]) if n else np.zeros(0, dtype=np.int64)
+        self.size = np.diff(np.r_[self.start, n])
+        self.nans = np.add.reduceat(np.isnan(self.sorted).astype(np.int64), self.start) if n else self.size
+        self.group = np.empty(n, dtype=np.int64)
+        self.group[order] = np.repeat(np.arange(len(self.start)), self.size)
 
-    def middle(self, low: np.ndarray, high: np.ndarray, valid: np.ndarray) -> np.ndarray:
-        """np.median's middle of the positions ``low`` and ``high`` in each group: the value where they
-        are one, else the mean of the two, ``(a + b) / 2`` as np.mean of two computes it; NaN where
-        not ``valid``."""
-        a = self.values[np.where(valid, self.start + low, 0)]
-        b = self.values[np.where(valid, self.start + high, 0)]
-        return np.where(valid, np.where(low == high, a, (a + b) / 2), np.nan)
+    def at(self, position: np.ndarray) -> np.ndarray:
+        """Each group's sorted value at ``position`` (per group, clipped into the group: callers mask the rest)."""
+        return self.sorted[self.start + np.clip(position, 0, self.size - 1)]
 
-    def back(self, sorted_values: np.ndarray) -> np.ndarray:
-        """Per-element results in the original order."""
-        out = np.empty(len(sorted_values))
-        out[self.order] = sorted_values
-        return out
+    def past(self, position: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """Per element, its group's sorted value at ``position`` among the others, the element left out: the one
+        after ``position`` where the element sits at or before it (told by its value, ``values``)."""
+        here, after = self.of(self.at(position)), self.of(self.at(position + 1))
+        return np.where(values <= here, after, here)
+
+    def of(self, per_group: np.ndarray) -> np.ndarray:
+        """A per-group array, per element."""
+        return per_group[self.group]

@@ -227,9 +227,12 @@ def _steady(t: Tables, columns: tuple[str, ...] | None = None) -> pd.DataFrame:
     ledger = getattr(t, "ledger", None)
     if ledger is None or ledger.empty:
         return pd.DataFrame()
-    kept = steady(pd.DataFrame({"step": distinct(ledger["step"])}))  # its distinct steps: steady counts only them
+    steps = distinct(ledger["step"])
+    kept = steady(pd.DataFrame({"step": steps}))  # its distinct steps: steady counts only them
     if columns is not None:
         ledger = ledger[[c for c in ledger.columns if c in columns]]
+    if len(kept) == len(steps):
+        return ledger  # every step steady: the ledger as it is (read only here), not a copy of it
     return ledger[ledger["step"].isin(kept["step"])]
 
 

@@ -91,8 +91,12 @@ def judge(t: Tables, spans_of: Callable[[int], pd.DataFrame | None], progress: C
     ``progress``). A failing step is reported, never fatal."""
     status = (lambda _: None) if live else progress
     status("running the detectors")
-    release_freed_memory()  # what building the tables and checking their health freed: not under the detectors' peak
-    judged = Judged(run_detectors(t, progress, notes, only=[d for d in DETECTORS if d not in NOT_LIVE] if live else None))
+    # A finished run's memory: what each stage freed handed back before the next (a long run's peak is one stage's);
+    # a live window is small, and judged every few seconds.
+    trim = (lambda: None) if live else release_freed_memory
+    trim()
+    judged = Judged(run_detectors(t, progress, notes, only=[d for d in DETECTORS if d not in NOT_LIVE] if live else None,
+                                  trim=trim))
     status("tracing the critical path")  # from the tables alone: its replay assesses the findings below
     paths, path_section = trace_critical_path(t, progress)
     context = Context(t, spans_of, paths)
@@ -101,7 +105,7 @@ def judge(t: Tables, spans_of: Callable[[int], pd.DataFrame | None], progress: C
             judged.take(assess(judged.findings(), context))
         except Exception as e:  # noqa: BLE001 - the findings stand as they were
             progress(f"{name} check failed: {type(e).__name__}: {e}")
-        release_freed_memory()
+        trim()
     findings = judged.findings()
     if live:
         return Judgement(findings, path_section, None, None)
@@ -130,7 +134,7 @@ def ledger_section(t: Tables, progress: Callable[[str], None]) -> dict[str, Any]
 
 
 def run_detectors(t: Tables, progress: Callable[[str], None], notes: list[dict] | None = None,
-                  only: list[str] | None = None) -> list[Candidate]:
+                  only: list[str] | None = None, trim: Callable[[], None] = lambda: None) -> list[Candidate]:
     """Every registered detector's candidates (those named in ``only``, when given), each stamped with the
     settings it ran with."""
     found = []
@@ -150,7 +154,7 @@ def run_detectors(t: Tables, progress: Callable[[str], None], notes: list[dict] 
         for f in made:
             f.settings = {**used, **f.settings}
         found += made
-        release_freed_memory()  # a detector's temporaries (a long run's copies of its steps), before the next's
+        trim()  # a detector's temporaries (a long run's copies of its steps), before the next's
     return found
 
 

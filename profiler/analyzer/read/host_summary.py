@@ -163,7 +163,8 @@ class HostSummary:
             for row in _rows(line.get("groups")):
                 rank = row.get("rank")
                 if isinstance(rank, int) and rank not in self.elsewhere and isinstance(row.get("step"), int):
-                    self.ranks.setdefault(rank, RankSteps(rank, self.keep))  # a rank the reader has not seen yet
+                    if rank not in self.ranks:  # a rank the reader has not seen yet (made only then: 8,192 a read)
+                        self.ranks[rank] = RankSteps(rank, self.keep)
                     added.setdefault(rank, {})[row["step"]] = row
             for rank, more in (line.get("extra") or {}).items():
                 if rank.isdigit() and int(rank) in self.ranks and isinstance(more, dict):

@@ -8,14 +8,16 @@ seconds, so a read costs what was appended, not the run.
 
 from __future__ import annotations
 
+import heapq
 from pathlib import Path
 from typing import Any
 
 from diagtrain.profiler.analyzer.read.run_files import StepFile, add_step
 # The tails live with the segments (no pandas there: the wrapper follows step records before the analyzer loads).
-from diagtrain.profiler.step_files import JsonlTail, StepFilesTail
+from diagtrain.profiler.step_files import JsonlTail, StepFilesTail, json_value
 
-__all__ = ["JsonlTail", "RankSteps", "StepFilesTail", "StepTail"]
+__all__ = ["JsonlTail", "RankSteps", "StepFilesTail", "StepTail", "json_value"]
+
 
 
 class RankSteps:
@@ -35,7 +37,8 @@ class RankSteps:
         self.found.repeated += sum(step in self.rows for step in added)  # a step recorded again, read later
         self.rows.update(added)
         if self.keep is not None and len(self.rows) > self.keep:
-            for step in sorted(self.rows)[:len(self.rows) - self.keep]:
+            # The oldest few only (one a read, as a rank moves on): not a sort of every step held, at every rank.
+            for step in heapq.nsmallest(len(self.rows) - self.keep, self.rows):
                 del self.rows[step]
                 self.found.p2p.pop(step, None)
         self.found.bound_problems()
