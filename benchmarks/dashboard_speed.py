@@ -25,7 +25,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from common import machine, run, save
 from synthetic import trace_set
@@ -117,13 +120,19 @@ Plotly.newPlot(div, [], {}).then(function() { var t = performance.now() - t0; Pl
 """
 
 
-def serve_to_chromium(flask_app):  # noqa: ANN001, ANN201 - werkzeug's server, selenium's driver
-    """The app served on a loopback port, and headless Chromium (1600x1000, WebGL by SwiftShader) to open it."""
+@contextmanager
+def dashboard_in_chromium(folder: Path) -> Iterator[tuple[Any, Callable[[], None]]]:
+    """The dashboard of ``folder`` served on a loopback port to headless Chromium (1600x1000, WebGL by SwiftShader,
+    no GPU): yields the driver and a function that opens the page afresh and waits for its tabs."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
     from werkzeug.serving import make_server
 
-    server = make_server("127.0.0.1", 0, flask_app, threaded=True)
+    from diagtrain.dashboard import app, data
+
+    server = make_server("127.0.0.1", 0, app.build([data.load(folder)]).server, threaded=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     options = webdriver.ChromeOptions()
     for arg in ("--headless=new", "--no-sandbox", "--use-angle=swiftshader", "--enable-unsafe-swiftshader",
@@ -132,31 +141,35 @@ def serve_to_chromium(flask_app):  # noqa: ANN001, ANN201 - werkzeug's server, s
     options.binary_location = CHROMIUM
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.set_script_timeout(WAIT_S)
-    return server, driver
+
+    def fresh_page() -> None:
+        driver.get(f"http://127.0.0.1:{server.server_port}/")
+        WebDriverWait(driver, WAIT_S).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".tab"))
+        time.sleep(0.5)
+
+    try:
+        yield driver, fresh_page
+    finally:
+        driver.quit()
+        server.shutdown()
+
+
+def browser_errors(driver: Any) -> list[str]:
+    """The page's severe console messages."""
+    return [e["message"][:200] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
 
 
 def browser_side(folder: Path, reps: int, end: float) -> dict:
     """First draw and zoom as headless Chromium sees them, in ms."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    from diagtrain.dashboard import app, data
-
-    server, driver = serve_to_chromium(app.build([data.load(folder)]).server)
     firsts, zooms = [], []
-    try:
+    with dashboard_in_chromium(folder) as (driver, fresh_page):
         for k in range(reps):
-            driver.get(f"http://127.0.0.1:{server.server_port}/")
-            WebDriverWait(driver, WAIT_S).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".tab"))
-            time.sleep(0.5)
+            fresh_page()
             firsts.append(driver.execute_async_script(FIRST_DRAW))
             lo = end * (0.3 + 0.1 * k)
             zooms.append(driver.execute_async_script(ZOOM, lo, lo + end * ZOOM_SHARE))
         empty = [driver.execute_async_script(EMPTY_PLOT) for _ in range(reps)]  # the machine's state, in the page
-        severe = [e["message"][:200] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
-    finally:
-        driver.quit()
-        server.shutdown()
+        severe = browser_errors(driver)
     return {"first_ms": [round(x) for x in firsts], "zoom_ms": [round(x) for x in zooms],
             "empty_plot_ms": [round(x) for x in empty], "errors": severe}
 

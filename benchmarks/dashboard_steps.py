@@ -24,7 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, run, save  # noqa: E402
-from dashboard_speed import TARGET_BYTES, TARGET_FIRST_S, TARGET_ZOOM_S, WAIT_S, callback, serve_to_chromium  # noqa: E402
+from dashboard_speed import (TARGET_BYTES, TARGET_FIRST_S, TARGET_ZOOM_S, browser_errors, callback,  # noqa: E402
+                             dashboard_in_chromium)
 from long_run import write_run  # noqa: E402
 
 HEATMAP = [("heatmap", "figure")]
@@ -80,24 +81,13 @@ def server_side(folder: Path, reps: int, onset: int) -> dict:
 
 def browser_side(folder: Path, reps: int, onset: int) -> dict:
     """First draw and zoom as headless Chromium sees them, in ms."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    from diagtrain.dashboard import app, data
-
-    server, driver = serve_to_chromium(app.build([data.load(folder)]).server)
     firsts, zooms = [], []
-    try:
+    with dashboard_in_chromium(folder) as (driver, fresh_page):
         for _ in range(reps):
-            driver.get(f"http://127.0.0.1:{server.server_port}/")
-            WebDriverWait(driver, WAIT_S).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".tab"))
-            time.sleep(0.5)
+            fresh_page()
             firsts.append(driver.execute_async_script(FIRST_DRAW))
             zooms.append(driver.execute_async_script(ZOOM, onset - ZOOM_STEPS / 2, onset + ZOOM_STEPS / 2))
-        severe = [e["message"][:200] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
-    finally:
-        driver.quit()
-        server.shutdown()
+        severe = browser_errors(driver)
     return {"first_ms": [round(f[0]) for f in firsts], "zoom_ms": [round(z[0]) for z in zooms],
             "first_meta": firsts[-1][1], "zoom_meta": zooms[-1][1], "errors": severe}
 

@@ -26,33 +26,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import PEAK_MIB_CODE, machine, save  # noqa: E402
+from common import machine, save  # noqa: E402
 from live_cost import STRAGGLER, SyntheticJob  # noqa: E402
 from measure import run_measured_detail  # noqa: E402
+from scale import LOCAL, ON_DASK  # noqa: E402 - the same two ways of analyzing, in a fresh process
 
 DEFAULT_CASES = ("2x500000", "1x1000000", "8x250000", "1024x10000:dask")
 WORKERS = 2  # this machine's cores
 GENERATE_STEPS = 2000  # steps appended at a time while the run is written
 MAX_EXPLANATION_CHARS = 2000  # the issue's bound on a finding's words, whatever the run's length
-LOCAL = """
-import sys
-from diagtrain.profiler.cli import main
-sys.exit(main(["analyze", {run!r}, "--out", {out!r}, "--format", "json,md", "--quiet", "--workers", "{workers}"]))
-"""
-ON_DASK = PEAK_MIB_CODE + """
-import json, sys
-from distributed import Client, LocalCluster
-from diagtrain.profiler.cli import main
-
-with LocalCluster(n_workers={workers}, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \\
-        Client(cluster) as client:
-    code = main(["analyze", {run!r}, "--out", {out!r}, "--format", "json,md", "--quiet",
-                 "--scheduler", cluster.scheduler_address])
-    workers = sorted(client.run(peak_mib).values())
-with open({result!r}, "w") as f:
-    json.dump({{"worker_peak_mib": workers, "client_peak_mib": peak_mib()}}, f)
-sys.exit(code)
-"""
 
 
 def write_run(root: Path, ranks: int, steps: int) -> float:
@@ -76,7 +58,8 @@ def measure(tmp: Path, case: str) -> dict:
     run, out, result = tmp / "run", tmp / "out", tmp / "dask.json"
     written_s = write_run(run, ranks, steps)
     load_before = os.getloadavg()[0]
-    code = (ON_DASK if way == "dask" else LOCAL).format(run=str(run), out=str(out), workers=WORKERS, result=str(result))
+    code = (ON_DASK if way == "dask" else LOCAL).format(folder=str(run), out=str(out), workers=WORKERS, result=str(result),
+                                                        formats="json,md")
     wall, tree, largest, pss = run_measured_detail(code, timeout=3600)
     report = json.loads((out / "report.json").read_text())
     row = {"case": case, "ranks": ranks, "steps": steps, "rank_steps": ranks * steps, "written_s": round(written_s, 1),

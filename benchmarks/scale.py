@@ -30,7 +30,7 @@ WORKERS = 2  # this machine's cores: one rank per worker process either way
 LOCAL = """
 import sys
 from diagtrain.profiler.cli import main
-sys.exit(main(["analyze", {folder!r}, "--out", {out!r}, "--format", "json", "--quiet", "--workers", "{workers}"]))
+sys.exit(main(["analyze", {folder!r}, "--out", {out!r}, "--format", "{formats}", "--quiet", "--workers", "{workers}"]))
 """
 # The client (this process, with the LocalCluster's scheduler in it) and each worker report their own
 # peak RSS (VmHWM: the true peak, not a sample); the workers are fresh processes for each point.
@@ -41,7 +41,7 @@ from diagtrain.profiler.cli import main
 
 with LocalCluster(n_workers={workers}, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \\
         Client(cluster) as client:
-    code = main(["analyze", {folder!r}, "--out", {out!r}, "--format", "json", "--quiet",
+    code = main(["analyze", {folder!r}, "--out", {out!r}, "--format", "{formats}", "--quiet",
                  "--scheduler", cluster.scheduler_address])
     workers = sorted(client.run(peak_mib).values())
 with open({result!r}, "w") as f:
@@ -74,7 +74,7 @@ def measure(tmp: Path, ranks: int, events: int, collectives_per_step: int | None
         code = {"local pool": LOCAL, "dask LocalCluster": ON_DASK, HTA_WAY: HTA}[way]
         try:
             wall, tree, largest, _ = run_measured_detail(code.format(folder=str(folder), out=str(out), workers=WORKERS,
-                                                                  result=str(result)), timeout=HTA_TIMEOUT_S,
+                                                                  result=str(result), formats="json"), timeout=HTA_TIMEOUT_S,
                                                          max_mib=HTA_MAX_MIB if way == HTA_WAY else None)
         except (RuntimeError, TimeoutError) as e:  # HTA out of memory, of time, or failing: recorded, the series goes on
             if way != HTA_WAY:
