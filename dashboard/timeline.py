@@ -163,9 +163,12 @@ def _coalesce(starts: np.ndarray, ends: np.ndarray, names: np.ndarray, resolutio
 
 
 def _step_traces(run: RunData, steps, y_of: dict[int, int]) -> tuple[list[dict], int]:
-    """Per-step blocks, one segment per phase (or one per step without phase records)."""
+    """Per-step blocks, one segment per phase (or one per step without phase records); runs of steps where the
+    view holds more than the budget (:func:`_step_runs`)."""
     if not len(steps):
         return [], 0
+    if _runs_of(steps) > 1:
+        return _step_runs(steps, y_of)
     y = steps["rank"].map(y_of).to_numpy(dtype=float)
     starts, ends = steps["start"].to_numpy(), steps["end"].to_numpy()
     where = [f"rank {r} step {s}" for r, s in zip(steps["rank"], steps["step"])]
@@ -188,8 +191,35 @@ def _step_traces(run: RunData, steps, y_of: dict[int, int]) -> tuple[list[dict],
     return traces, count
 
 
+def _runs_of(steps) -> int:
+    """How many consecutive steps of a rank one block stands for: 1 while every step's phases fit the budget and a
+    lane's steps its pixels, else enough that they do (a long run zoomed out: a million steps)."""
+    per_lane = int(steps.groupby("rank").size().max())
+    return max(1, -(-per_lane // PIXELS), -(-len(steps) * len(PHASE_COLORS) // MAX_SEGMENTS))
+
+
+def _step_runs(steps, y_of: dict[int, int]) -> tuple[list[dict], int]:
+    """Each rank's steps in runs of :func:`_runs_of` consecutive ones, a block each from the first's start to the
+    last's end, its mean step time in its label: phases, a pixel's fraction of a block, are left to a zoom."""
+    k = _runs_of(steps)
+    s = steps[["rank", "step", "start", "end", "wall_ms"]].sort_values(["rank", "start"])
+    run_of = s.groupby("rank").cumcount().to_numpy() // k
+    runs = s.groupby([s["rank"].to_numpy(), run_of]).agg(rank=("rank", "first"), first=("step", "min"),
+                                                         last=("step", "max"), start=("start", "min"),
+                                                         end=("end", "max"), wall_ms=("wall_ms", "mean"))
+    y = runs["rank"].map(y_of).to_numpy(dtype=float)
+    labels = np.array([f"rank {r} steps {a}-{b}: mean {ms:.1f} ms" for r, a, b, ms in
+                       zip(runs["rank"], runs["first"], runs["last"], runs["wall_ms"])], dtype=object)
+    hover = len(runs) <= HOVER_MAX
+    return [_segments(f"steps ({k} a block)", STEP_COLOR, y, runs["start"].to_numpy(), runs["end"].to_numpy(), labels,
+                      BLOCK_PX, hover=hover)], len(runs)
+
+
 def _step_starts(steps, y_of: dict[int, int]) -> dict[str, Any]:
-    """A thin tick at each step's start in each lane, labelled with the step number."""
+    """A thin tick at each step's start in each lane, labelled with the step number (none where a lane holds more
+    steps than pixels: the ticks would be one band)."""
+    if len(steps) and _runs_of(steps) > 1:
+        steps = steps.iloc[:0]
     if not len(steps):
         return {"type": "scatter", "x": [], "y": [], "name": "step start", "mode": "lines", "showlegend": False}
     y = steps["rank"].map(y_of).to_numpy(dtype=float)

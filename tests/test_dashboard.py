@@ -188,12 +188,15 @@ def long_run(steps: int, slow_from: int) -> RunData:
     step = np.tile(np.arange(1, steps + 1), 2)
     rank = np.repeat([0, 1], steps)
     forward = 20.0 + np.where((rank == 1) & (step >= slow_from), 60.0, 0.0)
-    table = pd.DataFrame({"rank": rank, "step": step, "wall_ms": 130.0, "forward_ms": forward})
+    start = (step - 1) * 0.13  # seconds since t0
+    table = pd.DataFrame({"rank": rank, "step": step, "start": start, "end": start + 0.13, "wall_ms": 130.0,
+                          "forward_ms": forward})
     finding = {"kind": "straggler", "severity": "error", "ranks": [1], "steps": list(range(slow_from, steps + 1)),
                "metrics": {"quantity": "phase:forward"}}
     report = {"findings": [finding], "run": {"phases": ["forward"]}}
     empty = pd.DataFrame()
-    return RunData(Path("."), report, table, empty, empty, empty, {}, {}, {}, 0.0)
+    return RunData(Path("."), report, table, empty, empty, empty, {}, {}, {}, 0.0,
+                   lanes=[Lane(r, "host", f"r{r}") for r in (0, 1)])
 
 
 def test_a_million_steps_heatmap_shows_a_level_of_detail_that_a_zoom_refines():
@@ -214,6 +217,17 @@ def test_a_million_steps_heatmap_shows_a_level_of_detail_that_a_zoom_refines():
     assert not zoomed["layout"]["meta"]["binned"] and heat["x"] == list(range(249_991, 250_011))
     assert [v for v in heat["z"][1]] == [0.0] * 10 + [30.0] * 10  # single steps again: the onset is step 250,001
     assert zoomed["data"][1]["x"] == list(range(250_001, 250_011))
+
+
+def test_a_million_steps_timeline_draws_runs_of_steps_within_its_budget_and_single_steps_when_zoomed():
+    run = long_run(500_000, 250_001)
+    fig = timeline.figure(run, timeline.full_window(run))
+    [blocks] = [t for t in fig["data"] if t["name"].startswith("steps (")]
+    assert blocks["name"] == "steps (250 a block)" and fig["layout"]["meta"]["segments"] == 4000  # 2 lanes x 2,000
+    assert "rank 1 steps 250001-250250: mean 130.0 ms" in blocks["text"]
+    zoomed = timeline.figure(run, timeline.Window(1000.0, 1001.0))  # 8 steps a lane: each step its own block
+    names = {t["name"] for t in zoomed["data"]}
+    assert "forward" in names and not any(n.startswith("steps (") for n in names)
 
 
 @pytest.mark.jobs
