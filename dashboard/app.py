@@ -186,6 +186,7 @@ class Dashboard:
                     {"label": "absolute", "value": heatmap.ABSOLUTE}]),
             ], className="controls"),
             dcc.Graph(id="heatmap"),
+            dcc.Store(id="heatmap-zoom"),  # the last zoom's relayout (ZOOM_FILTER)
         ])
 
     def _communication(self, run: RunData) -> Any:
@@ -339,11 +340,11 @@ class Dashboard:
 
     def update_heatmap(self, trigger: str | None, metric: str, mode: str, relayout: dict[str, Any] | None,
                        run_index: int) -> dict[str, Any]:
-        """The steps heatmap of ``metric``; a zoom on a run of more steps than columns redraws its range in
-        finer detail (a shorter run's zoom is the browser's own)."""
+        """The steps heatmap of ``metric``; a zoom (``relayout``, through the zoom filter) on a run of more steps than
+        columns redraws its range in finer detail (a shorter run's zoom is the browser's own)."""
         run = self.run(run_index)
-        step_range = heatmap.zoomed_range(relayout) if trigger == "heatmap" else None
-        if trigger == "heatmap" and (step_range is False or run.steps["step"].nunique() <= heatmap.MAX_STEP_COLUMNS):
+        step_range = heatmap.zoomed_range(relayout) if trigger == "heatmap-zoom" else None
+        if trigger == "heatmap-zoom" and (step_range is False or run.steps["step"].nunique() <= heatmap.MAX_STEP_COLUMNS):
             raise PreventUpdate
         return heatmap.figure(run, metric, mode, step_range or None)
 
@@ -450,8 +451,12 @@ def build(runs: list[RunData], host: str = "127.0.0.1", following: dict[int, liv
     app.callback(Output("timeline-expand", "value"), Input("timeline", "clickData"), State("view", "data"),
                  State("lanes", "value"), State("timeline-expand", "value"), State("run", "value"),
                  prevent_initial_call=True)(board.expand_group)
+    # As the timeline's: only zooms reach the server (the graph's autosize as it first draws, or after a zoom, would
+    # supersede the request and the figure or the zoom be lost).
+    app.clientside_callback(ZOOM_FILTER, Output("heatmap-zoom", "data"), Input("heatmap", "relayoutData"),
+                            prevent_initial_call=True)
     app.callback(Output("heatmap", "figure"), Input("heatmap-metric", "value"), Input("heatmap-mode", "value"),
-                 Input("heatmap", "relayoutData"), Input(LIVE_VERSION, "data"), State("run", "value"))(
+                 Input("heatmap-zoom", "data"), Input(LIVE_VERSION, "data"), State("run", "value"))(
         lambda metric, mode, relayout, _seen, run_index: board.update_heatmap(_trigger(), metric, mode, relayout,
                                                                                 run_index))
     app.callback(Output("telemetry", "figure"), Input("telemetry-metric", "value"), Input(LIVE_VERSION, "data"),

@@ -212,6 +212,12 @@ def test_a_million_steps_heatmap_shows_a_level_of_detail_that_a_zoom_refines():
     assert set(marks["y"]) == {1} and min(marks["x"]) <= 250_001 < min(marks["x"]) + 250 and len(marks["x"]) == 1000
     assert heatmap.zoomed_range({"xaxis.range[0]": 249_990.5, "xaxis.range[1]": 250_010}) == (249_990.5, 250_010.0)
     assert heatmap.zoomed_range({"xaxis.autorange": True}) is None and heatmap.zoomed_range({"autosize": True}) is False
+    board = app.Dashboard([run, long_run(100, 50)], None)
+    assert board.update_heatmap("heatmap-zoom", "forward_ms", "relative", {"xaxis.range": [10, 20]}, 0)["data"][0]["x"] \
+        == list(range(10, 21))
+    for relayout, index in (({"autosize": True}, 0), ({"xaxis.range": [10, 20]}, 1)):  # not a zoom; a short run's own
+        with pytest.raises(app.PreventUpdate):
+            board.update_heatmap("heatmap-zoom", "forward_ms", "relative", relayout, index)
     zoomed = heatmap.figure(run, "forward_ms", heatmap.RELATIVE, (249_990.5, 250_010))
     heat = zoomed["data"][0]
     assert not zoomed["layout"]["meta"]["binned"] and heat["x"] == list(range(249_991, 250_011))
@@ -375,7 +381,7 @@ def test_the_server_serves_only_its_runs(straggler):
     payload = {"output": "heatmap.figure", "outputs": {"id": "heatmap", "property": "figure"},
                "inputs": [{"id": "heatmap-metric", "property": "value", "value": "wall_ms"},
                           {"id": "heatmap-mode", "property": "value", "value": "absolute"},
-                          {"id": "heatmap", "property": "relayoutData", "value": None},
+                          {"id": "heatmap-zoom", "property": "data", "value": None},
                           {"id": "live-version", "property": "data", "value": {"generation": 0}}],
                "state": [{"id": "run", "property": "value", "value": "/etc"}], "changedPropIds": ["heatmap-metric.value"]}
     response = client.post("/_dash-update-component", json=payload)
