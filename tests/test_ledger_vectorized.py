@@ -154,7 +154,7 @@ def step_values(draw) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, n
             np.array([per_rank[r][0] for r in rank], dtype=float), np.array([per_rank[r][1] / 10 for r in rank], dtype=float))
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(step_values(), st.sampled_from([0.0, 1.0, 5.0]))
 def test_the_straggler_candidates_of_all_steps_are_each_steps(case, threshold):
     # The detector's candidates computed for every step at once give what its per-step function gives.
@@ -184,7 +184,7 @@ def reference_cpu_floor(ledger: pd.DataFrame, t) -> pd.Series:
     return (work / cores).groupby([ledger["step"], host]).transform("sum").groupby(ledger["step"]).transform("max")
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(ledgers(), st.lists(st.sampled_from(["a", "b", "c", "a", "b", None]), min_size=7, max_size=7),
        st.lists(st.sampled_from([0, 1, 2, 3, 2, 3]), min_size=3, max_size=3), st.lists(VALUE, min_size=1), st.booleans())
 def test_the_cpu_floor_of_all_rows_at_once_is_the_map_over_rows(case, host_of, cpus, more, measured):

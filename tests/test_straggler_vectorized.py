@@ -61,7 +61,7 @@ def assert_same(steps: pd.DataFrame, threshold: float) -> pd.DataFrame:
     return slow
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(step_tables(), st.sampled_from([0.0, 1.0, 5.0]))
 def test_every_step_at_once_finds_what_the_loop_over_steps_finds(steps, threshold):
     assert_same(steps, threshold)

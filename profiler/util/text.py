@@ -6,8 +6,6 @@ from typing import Iterable
 
 import numpy as np
 
-from diagtrain.profiler.util.groups import distinct
-
 
 # Parts a list of steps or ranks shows in a sentence: beyond them it is summarised, so that a finding of a run of a
 # million steps reads as one of a hundred (the first parts, the last ones, and how many between).
@@ -19,6 +17,8 @@ def ranges(numbers: Iterable[int], most: int = MAX_PARTS) -> str:
     spaced numbers as '5, 9, ..., 997 (every 4, 249 in all)', others as the first and last parts with the
     count between."""
     # Arrays: a long run's finding names hundreds of thousands of steps, a loop over them cost 0.3 s a sentence.
+    from diagtrain.profiler.util.groups import distinct  # noqa: PLC0415 - pandas, which the CLI's start leaves out
+
     numbers = distinct(np.asarray(numbers if hasattr(numbers, "__array__") else list(numbers)).astype(np.int64))
     starts = np.flatnonzero(np.r_[True, np.diff(numbers) != 1]) if len(numbers) else np.zeros(0, dtype=np.int64)
     ends = np.r_[starts[1:] - 1, len(numbers) - 1].astype(np.int64) if len(numbers) else starts
