@@ -22,8 +22,8 @@ from common import machine, save
 from synthetic import relabeled_copies, trace_set
 
 from diagtrain.profiler.analyzer import analyze
-from diagtrain.profiler.analyzer.judge import critical_path
-from diagtrain.profiler.analyzer.rank import pipeline, work_segments
+from diagtrain.profiler.analyzer.judge.assessments import critical_path
+from diagtrain.profiler.analyzer.per_rank import pipeline, work_segments
 SHARED = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "public" / "traces" / "hta"
 REAL = SHARED / "nccl_2rank_rank0.json.gz"
 SETS = {

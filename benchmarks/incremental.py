@@ -11,7 +11,7 @@ analyze`` pipeline in this process (report formats json); its stages are timed f
 messages, and the step-reading stage directly (``run_read.read_step_records``, wall and CPU).
 
 With ``--after-live``, each run is also grown the way a running job grows under ``diagtrain run``:
-``--steps-per-judgement`` steps at a time, each followed by a live judgement (judge/live.py, default
+``--steps-per-judgement`` steps at a time, each followed by a live judgement (judge/live_judge.py, default
 settings), which puts the records read into the final analysis' cache; then the final analysis (*after
 live*) against a cold one of the same run.
 
@@ -34,7 +34,7 @@ from common import machine, save  # noqa: E402
 from live_cost import SyntheticJob  # noqa: E402
 
 from diagtrain.profiler.analyzer.analyze import analyze  # noqa: E402
-from diagtrain.profiler.analyzer.judge.live import LiveJudge  # noqa: E402
+from diagtrain.profiler.analyzer.judge.live_judge import LiveJudge  # noqa: E402
 from diagtrain.profiler.analyzer.read.inputs import Inputs  # noqa: E402
 from diagtrain.profiler.analyzer.read import run_read  # noqa: E402
 

@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, save  # noqa: E402
 
-from diagtrain.profiler.analyzer.judge.live import Live, LiveJudge  # noqa: E402
+from diagtrain.profiler.analyzer.judge.live_judge import Live, LiveJudge  # noqa: E402
 from diagtrain.profiler.analyzer.read.host_summary import HostReducer  # noqa: E402
 from diagtrain.profiler.run_dir import RankIndex, members_text, write_json_atomic  # noqa: E402
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from common import RESULTS, machine, run, save
 
-from diagtrain.profiler.analyzer.judge import measured as plan_measured
+from diagtrain.profiler.analyzer.judge.model_check import measured as plan_measured
 from diagtrain.profiler.plan import whatif
 
 STEPS = "5"

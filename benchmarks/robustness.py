@@ -56,7 +56,7 @@ from conftest import USER_SCRIPT, processes_with, torchrun  # noqa: E402
 
 from diagtrain.profiler.analyzer.report import document as report  # noqa: E402
 from diagtrain.profiler.analyzer.analyze import analyze  # noqa: E402
-from diagtrain.profiler.analyzer.rank.pipeline import UnreadableRank  # noqa: E402
+from diagtrain.profiler.analyzer.per_rank.pipeline import UnreadableRank  # noqa: E402
 from diagtrain.profiler.analyzer.read.trace_file import TraceError  # noqa: E402
 
 INTERRUPTED = 128 + signal.SIGINT
@@ -171,7 +171,7 @@ def _trace_cases(name: str, rng, mutations: int) -> list[tuple[str, str, float]]
 
 
 def _one_trace(path: Path, cache: Path) -> dict:
-    from diagtrain.profiler.analyzer.rank.pipeline import _read_traces, load_rank
+    from diagtrain.profiler.analyzer.per_rank.pipeline import _read_traces, load_rank
     from diagtrain.profiler.analyzer.read.discover import RankInput
     item = RankInput(path.name, [path], 0)
     traces, impossible, _ = _read_traces(item)

@@ -32,7 +32,7 @@ TARGET_RATIO = 1.5  # issue 18: worker peak above its base / decoded columns
 WORKER = PEAK_MIB_CODE + """
 import json, sys
 from pathlib import Path
-from diagtrain.profiler.analyzer.rank.pipeline import load_rank
+from diagtrain.profiler.analyzer.per_rank.pipeline import load_rank
 from diagtrain.profiler.analyzer.read.discover import discover
 import pyarrow.parquet  # every worker writes Parquet: its import is part of a worker's base, not a trace's cost
 

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from diagtrain.dashboard.data import RunData
-from diagtrain.profiler.analyzer.rank.collectives import P2P_GROUP_DESC, UNKNOWN_GROUP
+from diagtrain.profiler.analyzer.per_rank.collectives import P2P_GROUP_DESC, UNKNOWN_GROUP
 from diagtrain.profiler.util.units import MIB
 
 PER_COLLECTIVE, SUMMARY = "each", "summary"

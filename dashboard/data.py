@@ -19,7 +19,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from diagtrain.profiler.util import intervals as iv
-from diagtrain.profiler.analyzer.rank.timeline import SPAN_KINDS
+from diagtrain.profiler.analyzer.per_rank.timeline import SPAN_KINDS
 from diagtrain.profiler.compare import summary as run_summary
 
 # What `diagtrain analyze` must have written for the dashboard to open a run.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from diagtrain.profiler.analyzer.judge.expected import Expected
+from diagtrain.profiler.analyzer.judge.model_check.expected import Expected
 
 MODEL_FINDINGS = {"state_mismatch", "unexpected_communication"}
 

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from diagtrain.profiler.util import intervals as iv
-from diagtrain.profiler.analyzer.rank.breakdown import cpu_breakdown, gpu_breakdown
+from diagtrain.profiler.analyzer.per_rank.breakdown import cpu_breakdown, gpu_breakdown
 from diagtrain.profiler.analyzer.read.trace_file import read_trace
 from public_fixtures import CUDA_GRAPH_TRACES, HTA_TRACES as TRACES
 
@@ -109,7 +109,7 @@ def test_outermost_order_sorts_only_where_events_start_together():
 
 def test_kernels_that_overlap_on_their_stream_are_counted_per_stream():
     from diagtrain.profiler.analyzer.read.dialects import KINDS
-    from diagtrain.profiler.analyzer.rank.pipeline import _health
+    from diagtrain.profiler.analyzer.per_rank.pipeline import _health
 
     # Stream 7: [0, 6) then [5, 8) overlap, [9, 12) does not; stream 20: [6, 9) then [7, 8) overlap. The
     # last row, a window joined out of time order, overlaps nothing on stream 7.
@@ -120,7 +120,7 @@ def test_kernels_that_overlap_on_their_stream_are_counted_per_stream():
 
 
 def test_the_kernels_hta_keeps_are_those_launched_before_the_last_step():
-    from diagtrain.profiler.analyzer.rank.breakdown import gpu_kernels
+    from diagtrain.profiler.analyzer.per_rank.breakdown import gpu_kernels
 
     for trace in ("nccl_2rank_rank0", "sampled_128rank_rank0"):
         events = read_trace(TRACES / f"{trace}.json.gz").events
@@ -135,7 +135,7 @@ def test_the_kernels_hta_keeps_are_those_launched_before_the_last_step():
 def test_step_times_keep_the_trace_precision(tmp_path):
     """A rank's steps are found on the trace's own clock and moved to epoch µs after: computed on
     epoch µs (~1.7e15, where a float64 steps by 0.25 µs) the step took 210,109.25 µs."""
-    from diagtrain.profiler.analyzer.rank.pipeline import load_rank
+    from diagtrain.profiler.analyzer.per_rank.pipeline import load_rank
     from diagtrain.profiler.analyzer.read.discover import discover
     shutil.copy(TRACES / "cpu_only_gloo_rank34.json.gz", tmp_path)
     inputs, _ = discover(tmp_path)

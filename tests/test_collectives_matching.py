@@ -8,7 +8,7 @@ import pandas as pd
 from hypothesis import given
 from hypothesis import strategies as st
 
-from diagtrain.profiler.analyzer.rank.collectives import last_to_arrive, match
+from diagtrain.profiler.analyzer.per_rank.collectives import last_to_arrive, match
 from diagtrain.profiler.run_dir import group_key, group_members
 
 RANKS = 64
@@ -64,8 +64,8 @@ def test_group_keys_of_whole_meshes_stay_short():
 def test_a_call_takes_only_a_flight_recorder_entry_of_its_own_kind():
     """gloo: a send (which records no entry) ran just before an all-gather whose entry was created 0.2 ms after the
     send began, within the slack: the send took it and the all-gather was left unnamed (a 3D job's flaky count)."""
-    from diagtrain.profiler.analyzer.rank.collectives import op_kind
-    from diagtrain.profiler.analyzer.rank.host_calls import flight_recorder_entries
+    from diagtrain.profiler.analyzer.per_rank.collectives import op_kind
+    from diagtrain.profiler.analyzer.per_rank.host_calls import flight_recorder_entries
 
     calls = pd.DataFrame({"name": ["c10d::send", "c10d::_allgather_base_", "c10d::_reduce_scatter_base_", "c10d::barrier"],
                           "ts": [1000.0, 1207.0, 5000.0, 9000.0], "end": [1036.0, 1307.0, 5100.0, 9050.0]})

@@ -14,10 +14,10 @@ import pytest
 
 from conftest import diagtrain_run, torchrun
 from diagtrain.profiler.analyzer.analyze import analyze
-from diagtrain.profiler.analyzer.judge.contention import hidden_work, more_work, own_work_only, starvation
+from diagtrain.profiler.analyzer.judge.assessments.contention import hidden_work, more_work, own_work_only, starvation
 from diagtrain.profiler.analyzer.judge.findings import Finding
 from diagtrain.profiler.analyzer.report.wording import explanation
-from diagtrain.profiler.analyzer.judge.pipeline import run_detectors, judge
+from diagtrain.profiler.analyzer.judge.judgement import run_detectors, judge
 from diagtrain.profiler.analyzer.judge.verdict import applied
 from diagtrain.profiler.analyzer.run import ledger
 from diagtrain.profiler.analyzer.run.tables import Tables

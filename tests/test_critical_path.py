@@ -13,16 +13,16 @@ import pandas as pd
 import pytest
 from conftest import diagtrain_run
 
-from diagtrain.profiler.analyzer.judge import cost
-from diagtrain.profiler.analyzer.judge import critical_path as cp
-from diagtrain.profiler.analyzer.rank import load
+from diagtrain.profiler.analyzer.judge.assessments import ledger_price as cost
+from diagtrain.profiler.analyzer.judge.assessments import critical_path as cp
+from diagtrain.profiler.analyzer.per_rank import load
 from diagtrain.profiler.analyzer.read.discover import discover
 from diagtrain.profiler.analyzer.run import tables
-from diagtrain.profiler.analyzer.rank.collectives import match
+from diagtrain.profiler.analyzer.per_rank.collectives import match
 from diagtrain.profiler.analyzer.judge.findings import Finding
 from diagtrain.profiler.analyzer.judge.verdict import applied
 from diagtrain.profiler.analyzer.run.tables import Tables
-from diagtrain.profiler.analyzer.rank.work_segments import COLUMNS
+from diagtrain.profiler.analyzer.per_rank.work_segments import COLUMNS
 
 T0 = 1_700_000_000.0  # a Unix time (s): the hand-built step starts here
 MS = 1e3

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from diagtrain.profiler.analyzer.rank.pipeline import _clip_to_complete, load_rank
+from diagtrain.profiler.analyzer.per_rank.pipeline import _clip_to_complete, load_rank
 from diagtrain.profiler.analyzer.read import flight_records as fr
 from diagtrain.profiler.analyzer.read.discover import RankInput
 from diagtrain.profiler.analyzer.read.nccl_log import parse_nccl_log

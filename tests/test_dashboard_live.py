@@ -21,7 +21,7 @@ HOST = "h"
 
 
 def finding(kind: str, rank: int, event: str, step: int) -> dict:
-    """A live event as judge/live.py writes it: the report's finding record plus event, detected_at, step."""
+    """A live event as judge/live_judge.py writes it: the report's finding record plus event, detected_at, step."""
     return {"kind": kind, "severity": "warning", "ranks": [rank], "steps": [step], "time_range": None,
             "explanation": f"{kind} on rank {rank}", "suggestion": "look at it", "metrics": {}, "evidence": [],
             "event": event, "detected_at": time.time(), "step": step}

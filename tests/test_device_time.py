@@ -201,7 +201,7 @@ def test_without_the_device_timings_the_hosts_cannot_tell_who_waited(tmp_path, g
 
 
 def test_live_judgement_names_the_slow_gpu_from_the_same_columns(tmp_path):
-    from diagtrain.profiler.analyzer.judge.live import LiveJudge  # noqa: PLC0415 - live judgement only here
+    from diagtrain.profiler.analyzer.judge.live_judge import LiveJudge  # noqa: PLC0415 - live judgement only here
 
     run = gpu_run(tmp_path, Gpus(slow={3: 1.2}))
     window = LiveJudge(run).steps.window()
@@ -215,7 +215,7 @@ def test_live_judgement_names_the_slow_gpu_from_the_same_columns(tmp_path):
 def test_live_judgement_keys_subgroups_that_share_a_name_by_their_members(tmp_path):
     # Two data-parallel groups of 4 (one DeviceMesh dimension: both named "1", each call numbered alike); rank 5
     # is slow. Matched by name alone, 8 ranks would share each call and one of them arrive last.
-    from diagtrain.profiler.analyzer.judge.live import LiveJudge  # noqa: PLC0415 - live judgement only here
+    from diagtrain.profiler.analyzer.judge.live_judge import LiveJudge  # noqa: PLC0415 - live judgement only here
 
     run = gpu_run(tmp_path, Gpus(slow={5: 1.2}, subgroups=2))
     steps = LiveJudge(run).steps.window().tables.steps
@@ -225,7 +225,7 @@ def test_live_judgement_keys_subgroups_that_share_a_name_by_their_members(tmp_pa
 
 
 def test_the_metrics_endpoint_serves_each_ranks_device_wait_beside_the_hosts(tmp_path):
-    from diagtrain.profiler.analyzer.judge.live import LiveJudge  # noqa: PLC0415 - live judgement only here
+    from diagtrain.profiler.analyzer.judge.live_judge import LiveJudge  # noqa: PLC0415 - live judgement only here
     from diagtrain.profiler.collect.metrics import LiveMetrics  # noqa: PLC0415 - the wrapper's endpoint
 
     run = gpu_run(tmp_path, Gpus(slow={3: 1.2}))

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from diagtrain.profiler.analyzer.judge.kinds import KINDS
-from diagtrain.profiler.analyzer.judge.pipeline import DETECTORS
+from diagtrain.profiler.analyzer.judge.judgement import DETECTORS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

@@ -1,8 +1,8 @@
-"""Which collectives the model's check judges against the layout (judge/expected.py)."""
+"""Which collectives the model's check judges against the layout (judge/model_check/expected.py)."""
 
 from __future__ import annotations
 
-from diagtrain.profiler.analyzer.judge.expected import UNNAMED, _modeled
+from diagtrain.profiler.analyzer.judge.model_check.expected import UNNAMED, _modeled
 
 
 def test_a_call_that_lost_its_group_among_named_ones_is_no_communication_the_layout_lacks():

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from diagtrain.profiler.analyzer.read import flight_records as fr
-from diagtrain.profiler.analyzer.rank.pipeline import MAX_EVENT_US, UnreadableRank, load_rank
+from diagtrain.profiler.analyzer.per_rank.pipeline import MAX_EVENT_US, UnreadableRank, load_rank
 from diagtrain.profiler.analyzer.read.discover import RankInput
 from diagtrain.profiler.analyzer.read.run_files import MANIFEST_FIELDS, MAX_STEP_MS, read_manifest
 from diagtrain.profiler.analyzer.read.step_cache import read_steps

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from diagtrain.profiler.analyzer.judge.live import LiveJudge
+from diagtrain.profiler.analyzer.judge.live_judge import LiveJudge
 from diagtrain.profiler.analyzer.read.host_summary import HostReducer, HostSummary, set_aside, summary_path
 from diagtrain.profiler.analyzer.read.step_tail import RankSteps
 from diagtrain.profiler.analyzer.run.tables import step_table

@@ -15,7 +15,7 @@ import diagtrain
 from conftest import diagtrain_run, torchrun
 from diagtrain.profiler.analyzer.analyze import analyze
 from diagtrain.profiler.analyzer.judge.detectors.periodic_stall import PeriodicStall, period
-from diagtrain.profiler.analyzer.judge.live import JobSoFar
+from diagtrain.profiler.analyzer.judge.live_judge import JobSoFar
 from diagtrain.profiler.analyzer.run import job_time
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.collect.metrics import LiveMetrics

@@ -119,7 +119,7 @@ def violations() -> list[str]:
 # only what the stages before it made. The analyzer's own top-level modules (the pipeline that runs
 # the stages, the settings every stage declares) sit above and beside them.
 ANALYZER = "diagtrain.profiler.analyzer"
-ANALYZER_STAGES = ("read", "rank", "run", "judge", "report")
+ANALYZER_STAGES = ("read", "per_rank", "run", "judge", "report")
 ANALYZER_SHARED = {f"{ANALYZER}.settings"}
 
 

@@ -205,9 +205,9 @@ def test_two_long_stalls_that_cost_a_quarter_of_the_run_are_a_warning(tmp_path):
 def priced_straggler(run: Path, seen: list[int], severity: str, profiled: tuple[int, ...] = ()) -> dict:
     """A straggler finding on rank 2 that a detector saw in ``seen`` (as it judged it: ``severity``),
     priced by the ledger of ``run`` whose ``profiled`` steps have traces."""
-    from diagtrain.profiler.analyzer.judge import cost
+    from diagtrain.profiler.analyzer.judge.assessments import ledger_price as cost
     from diagtrain.profiler.analyzer.judge.findings import Finding
-    from diagtrain.profiler.analyzer.rank import load
+    from diagtrain.profiler.analyzer.per_rank import load
     from diagtrain.profiler.analyzer.read.discover import discover
     from diagtrain.profiler.analyzer.run import tables
 

@@ -27,7 +27,7 @@ from diagtrain.profiler.analyzer.report.wording import worded
 from diagtrain.profiler.util import settings
 from diagtrain.profiler.analyzer.analyze import analyze
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady
-from diagtrain.profiler.analyzer.judge.live import NO_PROGRESS, LiveJudge
+from diagtrain.profiler.analyzer.judge.live_judge import NO_PROGRESS, LiveJudge
 from diagtrain.profiler.analyzer.read import step_cache
 from diagtrain.profiler.analyzer.read.step_cache import read_steps
 from diagtrain.profiler.analyzer.read.step_tail import StepTail

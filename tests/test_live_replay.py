@@ -20,9 +20,9 @@ import pytest
 from recorded import copy_run
 from diagtrain.profiler.util import settings
 from diagtrain.profiler.analyzer.analyze import analyze
-from diagtrain.profiler.analyzer.judge.expected import KINDS as MODEL_KINDS
-from diagtrain.profiler.analyzer.judge.live import Live, LiveJudge, Tracked, lasting
-from diagtrain.profiler.analyzer.judge.pipeline import NOT_LIVE
+from diagtrain.profiler.analyzer.judge.model_check.expected import KINDS as MODEL_KINDS
+from diagtrain.profiler.analyzer.judge.live_judge import Live, LiveJudge, Tracked, lasting
+from diagtrain.profiler.analyzer.judge.judgement import NOT_LIVE
 from diagtrain.profiler.analyzer.run.live_tables import Window
 from diagtrain.profiler.analyzer.run.tables import Tables
 

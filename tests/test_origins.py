@@ -15,7 +15,7 @@ from live_helpers import append_step, two_ranks
 from recorded import copy_run
 from synthetic_runs import job_run
 from diagtrain.profiler.analyzer.analyze import analyze
-from diagtrain.profiler.analyzer.judge.live import LiveJudge
+from diagtrain.profiler.analyzer.judge.live_judge import LiveJudge
 from diagtrain.profiler.analyzer.report.wording import worded
 from diagtrain.profiler.analyzer.run import divergence
 from diagtrain.profiler.analyzer.run.tables import Tables

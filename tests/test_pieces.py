@@ -7,13 +7,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from diagtrain.profiler.analyzer.rank import breakdown as bd
+from diagtrain.profiler.analyzer.per_rank import breakdown as bd
 from diagtrain.profiler.analyzer.read import dialects
 from diagtrain.profiler.util import intervals as iv
-from diagtrain.profiler.analyzer.rank import pipeline, timeline
-from diagtrain.profiler.analyzer.rank.steps import step_breakdown
+from diagtrain.profiler.analyzer.per_rank import pipeline, timeline
+from diagtrain.profiler.analyzer.per_rank.steps import step_breakdown
 from diagtrain.profiler.analyzer.read.trace_file import read_trace
-from diagtrain.profiler.analyzer.rank.work_segments import rank_segments
+from diagtrain.profiler.analyzer.per_rank.work_segments import rank_segments
 from public_fixtures import HTA_TRACES as TRACES
 
 PIECES = 50  # a trace cut in this many: pieces end inside nested ops and long kernels

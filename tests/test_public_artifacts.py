@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from diagtrain.profiler.analyzer.rank.breakdown import gpu_breakdown
+from diagtrain.profiler.analyzer.per_rank.breakdown import gpu_breakdown
 from diagtrain.profiler.analyzer.read import flight_records as fr
 from diagtrain.profiler.analyzer.read.nccl_log import NcclLog, parse_nccl_log
 from diagtrain.profiler.analyzer.read.trace_file import read_trace

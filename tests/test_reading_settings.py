@@ -1,4 +1,4 @@
-"""The rank stage's settings (rank/reading.py) reach the worker processes that read the ranks, and a rank's
+"""The rank stage's settings (per_rank/reading.py) reach the worker processes that read the ranks, and a rank's
 cache is used again only for the settings it was made with (issue 50: no number decides unseen)."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from diagtrain.profiler.analyzer.rank import cache as rank_cache
-from diagtrain.profiler.analyzer.rank.pipeline import load_rank
-from diagtrain.profiler.analyzer.rank.pool import Pool, load_on
-from diagtrain.profiler.analyzer.rank.reading import Reading
+from diagtrain.profiler.analyzer.per_rank import cache as rank_cache
+from diagtrain.profiler.analyzer.per_rank.pipeline import load_rank
+from diagtrain.profiler.analyzer.per_rank.pool import Pool, load_on
+from diagtrain.profiler.analyzer.per_rank.reading import Reading
 from diagtrain.profiler.analyzer.read.discover import discover
 from diagtrain.profiler.run_dir import ANALYSIS_CACHE
 from diagtrain.profiler.util import settings
@@ -37,7 +37,7 @@ def test_a_rank_is_read_with_the_settings_handed_to_it_and_cached_for_them(tmp_p
 
 def test_the_analysis_reads_with_its_reading_settings_and_records_them(tmp_path):
     from diagtrain.profiler.analyzer.analyze import analyze
-    from diagtrain.profiler.analyzer.judge.pipeline import all_sections
+    from diagtrain.profiler.analyzer.judge.judgement import all_sections
 
     folder = tmp_path / "traces"
     folder.mkdir()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from diagtrain.profiler.analyzer.rank import load
+from diagtrain.profiler.analyzer.per_rank import load
 from diagtrain.profiler.analyzer.read import step_cache
 from diagtrain.profiler.analyzer.read.discover import discover
 from diagtrain.profiler.analyzer.read.host_summary import HostReducer, HostSummary, summary_path

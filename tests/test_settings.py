@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from diagtrain.profiler.util import settings
-from diagtrain.profiler.analyzer.judge.pipeline import DETECTORS, all_sections, detector_modules
+from diagtrain.profiler.analyzer.judge.judgement import DETECTORS, all_sections, detector_modules
 from diagtrain.profiler.run_dir import write_json_atomic
 
 REPO = Path(__file__).resolve().parent.parent

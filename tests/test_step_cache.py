@@ -15,7 +15,7 @@ import pandas as pd
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from diagtrain.profiler.analyzer.rank import load
+from diagtrain.profiler.analyzer.per_rank import load
 from diagtrain.profiler.analyzer.read import run_read, step_cache
 from diagtrain.profiler.analyzer.read.discover import discover
 from diagtrain.profiler.analyzer.read.inputs import Inputs

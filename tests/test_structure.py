@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from diagtrain.profiler.analyzer.analyze import analyze
-from diagtrain.profiler.analyzer.rank.p2p import P2PCalls
+from diagtrain.profiler.analyzer.per_rank.p2p import P2PCalls
 from diagtrain.profiler.analyzer.run.structure import infer
 from diagtrain.profiler.run_dir import write_json_atomic
 

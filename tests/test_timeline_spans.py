@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from diagtrain.profiler.analyzer.rank.breakdown import cpu_breakdown, gpu_breakdown_in
+from diagtrain.profiler.analyzer.per_rank.breakdown import cpu_breakdown, gpu_breakdown_in
 from diagtrain.profiler.analyzer.read.flight_records import Entry, cross_rank, mismatches
-from diagtrain.profiler.analyzer.rank.timeline import spans
+from diagtrain.profiler.analyzer.per_rank.timeline import spans
 from diagtrain.profiler.analyzer.read.trace_file import STEP_ANNOTATION, name_matches, read_trace
 from public_fixtures import HTA_TRACES as TRACES
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from diagtrain.profiler.analyzer.analyze import analyze
-from diagtrain.profiler.analyzer.rank.breakdown import gpu_breakdown
-from diagtrain.profiler.analyzer.rank.steps import step_breakdown
+from diagtrain.profiler.analyzer.per_rank.breakdown import gpu_breakdown
+from diagtrain.profiler.analyzer.per_rank.steps import step_breakdown
 from diagtrain.profiler.analyzer.report.document import markdown
 from diagtrain.profiler.analyzer.read.trace_file import read_trace
 from public_fixtures import H100_INFERENCE  # a newer Kineto: one ProfilerStep#6 on the host and the device

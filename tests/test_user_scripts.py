@@ -16,7 +16,7 @@ import pytest
 from conftest import diagtrain_run, on_training, torchrun
 from diagtrain.dashboard import data as dashboard_data
 from diagtrain.dashboard import expected as dashboard_expected
-from diagtrain.profiler.analyzer.rank import load
+from diagtrain.profiler.analyzer.per_rank import load
 from diagtrain.profiler.analyzer.read.discover import discover
 from diagtrain.profiler.analyzer.run import tables
 from diagtrain.profiler.analyzer.analyze import analyze

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from diagtrain.profiler.analyzer.judge.findings import Finding
-from diagtrain.profiler.analyzer.judge.live import LiveEvent, LiveVerdict
+from diagtrain.profiler.analyzer.judge.live_judge import LiveEvent, LiveVerdict
 from diagtrain.profiler.analyzer.report.wording import PHRASES, explanation, finding_json, worded
 from diagtrain.profiler.analyzer.judge.verdict import (DISPUTE, EXPLAINED, HOST, LEAK_TIME, LEDGER, REPLAY, Assessed,
                                                        Assessment, Judged, verdict)

@@ -14,10 +14,10 @@ from typing import Any, Callable
 
 from diagtrain.profiler.util import settings
 from diagtrain.profiler.util.collector import held_objects_spared
-from diagtrain.profiler.analyzer.judge import pipeline
-from diagtrain.profiler.analyzer.rank import cluster, load
-from diagtrain.profiler.analyzer.rank.cache import spans_path
-from diagtrain.profiler.analyzer.rank.result import RankResult
+from diagtrain.profiler.analyzer.judge import judgement
+from diagtrain.profiler.analyzer.per_rank import cluster, load
+from diagtrain.profiler.analyzer.per_rank.cache import spans_path
+from diagtrain.profiler.analyzer.per_rank.result import RankResult
 from diagtrain.profiler.analyzer.read.discover import discover
 from diagtrain.profiler.analyzer.report import document, outputs
 from diagtrain.profiler.analyzer.run import health, tables
@@ -51,7 +51,7 @@ def analyze(path: Path, out: Path, formats: list[str], workers: int,
         held()
         skipped += t.skipped
         notes = health.check(t, results)
-        verdict = pipeline.judge(t, spans_reader(t, results, cache), progress, notes)
+        verdict = judgement.judge(t, spans_reader(t, results, cache), progress, notes)
         doc = document.build(path, t, verdict.findings, notes, [asdict(s) for s in skipped])
         doc["settings"] = used_settings(overrides or {})
         doc["expected"] = verdict.expected
@@ -79,7 +79,7 @@ ANALYZER = "diagtrain.profiler.analyzer"  # the package whose settings sections 
 def used_settings(overrides: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """What the report records of its settings: every value in force, and which were overridden."""
     values = {}
-    for cls in pipeline.all_sections().values():
+    for cls in judgement.all_sections().values():
         # The analysis' own: another stage's sections (compare's) are registered in some processes and not others.
         if cls.__module__.startswith(ANALYZER):
             values.update(settings.values(cls.active()))

@@ -12,7 +12,7 @@ from pathlib import Path
 from rich.console import Console
 
 from diagtrain.profiler.analyzer import SCHEDULER_ENV, analysis_home, default_workers, holds_dumps, holds_inputs
-from diagtrain.profiler.analyzer.rank.jobs import MixedJobs
+from diagtrain.profiler.analyzer.per_rank.jobs import MixedJobs
 from diagtrain.profiler.run_dir import check_writable
 from diagtrain.profiler.util.bounded_read import display
 from diagtrain.profiler.util.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
@@ -62,7 +62,7 @@ def run_analyze(args: argparse.Namespace, argv: list[str]) -> int:
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     from diagtrain.profiler.util import settings
-    from diagtrain.profiler.analyzer.judge.pipeline import all_sections
+    from diagtrain.profiler.analyzer.judge.judgement import all_sections
 
     all_sections()  # every judging module registers its settings on import
     import diagtrain.profiler.compare.thresholds  # noqa: F401 - compare's too: one list of every number that decides
@@ -142,7 +142,7 @@ def analyze_and_print(path: Path, out: Path, formats: list[str], workers: int, e
     from diagtrain.profiler.analyzer.report import document as report
     from diagtrain.profiler.analyzer.report import summary
     from diagtrain.profiler.analyzer.analyze import analyze
-    from diagtrain.profiler.analyzer.rank.cluster import SchedulerError
+    from diagtrain.profiler.analyzer.per_rank.cluster import SchedulerError
 
     try:
         with err.status("analyzing", spinner="dots") as status, _CtrlC() as ctrl_c:

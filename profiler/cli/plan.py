@@ -116,7 +116,7 @@ def _plan(args: argparse.Namespace) -> str:
 
 
 def _from_run(args: argparse.Namespace, err: Console) -> str:
-    from diagtrain.profiler.analyzer.judge import measured
+    from diagtrain.profiler.analyzer.judge.model_check import measured
     from diagtrain.profiler.plan import render, whatif
     from diagtrain.profiler.plan.estimate import usable_memory
 
@@ -166,7 +166,7 @@ def _reshaped(args: argparse.Namespace, rm, exact: bool):
 
 def _ensure_analyzed(path: Path, err: Console) -> None:
     """``plan --from`` reads the analysis; a run without one is analyzed first (with progress)."""
-    from diagtrain.profiler.analyzer.judge.measured import ANALYSIS_FILES
+    from diagtrain.profiler.analyzer.judge.model_check.measured import ANALYSIS_FILES
 
     if all((path / name).exists() for name in ANALYSIS_FILES):
         return

@@ -130,7 +130,7 @@ def live_diagnosis(out: Path, host: str, metrics: LiveMetrics | None) -> LiveDia
     """The analyzer's live judgement, run beside the job by the launcher (made in its thread: the
     analyzer's imports take a second that the job's start should not wait for)."""
     def make() -> tuple:
-        from diagtrain.profiler.analyzer.judge.live import Live, LiveJudge
+        from diagtrain.profiler.analyzer.judge.live_judge import Live, LiveJudge
         from diagtrain.profiler.analyzer.read.host_summary import HostReducer
         from diagtrain.profiler.analyzer.report.wording import worded
 

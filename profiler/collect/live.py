@@ -1,7 +1,7 @@
 """Live diagnosis beside the job: the wrapper's thread that asks for a live judgement every few
 seconds and says what changed.
 
-The judgement itself is the analyzer's (judge/live.py), handed in by the CLI: this module only
+The judgement itself is the analyzer's (judge/live_judge.py), handed in by the CLI: this module only
 runs it, appends each event to ``live/findings.jsonl`` (one JSON object a line, append-only),
 puts a line on the console when a warning or worse starts, grows or ends, and gives the metrics
 endpoint (:mod:`.metrics`) its snapshot. On several hosts only the wrapper of rank 0's host judges

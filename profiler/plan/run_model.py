@@ -1,7 +1,7 @@
 """A finished run as the planner takes it: what it trained and how (``RunModel``), and the speeds and
 times it measured (``Measured``).
 
-The analyzer fills both from a run's files and tables (diagtrain.profiler.analyzer.judge.measured);
+The analyzer fills both from a run's files and tables (diagtrain.profiler.analyzer.judge.model_check.measured);
 ``whatif`` answers questions about the run with them.
 """
 

@@ -2,7 +2,7 @@
 why the run stopped, how its severity is decided, the settings it is judged with, and its page.
 
 The lists that judgement and the documentation need are read from here: the detector modules and their order
-(judge/pipeline.py), the ones not asked while a job runs, the verdicts on why a run stopped (judge/findings.py).
+(judge/judgement.py), the ones not asked while a job runs, the verdicts on why a run stopped (judge/findings.py).
 A kind made anywhere in the analyzer that is not in this table fails tests/test_docs.py.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # Who proposes a kind besides a detector module (detectors/<name>.py).
-MODEL_CHECK = "model check"  # judge/expected.py: the run against the model of its layout (a finished run only)
-LIVE = "live"  # judge/live.py: what only a running job shows
+MODEL_CHECK = "model check"  # judge/model_check/expected.py: the run against the model of its layout (a finished run only)
+LIVE = "live"  # judge/live_judge.py: what only a running job shows
 
 
 @dataclass(frozen=True)

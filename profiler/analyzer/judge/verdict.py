@@ -1,7 +1,7 @@
 """One finding from a detector's candidate and the assessments of it: severity and impact decided here, once.
 
 A detector proposes a candidate (a ``Candidate``: kind, ranks, steps, evidence, its words, its own estimate).
-Nothing edits a candidate afterwards. Each later judgement (judge/pipeline.py ``ASSESSMENTS``) returns
+Nothing edits a candidate afterwards. Each later judgement (judge/judgement.py ``ASSESSMENTS``) returns
 :class:`Assessment` records of candidates: the ledger's price, the host-contention and allocator-churn
 judgement, "explained by" another finding, the traced operators, the critical path's replay, the check of
 the two prices against each other. :func:`verdict` turns a candidate and its assessments into the finding: the one place a ``Finding`` is made.
@@ -16,15 +16,15 @@ from typing import Any
 from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, Candidate, Finding
 
 # The assessments, by name (``Assessment.by``), in the order they are made and their remarks are read.
-LEDGER = "ledger"  # what the cause cost the job over every step (judge/cost.py)
-JOB_PRICE = "job_price"  # what time every rank lost together cost the job (judge/job_cost.py)
-HOST = "host_contention"  # the rank's excess was not its own work (judge/contention.py)
-MORE_WORK = "more_work"  # the rank does more work than its peers, which a crowded host hides (judge/contention.py)
-LEAK_TIME = "leak_time"  # the time a memory growth costs, found as a straggler's excess (judge/contention.py)
-EXPLAINED = "explained"  # another finding names the cause (judge/explained.py)
-TRACED = "traced_operators"  # where the excess went in the profiled steps (judge/traced_excess.py)
-REPLAY = "critical_path"  # the what-if on the profiled steps' graphs (judge/critical_path.py)
-DISPUTE = "price_check"  # the ledger and the replay against each other (judge/cost.py)
+LEDGER = "ledger"  # what the cause cost the job over every step (judge/assessments/ledger_price.py)
+JOB_PRICE = "job_price"  # what time every rank lost together cost the job (judge/assessments/job_price.py)
+HOST = "host_contention"  # the rank's excess was not its own work (judge/assessments/contention.py)
+MORE_WORK = "more_work"  # the rank does more work than its peers, which a crowded host hides (judge/assessments/contention.py)
+LEAK_TIME = "leak_time"  # the time a memory growth costs, found as a straggler's excess (judge/assessments/contention.py)
+EXPLAINED = "explained"  # another finding names the cause (judge/assessments/explained.py)
+TRACED = "traced_operators"  # where the excess went in the profiled steps (judge/assessments/traced_excess.py)
+REPLAY = "critical_path"  # the what-if on the profiled steps' graphs (judge/assessments/critical_path.py)
+DISPUTE = "price_check"  # the ledger and the replay against each other (judge/assessments/ledger_price.py)
 
 # Who decides, first that has a say: the ledger prices over every step, the replay only the profiled ones
 # (it prices what the ledger did not); a rank that waited for a CPU, or churned its allocator, is information

@@ -1,6 +1,6 @@
 """The live findings standing in a running job: live/findings.jsonl replayed as it is appended.
 
-Live judgement (judge/live.py) appends one event per line: a finding record (the report's schema)
+Live judgement (judge/live_judge.py) appends one event per line: a finding record (the report's schema)
 with ``event`` ``new``, ``update`` or ``resolved``, ``detected_at`` and ``step``. A finding is
 followed by its kind and ranks, as the judge follows it: ``new`` and ``update`` set its latest
 record, ``resolved`` removes it. Only the lines appended since the last read are parsed.

@@ -1,7 +1,7 @@
 """Reading a run directory's append-only records while the job still writes them: only the bytes
 added since the last read, and only whole lines (the line being written is read next time).
 
-Live judgement (:mod:`diagtrain.profiler.analyzer.judge.live`) and the dashboard of a running job
+Live judgement (:mod:`diagtrain.profiler.analyzer.judge.live_judge`) and the dashboard of a running job
 (run/so_far.py) read every rank's steps.jsonl and every host's telemetry.jsonl this way every few
 seconds, so a read costs what was appended, not the run.
 """

@@ -20,8 +20,8 @@ import pyarrow.parquet as pq
 
 from diagtrain.profiler.analyzer.read import flight_records
 from diagtrain.profiler.analyzer.judge.detectors.hang import blocked_in_order
-from diagtrain.profiler.analyzer.rank.cache import spans_path
-from diagtrain.profiler.analyzer.rank.result import RankResult
+from diagtrain.profiler.analyzer.per_rank.cache import spans_path
+from diagtrain.profiler.analyzer.per_rank.result import RankResult
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.run_dir import SCHEMA_VERSION, write_json_atomic
 from diagtrain.profiler.util.parquet import write_parquet

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from diagtrain.profiler.analyzer.judge.cost import INTERMITTENT
-from diagtrain.profiler.analyzer.judge.critical_path import CATEGORIES
-from diagtrain.profiler.analyzer.judge.expected import UNKNOWN, UNKNOWN_PIPELINE
+from diagtrain.profiler.analyzer.judge.assessments.ledger_price import INTERMITTENT
+from diagtrain.profiler.analyzer.judge.assessments.critical_path import CATEGORIES
+from diagtrain.profiler.analyzer.judge.model_check.expected import UNKNOWN, UNKNOWN_PIPELINE
 from diagtrain.profiler.util.text import ranges
 from diagtrain.profiler.util.units import mib_text
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from diagtrain.profiler.analyzer.judge.cost import EVERY_STEP
+from diagtrain.profiler.analyzer.judge.assessments.ledger_price import EVERY_STEP
 from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, UPPER_BOUND, Finding
-from diagtrain.profiler.analyzer.judge.live import AGAIN, ENDED, STARTED, LiveEvent, LiveVerdict
+from diagtrain.profiler.analyzer.judge.live_judge import AGAIN, ENDED, STARTED, LiveEvent, LiveVerdict
 from diagtrain.profiler.util.text import ranges
 
 
@@ -115,7 +115,7 @@ def _ledger_charged_nothing(r: dict[str, Any]) -> str:
             f"({r['charged_above_ms']:.1f} ms a step): seen in profiled steps alone, it cost the job nothing measurable.")
 
 
-# What each kind of time that was not the rank's own work is (judge/contention.py names the kind).
+# What each kind of time that was not the rank's own work is (judge/assessments/contention.py names the kind).
 NOT_OWN_WORK = {
     "starved": "that is host contention (see host_contention), not rank {rank}'s own work",
     "memory_churn": "the same work done more slowly, not more work (a steady allocator, e.g. jemalloc or tcmalloc, "

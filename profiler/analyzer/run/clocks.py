@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from diagtrain.profiler.analyzer.rank.collectives import last_to_arrive
+from diagtrain.profiler.analyzer.per_rank.collectives import last_to_arrive
 from diagtrain.profiler.util.settings import section, setting
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from diagtrain.profiler.analyzer.rank.result import RankResult
+from diagtrain.profiler.analyzer.per_rank.result import RankResult
 from diagtrain.profiler.analyzer.run.clocks import UNNAMED_HOST, Clocks
 from diagtrain.profiler.analyzer.run.tables import Tables
 

@@ -34,7 +34,7 @@ ranks on 2 cores, a 200 ms sleep: ~70 ms, not 200).
 On a GPU the steps timed on the device are weighed by the device's times (:func:`device_view`).
 
 Only accounting here, no judgement: what counts as noise, and which causes are findings, is the
-judge's (judge/cost.py).
+judge's (judge/assessments/ledger_price.py).
 """
 
 from __future__ import annotations

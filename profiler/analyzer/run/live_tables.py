@@ -1,6 +1,6 @@
 """The analysis tables of a running job's recent steps, from what its ranks have appended so far.
 
-Live judgement (judge/live.py) calls :meth:`LiveSteps.window` every few seconds: each host's step
+Live judgement (judge/live_judge.py) calls :meth:`LiveSteps.window` every few seconds: each host's step
 summary (read/host_summary.py; a rank no summary carries, its own steps.jsonl) and telemetry.jsonl are
 read from where the last call stopped (read/step_tail.py), and the tables hold the last steps that every rank has finished, in the same
 columns the final analysis gives the detectors, through the same :func:`tables.assemble`: the step
@@ -24,7 +24,7 @@ from diagtrain.profiler.analyzer.read.run_files import DEVICE_LISTS, STEP_COLUMN
 from diagtrain.profiler.analyzer.read.host_summary import HostSummary, summary_path
 from diagtrain.profiler.analyzer.read.step_cache import CacheFeeder
 from diagtrain.profiler.analyzer.read.step_tail import JsonlTail, RankSteps, StepFilesTail, StepTail
-from diagtrain.profiler.analyzer.rank.p2p import from_step_records as p2p_from_step_records
+from diagtrain.profiler.analyzer.per_rank.p2p import from_step_records as p2p_from_step_records
 from diagtrain.profiler.analyzer.read.run_read import clock_measurements, requested_profile_steps
 from diagtrain.profiler.analyzer.run import device_time
 from diagtrain.profiler.analyzer.run.live_ledger import LiveLedger

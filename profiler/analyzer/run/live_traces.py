@@ -3,9 +3,9 @@
 Each rank writes a window's trace when the window ends (``ranks/<r>/trace-rank<r>-steps<a>-<b>.json.gz``,
 renamed into place whole), under ``--profile-steps auto`` (the default) as under given ranges. Once
 every rank has finished a step after a window, live judgement loads the ranks' traces with the final
-analysis' own loader (rank/load.py, into analysis/cache; the final analysis reuses a rank's tables
+analysis' own loader (per_rank/load.py, into analysis/cache; the final analysis reuses a rank's tables
 unless a flight-recorder dump came since, which ranks write at the end and which the loader pairs
-gloo's calls with) and matches their collectives (rank/collectives.py): what slow_collective, and the straggler
+gloo's calls with) and matches their collectives (per_rank/collectives.py): what slow_collective, and the straggler
 detector's test of a delay right before the calls, judge. Loading is the costly part of a judgement
 (a second or more a rank on GPU traces), so it happens once a new window is complete, and live
 judgement's pacing (``live.max_cpu_share``) counts it.
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from diagtrain.profiler.analyzer.rank import load
-from diagtrain.profiler.analyzer.rank.collectives import match
+from diagtrain.profiler.analyzer.per_rank import load
+from diagtrain.profiler.analyzer.per_rank.collectives import match
 from diagtrain.profiler.analyzer.read.discover import RankInput, discover
 from diagtrain.profiler.run_dir import ANALYSIS_CACHE
 

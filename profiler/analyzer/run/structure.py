@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from diagtrain.profiler.analyzer.read.flight_records import Entry
-from diagtrain.profiler.analyzer.rank.p2p import P2PCalls
+from diagtrain.profiler.analyzer.per_rank.p2p import P2PCalls
 from diagtrain.profiler.run_dir import group_key, group_members
 from diagtrain.profiler.util.identity import ByIdentity
 

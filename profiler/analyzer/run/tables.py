@@ -18,17 +18,17 @@ import pandas as pd
 from diagtrain.profiler.util.heap import release_freed_memory
 from diagtrain.profiler.analyzer.run import clocks, device_time, job_time, ledger
 from diagtrain.profiler.analyzer.read import run_files as rf
-from diagtrain.profiler.analyzer.rank.collectives import match
+from diagtrain.profiler.analyzer.per_rank.collectives import match
 from diagtrain.profiler.analyzer.read.flight_records import Entry
 from diagtrain.profiler.analyzer.read.inputs import Skipped
-from diagtrain.profiler.analyzer.rank.result import RankResult
+from diagtrain.profiler.analyzer.per_rank.result import RankResult
 from diagtrain.profiler.analyzer.read.nccl_log import NcclLog
 from diagtrain.profiler.analyzer.read.run_files import DeviceRecord
 from diagtrain.profiler.analyzer.read.run_read import read_run
 from diagtrain.profiler.analyzer.read.stderr_errors import LogEvent
-from diagtrain.profiler.analyzer.rank.p2p import P2PCalls
-from diagtrain.profiler.analyzer.rank.p2p import from_flight_recorder as p2p_from_flight_recorder
-from diagtrain.profiler.analyzer.rank.p2p import from_step_records as p2p_from_step_records
+from diagtrain.profiler.analyzer.per_rank.p2p import P2PCalls
+from diagtrain.profiler.analyzer.per_rank.p2p import from_flight_recorder as p2p_from_flight_recorder
+from diagtrain.profiler.analyzer.per_rank.p2p import from_step_records as p2p_from_step_records
 from diagtrain.profiler.analyzer.run.structure import Structure
 from diagtrain.profiler.analyzer.run.structure import infer as infer_structure
 from diagtrain.profiler.model.precision import bytes_per_parameter
@@ -73,7 +73,7 @@ class Tables:
     ledger: pd.DataFrame = field(default_factory=pd.DataFrame)  # where each rank's step went (run/ledger.py)
     job_steps: pd.DataFrame = field(default_factory=pd.DataFrame)  # where the job's steps went (run/job_time.py)
     rank_starts: dict[int, dict[str, float]] = field(default_factory=dict)  # rank -> its start-up times (rank.json)
-    # What judgement derives from these tables and reads more than once (judge/cost.py's causes), by name: made
+    # What judgement derives from these tables and reads more than once (judge/assessments/ledger_price.py's causes), by name: made
     # once per table, not once per reader.
     memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 

@@ -99,7 +99,7 @@ def profiled_steps(steps: pd.DataFrame) -> list[int]:
 
 def steady(steps: pd.DataFrame, at_least: int | None = None) -> pd.DataFrame:
     """The steps after warm-up; all of them if fewer than ``at_least`` (default ``steady.min_steady_steps``,
-    what comparing ranks needs) would be left. The run's model takes one steady step (judge/measured.py)."""
+    what comparing ranks needs) would be left. The run's model takes one steady step (judge/model_check/measured.py)."""
     if steps.empty:
         return steps
     s = Steady.active()

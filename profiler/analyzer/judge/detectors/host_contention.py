@@ -8,7 +8,7 @@ explains noise in step times, and why a rank that looks slow is not reported as 
 
 from __future__ import annotations
 
-from diagtrain.profiler.analyzer.judge.contention import Contention, host_loads
+from diagtrain.profiler.analyzer.judge.assessments.contention import Contention, host_loads
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady
 from diagtrain.profiler.util.groups import distinct
 from diagtrain.profiler.util.text import ranges

@@ -12,9 +12,9 @@ from typing import Any
 
 import pandas as pd
 
-from diagtrain.profiler.analyzer.rank import timeline
-from diagtrain.profiler.analyzer.rank.p2p import P2PCalls
-from diagtrain.profiler.analyzer.rank.result import RankResult
+from diagtrain.profiler.analyzer.per_rank import timeline
+from diagtrain.profiler.analyzer.per_rank.p2p import P2PCalls
+from diagtrain.profiler.analyzer.per_rank.result import RankResult
 from diagtrain.profiler.analyzer.read.discover import RankInput
 from diagtrain.profiler.analyzer.read.inputs import Skipped
 from diagtrain.profiler.analyzer.read.trace_file import TraceFile

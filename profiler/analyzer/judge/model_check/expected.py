@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from diagtrain.profiler.analyzer.judge import measured as run_measured
+from diagtrain.profiler.analyzer.judge.model_check import measured as run_measured
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady
 from diagtrain.profiler.analyzer.judge.kinds import KINDS as ALL_KINDS, MODEL_CHECK
 from diagtrain.profiler.analyzer.judge.findings import Candidate
@@ -63,7 +63,7 @@ class Expected:
 
 # The step time and peaks held against the model leave warm-up out as the detectors do (measured.py).
 SETTINGS = (Expected, Steady)
-# The kinds of finding the model's check makes: a finished run's, never a running job's (judge/pipeline.py).
+# The kinds of finding the model's check makes: a finished run's, never a running job's (judge/judgement.py).
 KINDS = tuple(k.name for k in ALL_KINDS if k.detector == MODEL_CHECK)
 
 

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diagtrain.profiler.analyzer.rank import host_calls
+from diagtrain.profiler.analyzer.per_rank import host_calls
 from diagtrain.profiler.analyzer.read.dialects import COMM
-from diagtrain.profiler.analyzer.rank.reading import Reading
+from diagtrain.profiler.analyzer.per_rank.reading import Reading
 from diagtrain.profiler.model.collectives import WHOLE_BUFFER_OPS, bus_factor
 from diagtrain.profiler.run_dir import group_key
 from diagtrain.profiler.util.frames import set_column

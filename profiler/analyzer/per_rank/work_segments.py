@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from diagtrain.profiler.analyzer.rank.reading import Reading
+from diagtrain.profiler.analyzer.per_rank.reading import Reading
 from diagtrain.profiler.util import intervals as iv
 from diagtrain.profiler.analyzer.read.dialects import COMM, COMPUTE, CPU, MEMORY, STEP_ANNOTATION, kind_in, step_marks
 

@@ -12,8 +12,8 @@ from pathlib import Path
 from queue import Empty, SimpleQueue
 from typing import Any, Callable
 
-from diagtrain.profiler.analyzer.rank.pipeline import load_rank, skipped_by
-from diagtrain.profiler.analyzer.rank.result import RankResult
+from diagtrain.profiler.analyzer.per_rank.pipeline import load_rank, skipped_by
+from diagtrain.profiler.analyzer.per_rank.result import RankResult
 from diagtrain.profiler.analyzer.read.discover import RankInput
 from diagtrain.profiler.analyzer.read.inputs import Skipped
 from diagtrain.profiler.util.bounded_read import display

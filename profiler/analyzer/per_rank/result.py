@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from diagtrain.profiler.analyzer.rank.p2p import P2PCalls
-from diagtrain.profiler.analyzer.rank.work_segments import COLUMNS as SEGMENT_COLUMNS
+from diagtrain.profiler.analyzer.per_rank.p2p import P2PCalls
+from diagtrain.profiler.analyzer.per_rank.work_segments import COLUMNS as SEGMENT_COLUMNS
 from diagtrain.profiler.analyzer.read.inputs import Skipped
 
 

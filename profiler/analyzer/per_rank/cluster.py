@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from diagtrain.profiler.analyzer.rank.pool import Cluster
+from diagtrain.profiler.analyzer.per_rank.pool import Cluster
 
 # A cluster just asked for (dask-jobqueue on Slurm, dask-kubernetes) may take a while to get its
 # first worker; longer than this, the user is better told than left waiting.

@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from diagtrain.profiler.analyzer.judge.cost import EVERY_STEP
+from diagtrain.profiler.analyzer.judge.assessments.ledger_price import EVERY_STEP
 from diagtrain.profiler.analyzer.judge.detectors.base import steady
 from diagtrain.profiler.analyzer.judge.findings import Finding
 from diagtrain.profiler.analyzer.judge.verdict import TRACED, Assessed, Assessment

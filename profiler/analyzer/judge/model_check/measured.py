@@ -2,7 +2,7 @@
 
 Read from what the run directory and its analysis hold (trainer.json, ranks/*/parameters.json,
 manifest.json, report.json, analysis/steps.parquet and collectives.parquet), never from the traces.
-The analyzer calls ``describe`` and ``measure`` on its own tables (judge/expected.py); ``diagtrain
+The analyzer calls ``describe`` and ``measure`` on its own tables (judge/model_check/expected.py); ``diagtrain
 plan --from RUN`` reads the same from the files (``read_run``) and hands them to the planner's what-ifs.
 Warm-up is the detectors' rule (``detectors.base.steady``), with one steady step enough for the model.
 
@@ -49,7 +49,7 @@ class MeasuredRun:
 
 # The note ``describe`` leaves on a run whose shape it took from the nearest well-known model. The
 # planner needs a shape for its what-ifs (``plan --from`` says so, and --layers/--hidden/--seq correct
-# it); the analyzer's expected-vs-measured section reports none of it (judge/expected.py).
+# it); the analyzer's expected-vs-measured section reports none of it (judge/model_check/expected.py).
 SHAPE_ASSUMED = "shape assumed"
 NO_MESH = "no mesh recorded"  # the note on a run whose layout is plain data parallelism by assumption
 

@@ -14,11 +14,11 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Callable
 
-from diagtrain.profiler.analyzer.rank import jobs
-from diagtrain.profiler.analyzer.rank.pipeline import load_rank, skipped_by
-from diagtrain.profiler.analyzer.rank.reading import in_force
-from diagtrain.profiler.analyzer.rank.pool import WORKER_DIED, Cluster, Pool, load_alone, load_on, worth_a_pool
-from diagtrain.profiler.analyzer.rank.result import RankResult
+from diagtrain.profiler.analyzer.per_rank import jobs
+from diagtrain.profiler.analyzer.per_rank.pipeline import load_rank, skipped_by
+from diagtrain.profiler.analyzer.per_rank.reading import in_force
+from diagtrain.profiler.analyzer.per_rank.pool import WORKER_DIED, Cluster, Pool, load_alone, load_on, worth_a_pool
+from diagtrain.profiler.analyzer.per_rank.result import RankResult
 from diagtrain.profiler.analyzer.read.discover import RankInput
 from diagtrain.profiler.analyzer.read.inputs import Skipped
 from diagtrain.profiler.util.bounded_read import display
@@ -30,7 +30,7 @@ def load(inputs: list[RankInput], cache_root: Path, workers: int,
     """Analyze each rank input on ``cluster`` when given, else in local worker processes when the traces
     are big enough to pay for them, else here one after the other; unreadable inputs and copies of one
     rank's trace are skipped. Every way runs :func:`load_rank`, so every way gives the same results.
-    Inputs of different jobs raise :class:`~diagtrain.profiler.analyzer.rank.jobs.MixedJobs`."""
+    Inputs of different jobs raise :class:`~diagtrain.profiler.analyzer.per_rank.jobs.MixedJobs`."""
     results, skipped = [], []
     started, reading = time.monotonic(), in_force()  # the workers are handed the settings this analysis reads with
     if cluster is not None:

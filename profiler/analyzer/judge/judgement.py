@@ -19,9 +19,11 @@ import pandas as pd
 
 from diagtrain.profiler.util import settings
 from diagtrain.profiler.util.heap import release_freed_memory
-from diagtrain.profiler.analyzer.judge import contention, cost, critical_path, expected, job_cost, kinds, traced_excess
+from diagtrain.profiler.analyzer.judge import kinds
+from diagtrain.profiler.analyzer.judge.assessments import contention, critical_path, job_price, ledger_price, traced_excess
+from diagtrain.profiler.analyzer.judge.model_check import expected
 from diagtrain.profiler.analyzer.judge.detectors.base import job_totals
-from diagtrain.profiler.analyzer.judge.explained import explained
+from diagtrain.profiler.analyzer.judge.assessments.explained import explained
 from diagtrain.profiler.analyzer.judge.findings import Candidate, Finding, order
 from diagtrain.profiler.analyzer.judge.verdict import Assessed, Judged, verdict
 from diagtrain.profiler.analyzer.run.tables import Tables
@@ -45,10 +47,10 @@ class Context:
 ASSESSMENTS: tuple[tuple[str, Callable[[list[Finding], Context], Assessed]], ...] = (
     # Stragglers and data stalls priced by what they cost the job over the whole run (the ledger), with
     # one severity rule; a cause in the ledger that no detector named becomes a candidate.
-    ("cost", lambda found, c: cost.priced(found, c.tables)),
+    ("cost", lambda found, c: ledger_price.priced(found, c.tables)),
     # What every rank lost together (input, periodic stalls, start-up) priced by the job's own ledger, by the
     # same severity rule.
-    ("job cost", lambda found, c: job_cost.priced(found, c.tables)),
+    ("job cost", lambda found, c: job_price.priced(found, c.tables)),
     # A rank slowed by other processes on its host, or by its allocator's memory churn, is information and
     # said so: it is not a straggler or a late rank.
     ("host contention", lambda found, c: contention.own_work_only(found, c.tables)),
@@ -64,7 +66,7 @@ ASSESSMENTS: tuple[tuple[str, Callable[[list[Finding], Context], Assessed]], ...
     ("critical path", lambda found, c: critical_path.with_impacts(found, c.paths, c.tables.ledger)
      if c.paths is not None else Assessed()),
     # The two prices against each other.
-    ("price check", lambda found, c: cost.disputed(found, c.tables)),
+    ("price check", lambda found, c: ledger_price.disputed(found, c.tables)),
 )
 
 
@@ -127,7 +129,7 @@ def job_time_section(t: Tables, progress: Callable[[str], None]) -> dict[str, An
 def ledger_section(t: Tables, progress: Callable[[str], None]) -> dict[str, Any] | None:
     """The report's "where the time went"; a failure is reported, never fatal."""
     try:
-        return cost.ledger_section(t)
+        return ledger_price.ledger_section(t)
     except Exception as e:  # noqa: BLE001 - the findings stand without it
         progress(f"ledger failed: {type(e).__name__}: {e}")
         return {"available": False, "reason": f"{type(e).__name__}: {e}"}
@@ -193,7 +195,7 @@ def _settings_of(module: ModuleType) -> dict[str, Any]:
 def all_sections() -> dict[str, type]:
     """Every settings section of the analyzer (importing every judging module registers them)."""
     detector_modules()
-    importlib.import_module(f"{__package__}.live")  # live judgement's own: how often, over which steps
+    importlib.import_module(f"{__package__}.live_judge")  # live judgement's own: how often, over which steps
     importlib.import_module("diagtrain.profiler.analyzer.run.clocks")  # when ranks' clocks disagree
-    importlib.import_module("diagtrain.profiler.analyzer.rank.reading")  # how a rank's trace is read
+    importlib.import_module("diagtrain.profiler.analyzer.per_rank.reading")  # how a rank's trace is read
     return dict(settings.SECTIONS)

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
-from diagtrain.profiler.analyzer.judge.cost import EVERY_STEP, INTERMITTENT, Cost, severity as cost_severity
+from diagtrain.profiler.analyzer.judge.assessments.ledger_price import EVERY_STEP, INTERMITTENT, Cost, severity as cost_severity
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady, profiled_steps, steady
 from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, UPPER_BOUND, Candidate, Finding
 from diagtrain.profiler.analyzer.judge.quantities import SlowCause

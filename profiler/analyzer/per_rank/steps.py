@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from diagtrain.profiler.analyzer.rank import breakdown as bd
+from diagtrain.profiler.analyzer.per_rank import breakdown as bd
 from diagtrain.profiler.analyzer.read.dialects import DATALOADER_SPAN, STEP_ANNOTATION, name_matches, step_marks
 from diagtrain.profiler.util import intervals as iv
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # load.py calls this module on what it loaded
-    from diagtrain.profiler.analyzer.rank.result import RankResult
+    from diagtrain.profiler.analyzer.per_rank.result import RankResult
 
 FILES_NAMED = 4  # per group in the message; the rest are counted
 

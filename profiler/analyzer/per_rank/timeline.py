@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.util import intervals as iv
-from diagtrain.profiler.analyzer.rank.breakdown import host_categories
+from diagtrain.profiler.analyzer.per_rank.breakdown import host_categories
 from diagtrain.profiler.analyzer.read.dialects import COMM, COMPUTE, MEMORY, kind_in, step_marks
 
 IDLE = "idle"

@@ -2,7 +2,7 @@
 
 Every few seconds the wrapper (through the CLI, cli/run.py) asks :meth:`LiveJudge.judge` for what
 changed. It judges the last steps every rank has finished (run/live_tables.py) with the same
-judgement as the final analysis (pipeline.judge: its detectors, assessments and verdicts) and the
+judgement as the final analysis (judgement.judge: its detectors, assessments and verdicts) and the
 settings in force, no second set of rules, and adds what only a running job can show: a rank that
 has finished no step for many typical steps (before the hang watchdog fires). A finding is followed
 from one judgement to the next by its kind and ranks, and each change is an event: ``new``,
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from diagtrain.profiler.analyzer.judge import pipeline
+from diagtrain.profiler.analyzer.judge import judgement
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady
 from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, Candidate, Finding
 from diagtrain.profiler.analyzer.judge.verdict import verdict
@@ -206,12 +206,12 @@ class LiveJudge:
         return self.settings.interval_s if suspected else max(self.settings.interval_s, paced)
 
     def _detect(self, window: Window) -> list[Finding]:
-        """The final analysis' judgement of the window's tables: the same function (pipeline.judge)."""
+        """The final analysis' judgement of the window's tables: the same function (judgement.judge)."""
         t = window.tables
         traces = self.steps.traces
         if traces is not None and traces.problem:
             self._problem(f"judged without the profiled windows' traces: {traces.problem}")
-        return pipeline.judge(t, _no_spans, self._problem, live=True).findings
+        return judgement.judge(t, _no_spans, self._problem, live=True).findings
 
     def _problem(self, message: str) -> None:
         if message not in self.problems:

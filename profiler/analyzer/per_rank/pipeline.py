@@ -15,16 +15,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diagtrain.profiler.analyzer.rank import breakdown as bd
-from diagtrain.profiler.analyzer.rank import cache as rank_cache
-from diagtrain.profiler.analyzer.rank.collectives import COLUMNS as COLLECTIVE_COLUMNS
-from diagtrain.profiler.analyzer.rank.collectives import rank_collectives
-from diagtrain.profiler.analyzer.rank.p2p import summarize as summarize_p2p
-from diagtrain.profiler.analyzer.rank.reading import in_force
-from diagtrain.profiler.analyzer.rank.result import RankResult
-from diagtrain.profiler.analyzer.rank.steps import step_breakdown
-from diagtrain.profiler.analyzer.rank.work_segments import COLUMNS as SEGMENT_COLUMNS
-from diagtrain.profiler.analyzer.rank.work_segments import rank_segments
+from diagtrain.profiler.analyzer.per_rank import breakdown as bd
+from diagtrain.profiler.analyzer.per_rank import cache as rank_cache
+from diagtrain.profiler.analyzer.per_rank.collectives import COLUMNS as COLLECTIVE_COLUMNS
+from diagtrain.profiler.analyzer.per_rank.collectives import rank_collectives
+from diagtrain.profiler.analyzer.per_rank.p2p import summarize as summarize_p2p
+from diagtrain.profiler.analyzer.per_rank.reading import in_force
+from diagtrain.profiler.analyzer.per_rank.result import RankResult
+from diagtrain.profiler.analyzer.per_rank.steps import step_breakdown
+from diagtrain.profiler.analyzer.per_rank.work_segments import COLUMNS as SEGMENT_COLUMNS
+from diagtrain.profiler.analyzer.per_rank.work_segments import rank_segments
 from diagtrain.profiler.analyzer.read.dialects import COMM, COMPUTE, STREAMLESS_LANE, kind_in
 from diagtrain.profiler.analyzer.read.discover import RankInput
 from diagtrain.profiler.analyzer.read.event_checks import MAX_EVENT_US, usable_times  # noqa: F401 - MAX_EVENT_US re-exported

@@ -2,13 +2,13 @@
 
 A job-level detector (input_bound, periodic_stall, slow_startup) proposes a candidate with the time the
 job lost to it (``lost_ms``: over the steady steps, or once for the start-up) and its pattern. Priced here
-as the ranks' causes are (judge/cost.py): the impact is that time per steady step, the severity
+as the ranks' causes are (judge/assessments/ledger_price.py): the impact is that time per steady step, the severity
 cost.severity's rule on its share of the steady steps' time (the start-up's, of the wall time).
 """
 
 from __future__ import annotations
 
-from diagtrain.profiler.analyzer.judge.cost import INTERMITTENT, Cost, severity
+from diagtrain.profiler.analyzer.judge.assessments.ledger_price import INTERMITTENT, Cost, severity
 from diagtrain.profiler.analyzer.judge.detectors.base import job_totals, steady_job_steps
 from diagtrain.profiler.analyzer.judge.findings import UPPER_BOUND, Finding
 from diagtrain.profiler.analyzer.judge.verdict import JOB_PRICE, Assessed, Assessment

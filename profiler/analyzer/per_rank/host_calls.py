@@ -15,7 +15,7 @@ from collections import deque
 import numpy as np
 import pandas as pd
 
-from diagtrain.profiler.analyzer.rank.reading import Reading
+from diagtrain.profiler.analyzer.per_rank.reading import Reading
 from diagtrain.profiler.analyzer.read.dialects import STEP_ANNOTATION, name_matches
 from diagtrain.profiler.util.intervals import merge
 
