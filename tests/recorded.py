@@ -4,7 +4,7 @@ Each was written by ``diagtrain run`` of the command in ``RECORDINGS`` and copie
 analysis writes (analysis/, report.*): a test gets a fresh copy and analyzes it itself, so the
 judgement of today's code is what it checks. ``python tests/fixtures/recorded_runs/record.py`` records them
 again (after a change of the record format) and rewrites each run's golden verdicts (``golden.json``:
-every finding's kind, severity and ranks), which tests/test_recorded_runs.py holds the analysis to.
+every finding's kind, severity, ranks, impact and words), which tests/test_recorded_runs.py holds the analysis to.
 """
 
 from __future__ import annotations
@@ -56,5 +56,8 @@ def copy_run(name: str, to: Path) -> Path:
 
 
 def verdicts(report: dict) -> list[dict]:
-    """What a golden file holds of a report: each finding's kind, severity and ranks, in the report's order."""
-    return [{"kind": f["kind"], "severity": f["severity"], "ranks": f["ranks"]} for f in report["findings"]]
+    """What a golden file holds of a report: each finding's kind, severity, ranks, impact and words, in the report's
+    order (the words as composed: a change of who writes them must leave them as they were)."""
+    return [{"kind": f["kind"], "severity": f["severity"], "ranks": f["ranks"],
+             "impact_ms": None if f["impact_ms"] is None else round(f["impact_ms"], 3),
+             "explanation": f["explanation"], "suggestion": f["suggestion"]} for f in report["findings"]]
