@@ -22,8 +22,8 @@ from common import machine, save
 from synthetic import relabeled_copies, trace_set
 
 from diagtrain.profiler.analyzer import analyze
-from diagtrain.profiler.analyzer.judge.assessments import critical_path
 from diagtrain.profiler.analyzer.per_rank import pipeline, work_segments
+from diagtrain.profiler.analyzer.run import replay
 SHARED = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "public" / "traces" / "hta"
 REAL = SHARED / "nccl_2rank_rank0.json.gz"
 SETS = {
@@ -54,15 +54,16 @@ class _Timed:
 
 def measure(folder: Path) -> dict:
     """One in-process analysis of ``folder``: total seconds and the two added stages' seconds."""
-    segments, paths = _Timed(work_segments.rank_segments), _Timed(critical_path.analyze)
-    pipeline.rank_segments, analyze.critical_path.analyze = segments, paths  # pipeline._segments calls it
+    segments, paths = _Timed(work_segments.rank_segments), _Timed(replay.analyze)
+    # pipeline._segments calls the first, judge/judgement.py the second, through their modules.
+    pipeline.rank_segments, replay.analyze = segments, paths
     try:
         with tempfile.TemporaryDirectory() as scratch:
             start = time.perf_counter()
             analyze.analyze(folder, Path(scratch), ["json"], workers=1)
             total = time.perf_counter() - start
     finally:
-        pipeline.rank_segments, analyze.critical_path.analyze = segments.fn, paths.fn
+        pipeline.rank_segments, replay.analyze = segments.fn, paths.fn
     added = segments.seconds + paths.seconds
     return {"total_s": total, "segments_s": segments.seconds, "paths_s": paths.seconds,
             "ratio": total / (total - added)}

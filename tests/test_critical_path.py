@@ -15,6 +15,9 @@ from conftest import diagtrain_run
 
 from diagtrain.profiler.analyzer.judge.assessments import ledger_price as cost
 from diagtrain.profiler.analyzer.judge.assessments import critical_path as cp
+from diagtrain.profiler.analyzer.report import critical_path_section as words
+from diagtrain.profiler.analyzer.run import replay as rp
+from diagtrain.profiler.analyzer.run import step_graph
 from diagtrain.profiler.analyzer.per_rank import load
 from diagtrain.profiler.analyzer.read.discover import discover
 from diagtrain.profiler.analyzer.run import tables
@@ -61,10 +64,10 @@ def two_ranks() -> Tables:
 
 
 def test_the_path_runs_through_the_late_rank_with_exact_numbers(two_ranks):
-    run = cp.analyze(two_ranks)
+    run = rp.analyze(two_ranks)
     [path] = run.paths
     assert path.length_us == pytest.approx(95 * MS, abs=1)
-    assert path.line() == ("rank 1 data 1.0 ms → rank 1 forward 60.0 ms → rank 1 backward 11.0 ms → "
+    assert words.line(path) == ("rank 1 data 1.0 ms → rank 1 forward 60.0 ms → rank 1 backward 11.0 ms → "
                            "all_reduce(dp) waits 40.0 ms on rank 1 (transfer 10.0 ms) → rank 0 optimizer 11.0 ms → "
                            "rank 0 outside phases 2.0 ms")
     spent = {k: round(v / MS, 3) for k, v in path.totals.items()}
@@ -73,25 +76,25 @@ def test_the_path_runs_through_the_late_rank_with_exact_numbers(two_ranks):
     assert (collective.rank, collective.released_rank) == (1, 0)
     # On the timeline: from rank 1's arrival to the moment the all-reduce was done.
     assert (collective.start_us - T0 * 1e6, collective.end_us - T0 * 1e6) == pytest.approx((72 * MS, 82 * MS), abs=1)
-    assert run.top()[0] == {"rank": 1, "op": "DDP.forward", "ms": pytest.approx(60.0), "share": pytest.approx(60 / 95)}
+    assert words.top(run.paths)[0] == {"rank": 1, "op": "DDP.forward", "ms": pytest.approx(60.0), "share": pytest.approx(60 / 95)}
 
 
 def test_the_replay_gives_back_the_measured_times(two_ranks):
-    [g] = cp.graphs(two_ranks)
-    r = cp.replay(g)
+    [g] = step_graph.graphs(two_ranks)
+    r = rp.replay(g)
     assert r.start == pytest.approx(g.start) and r.c_end == pytest.approx(g.c_end)
     assert r.finish == pytest.approx(T0 * 1e6 + 95 * MS)
 
 
 def test_what_if_the_slow_forward_ran_at_its_peers_median(two_ranks):
-    [g] = cp.graphs(two_ranks)
+    [g] = step_graph.graphs(two_ranks)
     # Rank 1's forward (with the 1 ms before it) 61 ms against rank 0's 21: the all-reduce, and so
     # the step, ends 40 ms sooner. Rank 0's forward is not above its peer: nothing to save.
-    assert cp.saving_us(g, cp.peer_scale(g, 1, "forward")) == pytest.approx(40 * MS, abs=1)
-    assert cp.saving_us(g, cp.peer_scale(g, 0, "forward")) == 0.0
+    assert rp.saving_us(g, rp.peer_scale(g, 1, "forward")) == pytest.approx(40 * MS, abs=1)
+    assert rp.saving_us(g, rp.peer_scale(g, 0, "forward")) == 0.0
     straggler = Finding(kind="straggler", severity="warning", explanation="", suggestion="", ranks=[1], steps=[7],
                         metrics={"phase": "forward phase", "quantity": "phase:forward"}, impact_ms=55.0)
-    [straggler] = applied([straggler], cp.with_impacts([straggler], cp.analyze(two_ranks)))
+    [straggler] = applied([straggler], cp.with_impacts([straggler], rp.analyze(two_ranks)))
     assert straggler.impact_ms == pytest.approx(40.0, abs=1e-3)
     assert straggler.metrics["detector_impact_ms"] == 55.0 and straggler.metrics["impact_source"] == "critical_path"
 
@@ -103,7 +106,7 @@ def test_a_ledger_priced_straggler_is_checked_by_replaying_the_ledgers_excess(tw
     ledger = pd.DataFrame({"rank": [0, 1], "step": [7, 7], "excess_ms": [0.0, 30.0], "wait_ms": [70.0, 10.0]})
     straggler = Finding(kind="straggler", severity="warning", explanation="", suggestion="", ranks=[1], steps=[7],
                         metrics={"quantity": "phase:forward", "impact_source": "ledger"}, impact_ms=33.0)
-    [straggler] = applied([straggler], cp.with_impacts([straggler], cp.analyze(two_ranks), ledger))
+    [straggler] = applied([straggler], cp.with_impacts([straggler], rp.analyze(two_ranks), ledger))
     assert straggler.impact_ms == 33.0  # the ledger's price stands
     assert straggler.metrics["critical_path_ms"] == pytest.approx(30.0, abs=0.01)  # 30 ms off its forward: the step too
     # The graph models rank 0's 50 ms and rank 1's 10 ms in the all-reduce as waits, not the 20 ms inside an op.
@@ -125,17 +128,17 @@ def test_a_replay_that_models_few_waits_is_no_check_of_a_price():
 def test_a_collective_queued_behind_another_moves_with_it():
     """DDP's two buckets: rank 0 issues both by 32 ms, but its group runs one at a time, so the second starts
     when the first ends (82), after rank 1's slow forward. Removing that slowness moves both."""
-    [g] = cp.graphs(_slow_forward_step(93, [105.0, 105.0], [
+    [g] = step_graph.graphs(_slow_forward_step(93, [105.0, 105.0], [
         _collective(0, 32, 50, seq=1), _collective(0, 82, 10, seq=2), _collective(1, 72, 10, seq=1),
         _collective(1, 82, 10, seq=2)]))
     assert sorted(g.c_queued.tolist()) == [-1, -1, 0, 2]  # each rank's second bucket waited for its first
-    assert cp.replay(g).finish == pytest.approx(T0 * 1e6 + 105 * MS)
+    assert rp.replay(g).finish == pytest.approx(T0 * 1e6 + 105 * MS)
     # The forward at its peer's 21 ms: the first bucket ends at 42, the second at 52, the step 40 ms sooner
     # (without the queue, rank 0's second bucket stayed at 82 and the step saved nothing).
-    assert cp.saving_us(g, cp.peer_scale(g, 1, "forward")) == pytest.approx(40 * MS, abs=1)
+    assert rp.saving_us(g, rp.peer_scale(g, 1, "forward")) == pytest.approx(40 * MS, abs=1)
 
 
-def _late_wake(rank1_forward_ms: float, rank0_resumes_ms: float) -> cp.StepPath:
+def _late_wake(rank1_forward_ms: float, rank0_resumes_ms: float) -> rp.StepPath:
     """Rank 0 goes idle in the all-reduce at 32 ms; rank 1 arrives after its forward, the all-reduce
     takes 10 ms; rank 0 resumes at ``rank0_resumes_ms`` with a 10 ms optimizer step."""
     arrives = 12 + rank1_forward_ms
@@ -150,7 +153,7 @@ def _late_wake(rank1_forward_ms: float, rank0_resumes_ms: float) -> cp.StepPath:
     steps = pd.DataFrame({"rank": [0, 1], "step": [7, 7], "wall_ms": ends, "profiled": True,
                           "trace_start": [T0, T0], "trace_end": [T0 + e / 1e3 for e in ends]})
     collectives = match(pd.DataFrame([_collective(0, 32, arrives + 10 - 32), _collective(1, arrives, 10)]))
-    [path] = cp.analyze(Tables(steps=steps, ranks=pd.DataFrame(), collectives=collectives, phases=[],
+    [path] = rp.analyze(Tables(steps=steps, ranks=pd.DataFrame(), collectives=collectives, phases=[],
                                segments=segments)).paths
     return path
 
@@ -159,7 +162,7 @@ def test_a_rank_woken_late_after_a_long_wait_was_still_waiting():
     """On a busy host rank 0 wakes 8 ms after the all-reduce it waited 50 ms in: the wait is rank 1's."""
     path = _late_wake(rank1_forward_ms=60, rank0_resumes_ms=90)
     # Rank 0's optimizer hop: its 8 ms wake-up (its own) and its 10 ms of work.
-    assert path.line() == ("rank 1 forward 60.0 ms → rank 1 backward 11.0 ms → all_reduce(dp) waits 40.0 ms on "
+    assert words.line(path) == ("rank 1 forward 60.0 ms → rank 1 backward 11.0 ms → all_reduce(dp) waits 40.0 ms on "
                            "rank 1 (transfer 10.0 ms) → rank 0 optimizer 18.0 ms → rank 0 outside phases 2.0 ms")
     assert path.length_us == pytest.approx(102 * MS, abs=1)
 
@@ -180,15 +183,15 @@ def test_a_recv_waits_for_its_send_across_ranks():
                           "trace_start": [T0, T0], "trace_end": [T0 + 0.062, T0 + 0.075]})
     p2p = [{**_collective(0, 51, 1), "op": "send"}, {**_collective(1, 2, 50), "op": "recv"}]
     p2p = pd.DataFrame(p2p).assign(pg="?", pg_desc=None, group_ranks=[(), ()])
-    run = cp.analyze(Tables(steps=steps, ranks=pd.DataFrame(), collectives=match(p2p), phases=[], segments=segments))
+    run = rp.analyze(Tables(steps=steps, ranks=pd.DataFrame(), collectives=match(p2p), phases=[], segments=segments))
     [path] = run.paths
-    assert path.line() == ("rank 0 data 1.0 ms → rank 0 forward 50.0 ms → recv(p2p) waits 49.0 ms on rank 0 "
+    assert words.line(path) == ("rank 0 data 1.0 ms → rank 0 forward 50.0 ms → recv(p2p) waits 49.0 ms on rank 0 "
                            "(transfer 1.0 ms) → rank 1 backward 21.0 ms → rank 1 outside phases 2.0 ms")
     assert path.length_us == pytest.approx(75 * MS, abs=1)
     [g] = run.graphs
-    assert cp.saving_us(g, cp.peer_scale(g, 0, "forward")) == 0.0  # no peer in forward to compare with
+    assert rp.saving_us(g, rp.peer_scale(g, 0, "forward")) == 0.0  # no peer in forward to compare with
     halved = np.where((g.rank == 0) & (g.phase == "forward"), 0.5, 1.0)
-    assert cp.saving_us(g, halved) == pytest.approx(25.5 * MS, abs=1)  # its forward and the 1 ms before it
+    assert rp.saving_us(g, halved) == pytest.approx(25.5 * MS, abs=1)  # its forward and the 1 ms before it
 
 
 # Far above what the shared 2-core machine's noise does to one step (tens of ms), so 20% of it holds.
@@ -229,8 +232,8 @@ def test_removing_the_straggler_saves_what_was_injected(straggler_run, tmp_path)
     out, report = straggler_run
     inputs, _ = discover(out)
     results, _ = load.load(inputs, tmp_path / "cache", workers=1)
-    run = cp.analyze(tables.build(out, results))
-    saved = {g.step: cp.saving_us(g, cp.peer_scale(g, 1, "forward")) / MS for g in run.graphs}
+    run = rp.analyze(tables.build(out, results))
+    saved = {g.step: rp.saving_us(g, rp.peer_scale(g, 1, "forward")) / MS for g in run.graphs}
     length = {p.step: p.length_us / MS for p in run.paths}
     median_saving = statistics.median(saved[s] for s in AFFECTED)
     assert median_saving == pytest.approx(STRAGGLER_MS, rel=0.2), (saved, length)
@@ -254,20 +257,20 @@ def test_a_step_of_many_short_collectives_keeps_a_one_line_path():
         at += 31.1 if long_op else 1.1
     steps = pd.DataFrame({"rank": [0, 1], "step": [7, 7], "wall_ms": [at, at], "profiled": True,
                           "trace_start": [T0, T0], "trace_end": [T0 + at / 1e3, T0 + at / 1e3]})
-    run = cp.analyze(Tables(steps=steps, ranks=pd.DataFrame(), collectives=match(pd.DataFrame(collectives)),
+    run = rp.analyze(Tables(steps=steps, ranks=pd.DataFrame(), collectives=match(pd.DataFrame(collectives)),
                             phases=[], segments=pd.DataFrame(segments, columns=COLUMNS)))
     [path] = run.paths
     assert len(path.hops) > 100
-    assert path.line() == ("rank 0 backward 32.5 ms → all_reduce(dp) waits 0.0 ms on rank 0 (transfer 0.1 ms) → "
+    assert words.line(path) == ("rank 0 backward 32.5 ms → all_reduce(dp) waits 0.0 ms on rank 0 (transfer 0.1 ms) → "
                            "rank 1 backward 30.1 ms → all_reduce(dp) waits 29.0 ms on rank 1 (transfer 0.1 ms) → "
                            "rank 0 backward 31.4 ms")
 
 
 def test_a_path_line_names_its_longest_hops_and_counts_the_rest():
-    hops = [cp.Hop(rank=i % 2, kind="work", label=f"phase{i}", us=(i + 1) * MS) for i in range(30)]
-    path = cp.StepPath(step=1, length_us=sum(h.us for h in hops), hops=hops, totals={}, waiting_on={})
-    line = path.line()
-    most = cp.CriticalPath.active().max_line_hops
+    hops = [rp.Hop(rank=i % 2, kind="work", label=f"phase{i}", us=(i + 1) * MS) for i in range(30)]
+    path = rp.StepPath(step=1, length_us=sum(h.us for h in hops), hops=hops, totals={}, waiting_on={})
+    line = words.line(path)
+    most = step_graph.CriticalPath.active().max_line_hops
     assert line.endswith(f"(and {30 - most} shorter hops)")
     named = [int(part.split()[2].removeprefix("phase")) for part in line.split(" (and")[0].split(" → ")]
     assert named == list(range(30 - most, 30))  # the longest ones, in path order

@@ -19,7 +19,7 @@ from diagtrain.profiler.analyzer.per_rank import cluster, load
 from diagtrain.profiler.analyzer.per_rank.cache import spans_path
 from diagtrain.profiler.analyzer.per_rank.result import RankResult
 from diagtrain.profiler.analyzer.read.discover import discover
-from diagtrain.profiler.analyzer.report import document, outputs
+from diagtrain.profiler.analyzer.report import critical_path_section, document, outputs
 from diagtrain.profiler.analyzer.run import health, tables
 from diagtrain.profiler.analyzer.run.spans import read_spans
 from diagtrain.profiler.run_dir import ANALYSIS_CACHE
@@ -55,7 +55,7 @@ def analyze(path: Path, out: Path, formats: list[str], workers: int,
         doc = document.build(path, t, verdict.findings, notes, [asdict(s) for s in skipped])
         doc["settings"] = used_settings(overrides or {})
         doc["expected"] = verdict.expected
-        doc["critical_path"] = verdict.critical_path
+        doc["critical_path"] = critical_path_section.section(verdict.paths, verdict.paths_failure)
         doc["ledger"] = verdict.ledger
         doc["job_time"] = verdict.job_time
         progress("writing the results")

@@ -26,6 +26,8 @@ from diagtrain.profiler.analyzer.judge.detectors.base import job_totals
 from diagtrain.profiler.analyzer.judge.assessments.explained import explained
 from diagtrain.profiler.analyzer.judge.findings import Candidate, Finding, order
 from diagtrain.profiler.analyzer.judge.verdict import Assessed, Judged, verdict
+from diagtrain.profiler.analyzer.run import replay
+from diagtrain.profiler.analyzer.run.replay import RunPaths, StepPath
 from diagtrain.profiler.analyzer.run.tables import Tables
 
 # The detector modules, in the order they run, and those not asked while a job runs (what a stopped or finished
@@ -40,7 +42,7 @@ class Context:
 
     tables: Tables
     spans_of: Callable[[int], pd.DataFrame | None]
-    paths: critical_path.RunPaths | None = None
+    paths: RunPaths | None = None
 
 
 # The assessments, in order: each sees the findings as the ones before decided them (judge/verdict.py).
@@ -77,10 +79,12 @@ def detector_modules() -> dict[str, ModuleType]:
 
 @dataclass
 class Judgement:
-    """What judgement gives the report: the findings, ranked, and the sections they rest on."""
+    """What judgement gives the report: the findings, ranked, and the sections they rest on (each profiled step's
+    critical path, or the error that stopped their tracing: report/critical_path_section.py makes their section)."""
 
     findings: list[Finding]
-    critical_path: dict[str, Any]
+    paths: list[StepPath] | None
+    paths_failure: str | None
     expected: dict[str, Any] | None
     ledger: dict[str, Any] | None
     job_time: dict[str, Any] | None = None
@@ -100,7 +104,7 @@ def judge(t: Tables, spans_of: Callable[[int], pd.DataFrame | None], progress: C
     judged = Judged(run_detectors(t, progress, notes, only=[d for d in DETECTORS if d not in NOT_LIVE] if live else None,
                                   trim=trim))
     status("tracing the critical path")  # from the tables alone: its replay assesses the findings below
-    paths, path_section = trace_critical_path(t, progress)
+    paths, paths_failure = trace_critical_path(t, progress)
     context = Context(t, spans_of, paths)
     for name, assess in ASSESSMENTS:
         try:
@@ -110,9 +114,9 @@ def judge(t: Tables, spans_of: Callable[[int], pd.DataFrame | None], progress: C
         trim()
     findings = judged.findings()
     if live:
-        return Judgement(findings, path_section, None, None)
+        return Judgement(findings, _steps_of(paths), paths_failure, None, None)
     model_section, model_findings = check_expected(t, spans_of, progress)
-    return Judgement(order(findings + model_findings), path_section, model_section, ledger_section(t, progress),
+    return Judgement(order(findings + model_findings), _steps_of(paths), paths_failure, model_section, ledger_section(t, progress),
                      job_time_section(t, progress))
 
 
@@ -160,14 +164,18 @@ def run_detectors(t: Tables, progress: Callable[[str], None], notes: list[dict] 
     return found
 
 
-def trace_critical_path(t: Tables, progress: Callable[[str], None]) -> tuple[critical_path.RunPaths | None, dict[str, Any]]:
-    """The critical paths and their report section; a failure is reported, never fatal."""
+def trace_critical_path(t: Tables, progress: Callable[[str], None]) -> tuple[RunPaths | None, str | None]:
+    """The critical paths, or None and why; a failure is reported, never fatal."""
     try:
-        paths = critical_path.analyze(t)
-        return paths, paths.section()
+        return replay.analyze(t), None
     except Exception as e:  # noqa: BLE001 - the findings stand without it
         progress(f"critical path failed: {type(e).__name__}: {e}")
-        return None, {"available": False, "reason": f"{type(e).__name__}: {e}"}
+        return None, f"{type(e).__name__}: {e}"
+
+
+def _steps_of(paths: RunPaths | None) -> list[StepPath] | None:
+    """The paths the report shows, without the graphs the what-ifs replayed (a long run's are large)."""
+    return paths.paths if paths is not None else None
 
 
 def check_expected(t: Tables, spans_of: Callable[[int], pd.DataFrame | None],

@@ -9,8 +9,8 @@ from typing import Any
 
 from diagtrain.profiler.analyzer.judge.findings import Finding
 from diagtrain.profiler.analyzer.report import job_bar
-from diagtrain.profiler.analyzer.report.sections import (critical_path_lines, expected_lines, job_time_lines,
-                                                         ledger_lines)
+from diagtrain.profiler.analyzer.report.critical_path_section import critical_path_lines
+from diagtrain.profiler.analyzer.report.sections import expected_lines, job_time_lines, ledger_lines
 from diagtrain.profiler.analyzer.report.wording import finding_json, saving_text
 from diagtrain.profiler.analyzer.run.health import UNCOUNTED_CHECKS
 from diagtrain.profiler.analyzer.run.tables import Tables

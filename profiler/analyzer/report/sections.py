@@ -1,5 +1,5 @@
-"""The report's sections in words: where the time went (the job's and the ranks' ledgers), the critical path,
-expected vs measured.
+"""The report's sections in words: where the time went (the job's and the ranks' ledgers), expected vs measured
+(the critical path's: report/critical_path_section.py).
 
 Each takes its section of report.json (judge/ made the numbers) and returns report.md's lines; the
 dashboard shows the same sentences (model_line, unknown_words).
@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 
 from diagtrain.profiler.analyzer.judge.assessments.ledger_price import INTERMITTENT
-from diagtrain.profiler.analyzer.judge.assessments.critical_path import CATEGORIES
 from diagtrain.profiler.analyzer.judge.model_check.expected import UNKNOWN, UNKNOWN_PIPELINE
 from diagtrain.profiler.util.text import ranges
 from diagtrain.profiler.util.units import mib_text
@@ -101,23 +100,6 @@ def ledger_lines(ledger_section: dict[str, Any] | None) -> list[str]:
         when = x["pattern"] if x["pattern"] != INTERMITTENT else f"steps {ranges(x['steps'])}"
         lines.append(f"| rank {x['rank']}, {x['part']} | {when} | {x['lost_s']:.2f} s | {x['per_step_ms']:.1f} ms | "
                      f"{x['share']:.0%} |")
-    return lines + [""]
-
-
-def critical_path_lines(section: dict[str, Any] | None) -> list[str]:
-    """The report's critical-path lines: the median and the worst step, one line of hops each."""
-    if not section or not section.get("available"):
-        return []
-    lines = ["### Critical path", ""]
-    for name in ("median_step", "worst_step"):
-        p = section[name]
-        a = p["attribution_ms"]
-        spent = ", ".join(f"{c.replace('_', ' ')} {a[c]:.1f}" for c in CATEGORIES if a.get(c))
-        lines += [f"- {name.replace('_', ' ')} (step {p['step']}, {p['length_ms']:.1f} ms; {spent} ms): {p['line']}"]
-    if section.get("top"):
-        over = f"summed over the {len(section.get('steps') or [])} profiled steps"
-        pairs = ", ".join(f"rank {t['rank']} {t['op']} {t['ms']:.1f} ms" for t in section["top"])
-        lines += [f"- most critical time ({over}): {pairs}"]
     return lines + [""]
 
 
