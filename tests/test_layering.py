@@ -150,6 +150,30 @@ def analyzer_violations() -> list[str]:
     return found
 
 
+# Inside judge/, its rooms in the order judgement runs them: the detectors read tables only; the assessments weigh
+# the detectors' candidates; judgement.py orders both, and live_judge.py follows it while a job runs. A room may not
+# import the ones after it (the shared vocabulary beside them, findings, kinds, verdict..., any may).
+JUDGE = f"{ANALYZER}.judge"
+JUDGE_NOT = {
+    "detectors": ("assessments", "model_check", "live_judge", "judgement"),
+    "assessments": ("live_judge", "judgement"),
+}
+
+
+def judge_violations() -> list[str]:
+    """Every import by which a room of judge/ reaches one judged after it."""
+    found = []
+    for module, path in sorted(modules().items()):
+        parts = module.split(".")
+        if not module.startswith(JUDGE + ".") or len(parts) < 5 or parts[4] not in JUDGE_NOT:
+            continue
+        banned = [f"{JUDGE}.{room}" for room in JUDGE_NOT[parts[4]]]
+        for name in sorted(imports(path, module)):
+            if any(name == b or name.startswith(b + ".") for b in banned):
+                found.append(f"{path.relative_to(REPO)}: judge/{parts[4]}/ imports {name}, judged after it")
+    return found
+
+
 def test_every_module_belongs_to_a_stage():
     unplaced = [m for m in modules() if stage_of(m) is None]
     assert not unplaced
@@ -206,3 +230,21 @@ def test_the_public_in_rank_path_still_works():
     from diagtrain.profiler.rank.instrument import StepRecorder as InRank
 
     assert StepRecorder is InRank
+
+
+def test_the_judges_rooms_keep_their_order():
+    assert judge_violations() == []
+
+
+def test_the_judge_check_catches_a_detector_reading_an_assessment(tmp_path, monkeypatch):
+    fake = tmp_path / "profiler" / "analyzer" / "judge" / "detectors"
+    fake.mkdir(parents=True)
+    (fake / "bad.py").write_text("from ..assessments.contention import host_loads\n"
+                                 "from diagtrain.profiler.analyzer.judge import judgement\n"
+                                 "from diagtrain.profiler.analyzer.judge.findings import Candidate\n")
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "ROOTS", {"profiler": "diagtrain.profiler"})
+    found = judge_violations()
+    assert any("imports diagtrain.profiler.analyzer.judge.assessments.contention" in v for v in found)
+    assert any("imports diagtrain.profiler.analyzer.judge.judgement" in v for v in found)
+    assert not any("findings" in v for v in found)

@@ -9,6 +9,7 @@ import pandas as pd
 
 from diagtrain.profiler.analyzer.run import job_time
 from diagtrain.profiler.analyzer.run.job_time import JobTime
+from diagtrain.profiler.analyzer.run.host_load import LOAD_COLUMNS, HostLoad, host_loads
 from diagtrain.profiler.util.groups import distinct
 from diagtrain.profiler.util.settings import section, setting
 from diagtrain.profiler.util.stats import binomial_tail, rate_change
@@ -219,3 +220,8 @@ def job_totals(tables: Tables) -> JobTime | None:
 def steady_job_steps(tables: Tables) -> pd.DataFrame:
     """The job's steps (run/job_time.py) after warm-up."""
     return steady(tables.job_steps) if not tables.job_steps.empty else tables.job_steps
+
+
+def steady_host_loads(tables: Tables) -> dict[str, HostLoad]:
+    """Each host's CPU load over the run's steady steps (run/host_load.py)."""
+    return host_loads(tables, steady_columns(tables.steps, LOAD_COLUMNS), whole_run=True)

@@ -1,6 +1,6 @@
 """host_contention: other processes on a host competed with the ranks for its CPUs.
 
-Measured by contention.py: the host's CPUs saturated while processes that are not the job's used
+Measured by run/host_load.py: the host's CPUs saturated while processes that are not the job's used
 a good part of them (telemetry), or the ranks' main threads waiting for a CPU for a good share of
 their steps (run-queue delay in steps.jsonl). Info: it is about the host, not the job, but it
 explains noise in step times, and why a rank that looks slow is not reported as a straggler.
@@ -8,14 +8,15 @@ explains noise in step times, and why a rank that looks slow is not reported as 
 
 from __future__ import annotations
 
-from diagtrain.profiler.analyzer.judge.assessments.contention import Contention, host_loads
-from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady
+from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady, steady_host_loads
 from diagtrain.profiler.util.groups import distinct
 from diagtrain.profiler.util.text import ranges
 from diagtrain.profiler.analyzer.judge.findings import Candidate
+from diagtrain.profiler.analyzer.run.host_load import Contention
 from diagtrain.profiler.analyzer.run.tables import Tables
 
-# Its thresholds are contention.py's, which also lowers the stragglers and late ranks it explains.
+# Its thresholds are the host loads' (run/host_load.py), with which judge/assessments/contention.py also lowers
+# the stragglers and late ranks it explains.
 SETTINGS = (Contention, Steady)
 
 
@@ -24,7 +25,7 @@ def detect(tables: Tables) -> list[Candidate]:
     s = Contention.active()
     steps = steady(tables.steps[["rank", "step"]])  # what it reads: not a copy of a long run's whole table
     findings = []
-    for host, load in sorted(host_loads(tables).items()):
+    for host, load in sorted(steady_host_loads(tables).items()):
         if not load.is_contended:
             continue
         stepped = distinct(steps.loc[steps["rank"].isin(load.ranks), "step"]).tolist()
