@@ -14,11 +14,13 @@ import pytest
 
 from conftest import diagtrain_run, torchrun
 from diagtrain.profiler.analyzer.analyze import analyze
-from diagtrain.profiler.analyzer.judge.assessments.contention import hidden_work, more_work, own_work_only, starvation
+from diagtrain.profiler.analyzer.judge.assessments.ledger_price import LedgerPrice
+from diagtrain.profiler.analyzer.judge.assessments.contention import (NotOwnWork, hidden_work, more_work, own_work_only,
+                                                                      starvation)
 from diagtrain.profiler.analyzer.judge.findings import Finding
 from diagtrain.profiler.analyzer.report.wording import explanation
 from diagtrain.profiler.analyzer.judge.judgement import run_detectors, judge
-from diagtrain.profiler.analyzer.judge.verdict import applied
+from diagtrain.profiler.analyzer.judge.verdict import Results, applied
 from diagtrain.profiler.analyzer.run import ledger
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.collect import telemetry
@@ -79,9 +81,9 @@ def said(f: Finding) -> str:
     return explanation(f)
 
 
-def checked(findings: list[Finding], tables: Tables) -> list[Finding]:
-    """The findings as the host-contention assessment leaves them."""
-    return applied(findings, own_work_only(findings, tables))
+def checked(findings: list[Finding], tables: Tables, prior: list[Results] | None = None) -> list[Finding]:
+    """The findings as the host-contention assessment leaves them (``prior``: what earlier steps found of them)."""
+    return applied(findings, own_work_only(findings, prior or [Results() for _ in findings], tables))
 
 
 def by_kind(tables: Tables) -> dict:
@@ -104,7 +106,7 @@ def test_a_wait_for_a_cpu_inside_a_collective_is_no_starvation_of_the_ranks_own_
     is part of its wait in the collective, and explains nothing of its own time."""
     steps = list(range(2, STEPS + 1))
     assert starvation(run_of(extra_runq=EXCESS_MS - 2), 1, steps, EXCESS_MS) == \
-        "it waited 38.0 ms per step longer than its peers for a CPU"
+        NotOwnWork("starved", "cpu_wait", {"extra_ms": pytest.approx(38.0, abs=0.05)})
     assert starvation(run_of(extra_runq=EXCESS_MS - 2, inside_waits=True), 1, steps, EXCESS_MS) is None
     # The ledger splits the step into waits, the run queue outside them and running time, each counted once.
     tables = run_of(extra_runq=30.0, inside_waits=True)
@@ -190,8 +192,9 @@ def test_churn_is_judged_in_the_steps_the_ledger_charged():
 
     [detector_only] = checked([straggler()], tables)
     assert detector_only.severity == "info" and detector_only.metrics["memory_churn"] is True
-    [priced] = checked([straggler(impact_source="ledger", pattern="every 4 steps", charged_steps=[4, 8],
-                                        charged_ms_per_step=EXCESS_MS)], tables)
+    price = LedgerPrice(lost_ms=2 * EXCESS_MS, per_step_ms=EXCESS_MS / 4, share=0.25, pattern="every 4 steps", period=4,
+                        charged_steps=[4, 8], charged_ms_per_step=EXCESS_MS, noise_ms=1.0, profiled_ms=None)
+    [priced] = checked([straggler()], tables, [Results([price])])
     assert priced.severity == "warning" and "memory_churn" not in priced.metrics
 
 

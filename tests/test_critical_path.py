@@ -15,7 +15,9 @@ from conftest import diagtrain_run
 
 from diagtrain.profiler.analyzer.judge.assessments import ledger_price as cost
 from diagtrain.profiler.analyzer.judge.assessments import critical_path as cp
+from diagtrain.profiler.analyzer.judge.assessments import price_check
 from diagtrain.profiler.analyzer.report import critical_path_section as words
+from diagtrain.profiler.analyzer.report.wording import finding_json
 from diagtrain.profiler.analyzer.run import replay as rp
 from diagtrain.profiler.analyzer.run import step_graph
 from diagtrain.profiler.analyzer.per_rank import load
@@ -23,7 +25,7 @@ from diagtrain.profiler.analyzer.read.discover import discover
 from diagtrain.profiler.analyzer.run import tables
 from diagtrain.profiler.analyzer.per_rank.collectives import match
 from diagtrain.profiler.analyzer.judge.findings import Finding
-from diagtrain.profiler.analyzer.judge.verdict import applied
+from diagtrain.profiler.analyzer.judge.verdict import Results, applied
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.analyzer.per_rank.work_segments import COLUMNS
 
@@ -94,7 +96,7 @@ def test_what_if_the_slow_forward_ran_at_its_peers_median(two_ranks):
     assert rp.saving_us(g, rp.peer_scale(g, 0, "forward")) == 0.0
     straggler = Finding(kind="straggler", severity="warning", explanation="", suggestion="", ranks=[1], steps=[7],
                         metrics={"phase": "forward phase", "quantity": "phase:forward"}, impact_ms=55.0)
-    [straggler] = applied([straggler], cp.with_impacts([straggler], rp.analyze(two_ranks)))
+    [straggler] = applied([straggler], cp.with_impacts([straggler], [Results()], rp.analyze(two_ranks)))
     assert straggler.impact_ms == pytest.approx(40.0, abs=1e-3)
     assert straggler.metrics["detector_impact_ms"] == 55.0 and straggler.metrics["impact_source"] == "critical_path"
 
@@ -105,8 +107,9 @@ def test_a_ledger_priced_straggler_is_checked_by_replaying_the_ledgers_excess(tw
     # 70 ms in collectives (20 ms of it inside an operator the graph holds as work), rank 1 10 ms.
     ledger = pd.DataFrame({"rank": [0, 1], "step": [7, 7], "excess_ms": [0.0, 30.0], "wait_ms": [70.0, 10.0]})
     straggler = Finding(kind="straggler", severity="warning", explanation="", suggestion="", ranks=[1], steps=[7],
-                        metrics={"quantity": "phase:forward", "impact_source": "ledger"}, impact_ms=33.0)
-    [straggler] = applied([straggler], cp.with_impacts([straggler], rp.analyze(two_ranks), ledger))
+                        metrics={"quantity": "phase:forward"}, impact_ms=33.0)
+    priced = Results([_price(profiled_ms=30.0)])
+    [straggler] = applied([straggler], cp.with_impacts([straggler], [priced], rp.analyze(two_ranks), ledger))
     assert straggler.impact_ms == 33.0  # the ledger's price stands
     assert straggler.metrics["critical_path_ms"] == pytest.approx(30.0, abs=0.01)  # 30 ms off its forward: the step too
     # The graph models rank 0's 50 ms and rank 1's 10 ms in the all-reduce as waits, not the 20 ms inside an op.
@@ -116,13 +119,24 @@ def test_a_ledger_priced_straggler_is_checked_by_replaying_the_ledgers_excess(tw
 def test_a_replay_that_models_few_waits_is_no_check_of_a_price():
     def priced(coverage: float) -> Finding:
         f = Finding(kind="straggler", severity="warning", explanation="", suggestion="", ranks=[3], steps=[4],
-                    metrics={"critical_path_ms": 0.1, "ledger_profiled_ms": 190.0, "ledger_noise_ms": 5.0,
-                             "critical_path_wait_coverage": coverage}, impact_ms=129.0)
-        return applied([f], cost.disputed([f], None))[0]
+                    impact_ms=129.0)
+        prior = Results([_price(profiled_ms=190.0, noise_ms=5.0), cp.ReplayCheck(0.1, coverage)])
+        return applied([f], price_check.disputed([f], [prior]))[0]
 
     trusted, untrusted = priced(0.9), priced(0.47)
     assert trusted.metrics["impact_range_ms"][0] < 1.0 and trusted.metrics["impact_range_ms"][1] == 129.0
-    assert "impact_range_ms" not in untrusted.metrics and "47%" in untrusted.metrics["impact_replay_skipped"]
+    assert "impact_range_ms" not in untrusted.metrics and untrusted.metrics["impact_replay_skipped"] == \
+        {"wait_coverage": 0.47}
+    # report.json says why in words.
+    assert "only 47% of the ranks' blocked time" in finding_json(untrusted)["metrics"]["impact_replay_skipped"]
+    assert finding_json(trusted)["metrics"]["impact_disputed"] == ("the critical path's what-if of the profiled steps "
+                                                                   "says 0.1 ms/step, the step records' ledger 190.0 ms/step")
+
+
+def _price(profiled_ms: float, noise_ms: float = 1.0) -> cost.LedgerPrice:
+    """The ledger's price of rank 1's straggler (or 3's) as the assessments after it read it."""
+    return cost.LedgerPrice(lost_ms=99.0, per_step_ms=33.0, share=0.3, pattern=cost.EVERY_STEP, period=1,
+                            charged_steps=[7], charged_ms_per_step=30.0, noise_ms=noise_ms, profiled_ms=profiled_ms)
 
 
 def test_a_collective_queued_behind_another_moves_with_it():

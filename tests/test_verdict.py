@@ -11,6 +11,7 @@ import pytest
 from diagtrain.profiler.analyzer.judge.findings import Finding
 from diagtrain.profiler.analyzer.judge.live_judge import LiveEvent, LiveVerdict
 from diagtrain.profiler.analyzer.report.wording import PHRASES, explanation, finding_json, worded
+from diagtrain.profiler.analyzer.judge.judgement import ASSESSMENTS, Step, misordered
 from diagtrain.profiler.analyzer.judge.verdict import (DISPUTE, EXPLAINED, HOST, LEAK_TIME, LEDGER, REPLAY, Assessed,
                                                        Assessment, Judged, verdict)
 
@@ -39,7 +40,7 @@ def test_a_price_of_none_is_a_say_and_a_missing_price_is_none():
 
 def test_host_contention_makes_it_information_whatever_the_ledger_said():
     nothing = {"says": "ledger_charged_nothing", "rank": 1, "charged_above_ms": 2.5}
-    starved = {"says": "not_own_work", "cause": "starved", "rank": 1, "reason": "it waited 9.0 ms for a CPU"}
+    starved = {"says": "not_own_work", "cause": "starved", "rank": 1, "evidence": "cpu_wait", "extra_ms": 9.0}
     made = [Assessment(LEDGER, severity="error", says=nothing),
             Assessment(HOST, severity="info", says=starved, metrics={"starved": True})]
     f = verdict(candidate(), made)
@@ -48,8 +49,11 @@ def test_host_contention_makes_it_information_whatever_the_ledger_said():
     assert f.explanation == "rank 1 is slow." and f.remarks == [nothing, starved]
     assert explanation(f) == ("rank 1 is slow. But the ledger of every step charged rank 1 nothing above this run's "
                               "noise (2.5 ms a step): seen in profiled steps alone, it cost the job nothing measurable. "
-                              "But it waited 9.0 ms for a CPU: that is host contention (see host_contention), not "
-                              "rank 1's own work.")
+                              "But it waited 9.0 ms per step longer than its peers for a CPU: that is host contention "
+                              "(see host_contention), not rank 1's own work.")
+    # report.json holds the evidence in words, as its reason.
+    assert finding_json(f)["remarks"][1] == {"says": "not_own_work", "cause": "starved", "rank": 1,
+                                             "reason": "it waited 9.0 ms per step longer than its peers for a CPU"}
 
 
 def test_a_leaks_time_is_added_to_its_own_and_an_explained_finding_is_gone():
@@ -102,3 +106,21 @@ def test_the_live_verdict_is_worded_as_the_report():
                 "(its straggler finding).")
     assert live.events[0].record["explanation"] == live.active[0]["explanation"] == finding_json(f)["explanation"] \
         == expected
+
+
+def test_each_assessment_step_comes_after_the_steps_whose_records_it_reads():
+    assert misordered() == []
+    by_name = {s.name: s for s in ASSESSMENTS}
+    swapped = tuple(by_name[n] for n in ("traced excess", "cost"))  # the traced excess reads the ledger's price
+    assert misordered(swapped) == ["traced excess reads LedgerPrice, which no step before it makes"]
+    assert misordered((Step("lonely", lambda *_: Assessed(), reads=(float,)),)) == \
+        ["lonely reads float, which no step before it makes"]
+
+
+def test_a_step_reads_the_records_the_steps_before_it_left_on_each_finding():
+    judged = Judged([candidate(), candidate(kind="slow_collective", ranks=[2])])
+    judged.take(Assessed(of={1: [Assessment(LEDGER, result=2.5)]}, new=[candidate(kind="dataloader_stall")],
+                         new_results={0: ("new",)}))
+    judged.take(Assessed(of={0: [Assessment(EXPLAINED, drop=True)]}))
+    # By the position of the findings standing: the first is gone, the new candidate came with its own record.
+    assert [(r.of(float), r.of(str)) for r in judged.results()] == [(2.5, None), (None, "new")]

@@ -3,8 +3,9 @@ judge/verdict.py decides each finding once. The final analysis and live judgemen
 
 Adding a detector: its module in ``detectors/`` (a ``detect(tables) -> list[Finding]`` and, for its
 thresholds, a settings class registered with ``settings.section``) and its kinds in judge/kinds.py.
-Adding an assessment: a function ``(findings, context) -> Assessed`` in ``ASSESSMENTS``, with its name in
-judge/verdict.py (where its say on severity and impact, if it has one, is ranked against the others').
+Adding an assessment: a :class:`Step` in ``ASSESSMENTS`` (a function ``(findings, results so far, context) ->
+Assessed``, the typed records it leaves and those of earlier steps it reads), with its name in judge/verdict.py
+(where its say on severity and impact, if it has one, is ranked against the others').
 Every finding records the settings its detector and its assessments ran with (``Finding.settings``).
 """
 
@@ -20,12 +21,17 @@ import pandas as pd
 from diagtrain.profiler.util import settings
 from diagtrain.profiler.util.heap import release_freed_memory
 from diagtrain.profiler.analyzer.judge import kinds
-from diagtrain.profiler.analyzer.judge.assessments import contention, critical_path, job_price, ledger_price, traced_excess
+from diagtrain.profiler.analyzer.judge.assessments import (contention, critical_path, job_price, ledger_price, price_check,
+                                                           traced_excess)
+from diagtrain.profiler.analyzer.judge.assessments.contention import MoreWork, NotOwnWork
+from diagtrain.profiler.analyzer.judge.assessments.critical_path import ReplayCheck
+from diagtrain.profiler.analyzer.judge.assessments.ledger_price import LedgerPrice
+from diagtrain.profiler.analyzer.judge.assessments.traced_excess import TracedExcess
 from diagtrain.profiler.analyzer.judge.model_check import expected
 from diagtrain.profiler.analyzer.judge.detectors.base import job_totals
 from diagtrain.profiler.analyzer.judge.assessments.explained import explained
 from diagtrain.profiler.analyzer.judge.findings import Candidate, Finding, order
-from diagtrain.profiler.analyzer.judge.verdict import Assessed, Judged, verdict
+from diagtrain.profiler.analyzer.judge.verdict import Assessed, Judged, Results, verdict
 from diagtrain.profiler.analyzer.run import replay
 from diagtrain.profiler.analyzer.run.replay import RunPaths, StepPath
 from diagtrain.profiler.analyzer.run.tables import Tables
@@ -45,31 +51,57 @@ class Context:
     paths: RunPaths | None = None
 
 
-# The assessments, in order: each sees the findings as the ones before decided them (judge/verdict.py).
-ASSESSMENTS: tuple[tuple[str, Callable[[list[Finding], Context], Assessed]], ...] = (
+@dataclass(frozen=True)
+class Step:
+    """One assessment step: its name, the assessment, and the typed records it leaves on the findings (``makes``)
+    and reads of the steps before it (``reads``: each made by a step listed earlier, tests/test_verdict.py)."""
+
+    name: str
+    assess: Callable[[list[Finding], list[Results], Context], Assessed]
+    makes: tuple[type, ...] = ()
+    reads: tuple[type, ...] = ()
+
+
+# The assessments, in order: each sees the findings as the ones before decided them (judge/verdict.py), with the
+# records those left (``Results``).
+ASSESSMENTS: tuple[Step, ...] = (
     # Stragglers and data stalls priced by what they cost the job over the whole run (the ledger), with
     # one severity rule; a cause in the ledger that no detector named becomes a candidate.
-    ("cost", lambda found, c: ledger_price.priced(found, c.tables)),
+    Step("cost", lambda found, prior, c: ledger_price.priced(found, c.tables), makes=(LedgerPrice,)),
     # What every rank lost together (input, periodic stalls, start-up) priced by the job's own ledger, by the
     # same severity rule.
-    ("job cost", lambda found, c: job_price.priced(found, c.tables)),
+    Step("job cost", lambda found, prior, c: job_price.priced(found, c.tables)),
     # A rank slowed by other processes on its host, or by its allocator's memory churn, is information and
-    # said so: it is not a straggler or a late rank.
-    ("host contention", lambda found, c: contention.own_work_only(found, c.tables)),
+    # said so: it is not a straggler or a late rank. What the ledger priced as a pattern is the rank's own.
+    Step("host contention", lambda found, prior, c: contention.own_work_only(found, prior, c.tables),
+         makes=(NotOwnWork,), reads=(LedgerPrice,)),
     # A rank doing more work than its peers on a host with fewer CPUs than ranks, which the step times hide:
     # named with the severity its cost with a CPU per rank deserves, as an estimate.
-    ("more work", lambda found, c: contention.hidden_work(found, c.tables)),
+    Step("more work", lambda found, prior, c: contention.hidden_work(found, c.tables), makes=(MoreWork,)),
     # A late arrival that a straggler explains says nothing new.
-    ("explained", lambda found, c: explained(found)),
+    Step("explained", lambda found, prior, c: explained(found)),
     # Where a priced rank's excess went in its traced steps; where a periodic stall's went in its traced stalls.
-    ("traced excess", lambda found, c: traced_excess.refine(found, c.tables, c.spans_of)),
-    ("traced stall", lambda found, c: traced_excess.stall_operators(found, c.tables, c.spans_of)),
+    Step("traced excess", lambda found, prior, c: traced_excess.refine(found, prior, c.tables, c.spans_of),
+         makes=(TracedExcess,), reads=(LedgerPrice,)),
+    Step("traced stall", lambda found, prior, c: traced_excess.stall_operators(found, c.tables, c.spans_of),
+         makes=(TracedExcess,)),
     # The what-if of the profiled steps: a straggler's price where the ledger has none, its check where it has.
-    ("critical path", lambda found, c: critical_path.with_impacts(found, c.paths, c.tables.ledger)
-     if c.paths is not None else Assessed()),
+    Step("critical path", lambda found, prior, c: critical_path.with_impacts(found, prior, c.paths, c.tables.ledger)
+         if c.paths is not None else Assessed(), makes=(ReplayCheck,), reads=(LedgerPrice,)),
     # The two prices against each other.
-    ("price check", lambda found, c: ledger_price.disputed(found, c.tables)),
+    Step("price check", lambda found, prior, c: price_check.disputed(found, prior), reads=(LedgerPrice, ReplayCheck)),
 )
+
+
+def misordered(steps: tuple[Step, ...] = ASSESSMENTS) -> list[str]:
+    """Each step listed before one that makes a record it reads, or reading a record no step makes (none: in order)."""
+    made: set[type] = set()
+    found = []
+    for step in steps:
+        found += [f"{step.name} reads {kind.__name__}, which no step before it makes" for kind in step.reads
+                  if kind not in made]
+        made.update(step.makes)
+    return found
 
 
 def detector_modules() -> dict[str, ModuleType]:
@@ -106,11 +138,11 @@ def judge(t: Tables, spans_of: Callable[[int], pd.DataFrame | None], progress: C
     status("tracing the critical path")  # from the tables alone: its replay assesses the findings below
     paths, paths_failure = trace_critical_path(t, progress)
     context = Context(t, spans_of, paths)
-    for name, assess in ASSESSMENTS:
+    for step in ASSESSMENTS:
         try:
-            judged.take(assess(judged.findings(), context))
+            judged.take(step.assess(judged.findings(), judged.results(), context))
         except Exception as e:  # noqa: BLE001 - the findings stand as they were
-            progress(f"{name} check failed: {type(e).__name__}: {e}")
+            progress(f"{step.name} check failed: {type(e).__name__}: {e}")
         trim()
     findings = judged.findings()
     if live:

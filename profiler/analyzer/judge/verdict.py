@@ -5,13 +5,15 @@ Nothing edits a candidate afterwards. Each later judgement (judge/judgement.py `
 :class:`Assessment` records of candidates: the ledger's price, the host-contention and allocator-churn
 judgement, "explained by" another finding, the traced operators, the critical path's replay, the check of
 the two prices against each other. :func:`verdict` turns a candidate and its assessments into the finding: the one place a ``Finding`` is made.
+An assessment's typed record of a finding (``Assessment.result``: the ledger's ``LedgerPrice``, the replay's
+``ReplayCheck``...) is what later assessments read of it (:class:`Results`), never its metrics.
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Iterable, TypeVar
 
 from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, Candidate, Finding
 
@@ -24,7 +26,7 @@ LEAK_TIME = "leak_time"  # the time a memory growth costs, found as a straggler'
 EXPLAINED = "explained"  # another finding names the cause (judge/assessments/explained.py)
 TRACED = "traced_operators"  # where the excess went in the profiled steps (judge/assessments/traced_excess.py)
 REPLAY = "critical_path"  # the what-if on the profiled steps' graphs (judge/assessments/critical_path.py)
-DISPUTE = "price_check"  # the ledger and the replay against each other (judge/assessments/ledger_price.py)
+DISPUTE = "price_check"  # the ledger and the replay against each other (judge/assessments/price_check.py)
 
 # Who decides, first that has a say: the ledger prices over every step, the replay only the profiled ones
 # (it prices what the ledger did not); a rank that waited for a CPU, or churned its allocator, is information
@@ -49,6 +51,7 @@ class Assessment:
     extra_impact_ms: float = 0.0  # time added to the finding's own (a leak's cost found in a straggler; the time of
     # a rank's other straggler findings where more work is its one cause)
     drop: bool = False  # another finding says this one's cause
+    result: Any = None  # its typed record of the finding (a dataclass), which later assessments read (Results)
 
     def __post_init__(self) -> None:
         if self.severity is not None and self.severity not in SEVERITIES:
@@ -87,18 +90,40 @@ def _made(candidate: Candidate) -> Finding:
     return Finding(**copy.deepcopy(values), steps=steps)
 
 
+R = TypeVar("R")
+
+
+class Results:
+    """What the assessments so far found of one finding: their typed records (``Assessment.result``), one of each
+    type, the latest."""
+
+    def __init__(self, records: Iterable[Any] = ()) -> None:
+        self._by_type = {type(r): r for r in records if r is not None}
+
+    def of(self, kind: type[R]) -> R | None:
+        """The record of type ``kind`` an earlier assessment left (None: none did)."""
+        return self._by_type.get(kind)
+
+
 @dataclass
 class Assessed:
     """What one assessment step made: its assessments by the position of the finding in the list it was given,
-    and new candidates (causes the ledger charged that no detector named)."""
+    and new candidates (causes the ledger charged that no detector named) with their records."""
 
     of: dict[int, list[Assessment]] = field(default_factory=dict)
     new: list[Candidate] = field(default_factory=list)
+    new_results: dict[int, tuple[Any, ...]] = field(default_factory=dict)  # position in ``new`` -> its records
 
     def add(self, position: int, assessment: Assessment | None) -> None:
         """Record ``assessment`` of the finding at ``position`` (None: nothing to say)."""
         if assessment is not None:
             self.of.setdefault(position, []).append(assessment)
+
+    def add_new(self, candidate: Candidate, *results: Any) -> None:
+        """A new candidate, and the typed records of what the step found of it (as ``Assessment.result``)."""
+        if results:
+            self.new_results[len(self.new)] = results
+        self.new.append(candidate)
 
 
 class Judged:
@@ -112,22 +137,26 @@ class Judged:
         """The verdicts so far (those another finding explains left out)."""
         return [e.finding for e in self._standing()]
 
+    def results(self) -> list[Results]:
+        """The records the assessments so far left, by finding (in the order of :meth:`findings`)."""
+        return [Results([*e.records, *(a.result for a in e.assessments)]) for e in self._standing()]
+
     def take(self, assessed: Assessed) -> None:
         """Add a step's assessments (by position in :meth:`findings`) and its new candidates."""
         standing = self._standing()
         for position, made in assessed.of.items():
             standing[position].add(made)
-        self.entries += [_Entry(c) for c in assessed.new]
+        self.entries += [_Entry(c, assessed.new_results.get(i, ())) for i, c in enumerate(assessed.new)]
 
     def _standing(self) -> list[_Entry]:
         return [e for e in self.entries if e.finding is not None]
 
 
 class _Entry:
-    """One candidate, its assessments, and the verdict they make."""
+    """One candidate, its assessments, and the verdict they make (``records``: those of the step that proposed it)."""
 
-    def __init__(self, candidate: Candidate) -> None:
-        self.candidate, self.assessments = candidate, []
+    def __init__(self, candidate: Candidate, records: tuple[Any, ...] = ()) -> None:
+        self.candidate, self.assessments, self.records = candidate, [], records
         self.finding: Finding | None = verdict(candidate, [])
 
     def add(self, made: list[Assessment]) -> None:

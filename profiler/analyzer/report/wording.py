@@ -21,15 +21,37 @@ def explanation(finding: Finding) -> str:
 
 
 def finding_json(finding: Finding) -> dict[str, Any]:
-    """The finding's report.json record, with its whole explanation."""
-    return {**finding.to_json(), "explanation": explanation(finding)}
+    """The finding's report.json record: its whole explanation, and its metrics and remarks worded where judgement
+    left data that report.json holds in words."""
+    record = finding.to_json()
+    return {**record, "explanation": explanation(finding), "metrics": metrics_json(record["metrics"]),
+            "remarks": [remark_json(r) for r in record["remarks"]]}
+
+
+def metrics_json(metrics: dict[str, Any]) -> dict[str, Any]:
+    """A finding's metrics as report.json and the live records hold them: those judgement left as data that they
+    hold in words (``METRIC_WORDS``) worded, the others as made."""
+    return {k: METRIC_WORDS[k](v) if k in METRIC_WORDS and isinstance(v, dict) else v for k, v in metrics.items()}
+
+
+def remark_json(remark: dict[str, Any]) -> dict[str, Any]:
+    """A remark as report.json and the live records hold it: a not_own_work remark's evidence in words (its
+    ``reason``), the others as made."""
+    if remark.get("says") != "not_own_work" or "evidence" not in remark:
+        return remark
+    return {"says": remark["says"], "cause": remark["cause"], "rank": remark["rank"], "reason": _reason(remark)}
 
 
 def worded(verdict: LiveVerdict) -> LiveVerdict:
-    """A live judgement whose records (its events and the findings standing) carry their whole explanation, its
-    events their console lines, and the warnings and worse standing a line each."""
+    """A live judgement whose records (its events and the findings standing) carry their whole explanation and, as
+    report.json, their remarks and metrics in words, its events their console lines, and the warnings and worse
+    standing a line each."""
     for record in [*(e.record for e in verdict.events), *verdict.active]:
         record["explanation"] = _composed(record.get("explanation") or "", record.get("remarks") or [])
+        if "remarks" in record:
+            record["remarks"] = [remark_json(r) for r in record["remarks"]]
+        if "metrics" in record:
+            record["metrics"] = metrics_json(record["metrics"])
     for e in verdict.events:
         e.line = live_line(e)
     verdict.standing = standing_lines(verdict.active)
@@ -126,7 +148,36 @@ NOT_OWN_WORK = {
 
 
 def _not_own_work(r: dict[str, Any]) -> str:
-    return f"But {r['reason']}: {NOT_OWN_WORK[r['cause']].format(rank=r['rank'])}."
+    return f"But {_reason(r)}: {NOT_OWN_WORK[r['cause']].format(rank=r['rank'])}."
+
+
+def _reason(r: dict[str, Any]) -> str:
+    """What showed that a rank's excess was not its own work (judge/assessments/contention.py's evidence), in words;
+    a record already worded (report.json's) keeps its reason."""
+    return r["reason"] if "evidence" not in r else EVIDENCE[r["evidence"]](r)
+
+
+def _others(r: dict[str, Any]) -> str:
+    """`` (python (pid 4242) 97%, ...)``: the other processes a host's load named, busiest first ('' for none)."""
+    named = ", ".join(f"{p['name']} (pid {p['pid']}) {p['cpu_percent']:.0f}%" for p in r.get("processes") or [])
+    return f" ({named})" if named else ""
+
+
+# What showed that a rank's excess was not its own work, by its evidence (judge/assessments/contention.py).
+EVIDENCE: dict[str, Callable[[dict[str, Any]], str]] = {
+    "cpu_wait": lambda r: f"it waited {r['extra_ms']:.1f} ms per step longer than its peers for a CPU",
+    "saturated_host": lambda r: (f"its host's CPUs were saturated by other processes then{_others(r)} and its own "
+                                 "CPU time was not higher"),
+    "churn": lambda r: (f"its extra time was CPU time of its own, for the same samples as its peers, with "
+                        f"{r['faults'] - r['peer_faults']:,.0f} more page faults per step than they took "
+                        f"({r['faults']:,.0f} vs {r['peer_faults']:,.0f}, {r['extra_mib']:,.0f} MiB); its memory "
+                        "allocator gives memory back to the kernel and faults it in again every step"),
+    "leak": lambda r: (f"its extra time was CPU time of its own, for the same samples as its peers, faulting in "
+                       f"{r['extra_mib']:,.0f} MiB a step more than they did while its resident memory grew "
+                       f"{r['kept_bytes'] / 2**20:,.1f} MiB a step"),
+    "intermittent": lambda r: (f"it was slow in only {r['slow_steps']} of the {r['steps_seen']} steps it was seen "
+                               f"in, on a host whose CPUs other processes kept busy{_others(r)}"),
+}
 
 
 def _more_work(r: dict[str, Any]) -> str:
@@ -162,6 +213,15 @@ def _operators(parts: list[dict[str, Any]], outside: str) -> str:
     where = [f"in {p['op']} (+{p['ms']:.1f} ms)" if p["op"] is not None else
              f"outside any operator (+{p['ms']:.1f} ms: {outside})" for p in parts]
     return where[0] if len(where) == 1 else ", ".join(where[:-1]) + " and " + where[-1]
+
+
+# The metrics judgement leaves as data that report.json holds in words (judge/assessments/price_check.py's).
+METRIC_WORDS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "impact_replay_skipped": lambda m: (f"the critical path's graph models only {m['wait_coverage']:.0%} of the ranks' "
+                                        "blocked time as waits; its what-if is no check of this price"),
+    "impact_disputed": lambda m: (f"the critical path's what-if of the profiled steps says {m['replay_ms']:.1f} "
+                                  f"ms/step, the step records' ledger {m['ledger_ms']:.1f} ms/step"),
+}
 
 
 # What each remark says, by its "says" (the judge's remarks: tests/test_verdict.py holds every one to a sentence).

@@ -20,16 +20,18 @@ processes. One whose excess is memory churn is reported as info and says so.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from diagtrain.profiler.analyzer.judge.assessments.ledger_price import EVERY_STEP, INTERMITTENT, Cost, severity as cost_severity
+from diagtrain.profiler.analyzer.judge.assessments.ledger_price import (EVERY_STEP, INTERMITTENT, Cost, LedgerPrice,
+                                                                  severity as cost_severity)
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady, profiled_steps, steady, steady_host_loads
 from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, UPPER_BOUND, Candidate, Finding
 from diagtrain.profiler.analyzer.judge.quantities import SlowCause
-from diagtrain.profiler.analyzer.judge.verdict import HOST, LEAK_TIME, MORE_WORK, Assessed, Assessment
+from diagtrain.profiler.analyzer.judge.verdict import HOST, LEAK_TIME, MORE_WORK, Assessed, Assessment, Results
 from diagtrain.profiler.analyzer.run.ledger import cpu_wait, crowded_hosts
 from diagtrain.profiler.analyzer.run.host_load import Contention, host_loads
 from diagtrain.profiler.analyzer.run.tables import Tables
@@ -37,11 +39,25 @@ from diagtrain.profiler.util.groups import distinct
 from diagtrain.profiler.util.settings import values
 
 
+@dataclass(frozen=True)
+class NotOwnWork:
+    """Why a rank's excess was not its own work, as data (report/wording.py words it): what that time is (``cause``,
+    the metric that marks the finding) and what showed it (``evidence``, with its ``values``)."""
+
+    cause: str  # starved | memory_churn | leak_cost | busy_host
+    evidence: str  # cpu_wait | saturated_host | churn | leak | intermittent
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def remark(self, rank: int) -> dict[str, Any]:
+        """The finding's remark of it."""
+        return {"says": "not_own_work", "cause": self.cause, "rank": rank, "evidence": self.evidence, **self.values}
+
+
 def starvation(tables: Tables, rank: int, steps: list[int], excess_ms: float,
-               stretch: float | None = None) -> str | None:
+               stretch: float | None = None) -> NotOwnWork | None:
     """Why ``rank``'s excess of ``excess_ms`` per step in ``steps`` (``stretch`` times its peers' time,
-    where known) is host contention, in words, or None when it is its own (more CPU time than its
-    peers, or no sign of starvation)."""
+    where known) is host contention, or None when it is its own (more CPU time than its peers, or no sign
+    of starvation)."""
     s = Contention.active()
     rows = tables.steps[tables.steps["step"].isin(steps)]
     extra_cpu = _beyond_peers(rows, rank, "cpu_ms")
@@ -51,15 +67,14 @@ def starvation(tables: Tables, rank: int, steps: list[int], excess_ms: float,
     if extra_runq is not None:
         if extra_runq < s.starved_share * excess_ms:
             return None
-        return f"it waited {extra_runq:.1f} ms per step longer than its peers for a CPU"
+        return NotOwnWork("starved", "cpu_wait", {"extra_ms": extra_runq})
     if stretch is not None and stretch >= s.starved_max_stretch:
         return None  # far slower than a wait for a CPU makes it
     host = tables.rank_hosts.get(rank)
     load = host_loads(tables, rows).get(host) if host is not None else None
     if load is None or not load.is_contended:
         return None
-    named = f" ({load.named()})" if load.processes else ""
-    return f"its host's CPUs were saturated by other processes then{named} and its own CPU time was not higher"
+    return NotOwnWork("starved", "saturated_host", {"processes": load.processes})
 
 
 @dataclass
@@ -107,27 +122,22 @@ def _growth_per_step(steps: pd.DataFrame, rank: int, chosen: list[int]) -> float
     return float(np.median(growth)) if len(growth) else 0.0
 
 
-def churn(f: Faulting) -> str | None:
-    """Why page faults ``f`` are memory churn (the same work done more slowly, the memory given back), in
-    words; None when the rank kept the memory (a leak's cost, see :func:`leak_cost`)."""
+def churn(f: Faulting) -> NotOwnWork | None:
+    """Page faults ``f`` as memory churn (the same work done more slowly, the memory given back); None when the
+    rank kept the memory (a leak's cost, see :func:`leak_cost`)."""
     if f.kept_bytes >= Contention.active().kept_share * f.extra_mib * 2**20:
         return None
-    return (f"its extra time was CPU time of its own, for the same samples as its peers, with {f.mine - f.theirs:,.0f} "
-            f"more page faults per step than they took ({f.mine:,.0f} vs {f.theirs:,.0f}, "
-            f"{f.extra_mib:,.0f} MiB); its memory allocator gives memory back to the kernel and "
-            "faults it in again every step")
+    return NotOwnWork("memory_churn", "churn", {"faults": f.mine, "peer_faults": f.theirs, "extra_mib": f.extra_mib})
 
 
-def leak_cost(f: Faulting) -> str | None:
-    """Why page faults ``f`` are the time a memory growth costs (pages faulted in and kept), in words."""
+def leak_cost(f: Faulting) -> NotOwnWork | None:
+    """Page faults ``f`` as the time a memory growth costs (pages faulted in and kept); None when not kept."""
     if f.kept_bytes < Contention.active().kept_share * f.extra_mib * 2**20:
         return None
-    return (f"its extra time was CPU time of its own, for the same samples as its peers, faulting in "
-            f"{f.extra_mib:,.0f} MiB a step more than they did while its resident memory grew "
-            f"{f.kept_bytes / 2**20:,.1f} MiB a step")
+    return NotOwnWork("leak_cost", "leak", {"extra_mib": f.extra_mib, "kept_bytes": f.kept_bytes})
 
 
-def own_work_only(findings: list[Finding], tables: Tables) -> Assessed:
+def own_work_only(findings: list[Finding], prior: list[Results], tables: Tables) -> Assessed:
     """Stragglers, late ranks and data stalls whose excess was not the rank's own work (starvation for a CPU,
     memory churn) or is the cost of a leak found beside them: information, and said so; such a leak charged
     the time."""
@@ -136,13 +146,11 @@ def own_work_only(findings: list[Finding], tables: Tables) -> Assessed:
     out = Assessed()
     charged: dict[int, float] = {}  # a leak's position -> the time charged to it so far
     for i, f in enumerate(findings):
-        why = _not_own_work(f, tables, s, set(growing))
+        why = _not_own_work(f, prior[i].of(LedgerPrice), tables, s, set(growing))
         if why is None:
             continue
-        reason, marker = why
-        out.add(i, Assessment(HOST, severity="info", metrics={marker: True},
-                              says={"says": "not_own_work", "cause": marker, "rank": f.ranks[0], "reason": reason}))
-        if marker == "leak_cost" and f.impact_ms:
+        out.add(i, Assessment(HOST, severity="info", metrics={why.cause: True}, says=why.remark(f.ranks[0]), result=why))
+        if why.cause == "leak_cost" and f.impact_ms:
             leak = growing[f.ranks[0]]
             charged[leak] = charged.get(leak, findings[leak].impact_ms or 0.0) + f.impact_ms
             out.add(leak, _leak_time(f, charged[leak]))
@@ -227,12 +235,12 @@ def hidden_work(findings: list[Finding], tables: Tables) -> Assessed:
         if mine:  # it can only raise the finding: what the step times measured stands
             first, rest = mine[0], mine[1:]
             raised = max([findings[i].severity for i in mine] + [severity], key=SEVERITIES.index)
-            out.add(first, Assessment(MORE_WORK, severity=raised, metrics=metrics, says=remark,
+            out.add(first, Assessment(MORE_WORK, severity=raised, metrics=metrics, says=remark, result=extra,
                                       extra_impact_ms=sum(findings[i].impact_ms or 0.0 for i in rest)))
             for i in rest:
                 out.add(i, Assessment(MORE_WORK, drop=True))
         elif severity != "info":
-            out.new.append(_more_work_finding(extra, severity, metrics, remark, tables))
+            out.add_new(_more_work_finding(extra, severity, metrics, remark, tables), extra)
     return out
 
 
@@ -258,9 +266,10 @@ def _leak_time(straggler: Finding, total_ms: float) -> Assessment:
                             "phase": straggler.metrics.get("phase", "step")})
 
 
-def _not_own_work(finding: Finding, tables: Tables, s: Contention, growing: set[int]) -> tuple[str, str] | None:
-    """(the reason in words, the metric that marks what that is: report/wording.py says what it means), or None for
-    the rank's own work (``growing``: the ranks a memory_growth finding names)."""
+def _not_own_work(finding: Finding, price: LedgerPrice | None, tables: Tables, s: Contention,
+                  growing: set[int]) -> NotOwnWork | None:
+    """Why the finding's excess was not the rank's own work, or None for its own (``price``: the ledger's of it;
+    ``growing``: the ranks a memory_growth finding names)."""
     if finding.severity == "info" or len(finding.ranks) != 1:
         return None
     if finding.kind == "straggler":
@@ -276,15 +285,15 @@ def _not_own_work(finding: Finding, tables: Tables, s: Contention, growing: set[
         return None
     rank = finding.ranks[0]
     # The ledger compares running time, CPU starvation taken out: a pattern it priced is the rank's own.
-    if not _ledger_pattern(finding) and (reason := starvation(tables, rank, steps, excess, _stretch(finding))):
-        return reason, "starved"
-    faults = faulting(tables, rank, *_priced_steps(finding, steps, excess)) if finding.kind == "straggler" else None
-    if faults is not None and (reason := churn(faults)):
-        return reason, "memory_churn"
-    if faults is not None and rank in growing and (reason := leak_cost(faults)):
-        return reason, "leak_cost"
-    if finding.kind == "straggler" and (reason := _intermittent_on_busy_host(tables, finding, s)):
-        return reason, "busy_host"
+    if not _ledger_pattern(price) and (why := starvation(tables, rank, steps, excess, _stretch(finding))):
+        return why
+    faults = faulting(tables, rank, *_priced_steps(price, steps, excess)) if finding.kind == "straggler" else None
+    if faults is not None and (why := churn(faults)):
+        return why
+    if faults is not None and rank in growing and (why := leak_cost(faults)):
+        return why
+    if finding.kind == "straggler":
+        return _intermittent_on_busy_host(tables, finding, price, s)
     return None
 
 
@@ -294,23 +303,23 @@ def _stretch(finding: Finding) -> float | None:
     return observed / expected if observed and expected and expected > 0 else None
 
 
-def _intermittent_on_busy_host(tables: Tables, finding: Finding, s: Contention) -> str | None:
+def _intermittent_on_busy_host(tables: Tables, finding: Finding, price: LedgerPrice | None,
+                               s: Contention) -> NotOwnWork | None:
     """Why a straggler seen in only some of its steps, on a host other processes kept busy, is
-    contention, in words; None where it was slow in nearly every step seen or its host was quiet.
+    contention; None where it was slow in nearly every step seen or its host was quiet.
     Run-queue wait alone is not enough: more ranks than cores make it too, and one of them can still
     straggle."""
     seen = finding.metrics.get("steps_seen")
     if not seen or len(finding.steps) >= s.steadily_slow_share * seen:
         return None  # slow in (nearly) every step it could be seen in: a straggler, busy host or not
-    if _ledger_pattern(finding) or _blocked_itself(tables, finding, s):
+    if _ledger_pattern(price) or _blocked_itself(tables, finding, s):
         return None
     host = tables.rank_hosts.get(finding.ranks[0])
     load = steady_host_loads(tables).get(host) if host is not None else None
     if load is None or not load.busy_with_others:
         return None
-    named = f" ({load.named()})" if load.processes else ""
-    return (f"it was slow in only {len(finding.steps)} of the {seen} steps it was seen in, on a host whose CPUs "
-            f"other processes kept busy{named}")
+    return NotOwnWork("busy_host", "intermittent",
+                      {"slow_steps": len(finding.steps), "steps_seen": seen, "processes": load.processes})
 
 
 def _blocked_itself(tables: Tables, finding: Finding, s: Contention) -> bool:
@@ -326,20 +335,19 @@ def _blocked_itself(tables: Tables, finding: Finding, s: Contention) -> bool:
     return blocked is not None and blocked >= s.own_blocking_share * excess
 
 
-def _priced_steps(finding: Finding, steps: list[int], excess_ms: float) -> tuple[list[int], float]:
+def _priced_steps(price: LedgerPrice | None, steps: list[int], excess_ms: float) -> tuple[list[int], float]:
     """The steps whose time the finding's price is about, and its excess per step there: the ledger's
     charged steps where it priced the finding (a detector's steps can be other ones: a rank that churned
     in early steps and writes a checkpoint every 4th), else the detector's own."""
-    charged = finding.metrics.get("charged_steps")
-    if finding.metrics.get("impact_source") != "ledger" or not charged:
+    if price is None or not price.charged_steps:
         return steps, excess_ms
-    return charged, finding.metrics["charged_ms_per_step"]
+    return price.charged_steps, price.charged_ms_per_step
 
 
-def _ledger_pattern(finding: Finding) -> bool:
+def _ledger_pattern(price: LedgerPrice | None) -> bool:
     """Whether the ledger priced the finding as a pattern (every step, or periodic) of running time,
     the time the rank ran on a CPU: a wait for a CPU, or a busy host's pauses, were taken out first."""
-    return finding.metrics.get("impact_source") == "ledger" and finding.metrics.get("pattern") not in (None, INTERMITTENT)
+    return price is not None and price.pattern != INTERMITTENT
 
 
 def _beyond_peers(rows: pd.DataFrame, rank: int, column: str) -> float | None:

@@ -3,22 +3,38 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
+from diagtrain.profiler.analyzer.judge.assessments.ledger_price import LedgerPrice
 from diagtrain.profiler.analyzer.judge.quantities import Measure, Quantity
 from diagtrain.profiler.analyzer.judge.findings import Finding
-from diagtrain.profiler.analyzer.judge.verdict import REPLAY, Assessed, Assessment
+from diagtrain.profiler.analyzer.judge.verdict import REPLAY, Assessed, Assessment, Results
 from diagtrain.profiler.analyzer.run.replay import RunPaths, excess_scale, peer_scale, saving_us
 from diagtrain.profiler.analyzer.run.step_graph import CriticalPath, StepGraph
 from diagtrain.profiler.util.settings import values
 
 
-def with_impacts(findings: list[Finding], run: RunPaths, ledger: pd.DataFrame | None = None) -> Assessed:
+@dataclass(frozen=True)
+class ReplayCheck:
+    """The replay of taking the ledger's excess off a priced rank in its profiled steps: the check of that price."""
+
+    ms: float  # how much sooner the profiled steps end, per step
+    wait_coverage: float | None  # the share of the ranks' blocked time the graphs model as waits (wait_coverage)
+
+    def to_metrics(self) -> dict[str, float | None]:
+        """The finding's metrics of it."""
+        return {"critical_path_ms": self.ms, "critical_path_wait_coverage": self.wait_coverage}
+
+
+def with_impacts(findings: list[Finding], prior: list[Results], run: RunPaths,
+                 ledger: pd.DataFrame | None = None) -> Assessed:
     """A straggler's ``impact_ms`` from the graph where it exists: the mean saving per profiled step of
     bringing the rank's slow part to its peers' median (the detector's estimate stays elsewhere). One the
     ledger priced over the whole run keeps that price; the replay of taking the ledger's excess off the
-    rank in each profiled step is recorded beside it (``critical_path_ms``): whether that excess reaches
+    rank in each profiled step is recorded beside it (:class:`ReplayCheck`): whether that excess reaches
     the step's end. The ledger measures the excess on running time; traces cannot tell a CPU-starved
     operator from a slow one, and on a host with more ranks than cores the peers' traced time is half
     starvation."""
@@ -33,11 +49,11 @@ def with_impacts(findings: list[Finding], run: RunPaths, ledger: pd.DataFrame | 
         if not steps:
             continue
         used = values(CriticalPath.active())  # the what-if that priced it
-        if f.metrics.get("impact_source") == "ledger":  # priced over every step: the replay is its check
+        if prior[i].of(LedgerPrice) is not None:  # priced over every step: the replay is its check
             excess = _ledger_excess(ledger, rank)
             replay = float(np.mean([saving_us(g, excess_scale(g, rank, phase, excess.get(g.step, 0.0))) for g in steps]))
-            out.add(i, Assessment(REPLAY, settings=used, metrics={
-                "critical_path_ms": replay / 1e3, "critical_path_wait_coverage": wait_coverage(steps, ledger)}))
+            check = ReplayCheck(replay / 1e3, wait_coverage(steps, ledger))
+            out.add(i, Assessment(REPLAY, settings=used, metrics=check.to_metrics(), result=check))
             continue
         impact = float(np.mean([saving_us(g, peer_scale(g, rank, phase)) for g in steps])) / 1e3
         out.add(i, Assessment(REPLAY, settings=used, impact_ms=impact, prices=True,

@@ -21,7 +21,7 @@ from diagtrain.profiler.analyzer.judge.detectors.base import Onset, Steady, onse
 from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, UPPER_BOUND, Candidate, Finding
 from diagtrain.profiler.analyzer.judge.own_time import SOURCE as COUNTERS
 from diagtrain.profiler.analyzer.judge.quantities import CAUSE_OF, Measure, Quantity, SlowCause
-from diagtrain.profiler.analyzer.judge.verdict import DISPUTE, LEDGER, Assessed, Assessment
+from diagtrain.profiler.analyzer.judge.verdict import LEDGER, Assessed, Assessment
 from diagtrain.profiler.analyzer.run.ledger import (DEVICE_BUSY, DEVICE_IDLE, OUTSIDE, crowded_hosts,
                                                     work_column)
 from diagtrain.profiler.analyzer.run.tables import Tables
@@ -86,6 +86,30 @@ class Cause:
                 "period_steps": self.period, "own_ms": round(self.own_ms, 3), "peer_ms": round(self.peer_ms, 3),
                 "cpu_bounded_s": round(self.cpu_bounded_ms / 1e3, 4), "onset": self.onset,
                 "blips_before_onset": len(self.blips)}
+
+
+@dataclass(frozen=True)
+class LedgerPrice:
+    """The ledger's price of a finding (its causes'): the record the assessments after it read, and the metrics the
+    finding carries."""
+
+    lost_ms: float  # job wall time its causes cost, over the steady steps
+    per_step_ms: float  # ... per steady step
+    share: float  # ... as a share of the run's steady time
+    pattern: str  # EVERY_STEP, "every k steps", or INTERMITTENT: its costliest cause's
+    period: int | None
+    # The steps the price is about (the first ones of a long run: later passes judge them as a sample).
+    charged_steps: list[int]
+    charged_ms_per_step: float  # the costliest cause's saving in each of its charged steps
+    noise_ms: float  # the run's noise the charges stood above
+    profiled_ms: float | None  # its mean saving over the profiled steps: what the critical path replays
+
+    def to_metrics(self) -> dict[str, Any]:
+        """The finding's metrics of it."""
+        return {"lost_s": round(self.lost_ms / 1e3, 4), "lost_ms_per_step": self.per_step_ms,
+                "share_of_run": self.share, "pattern": self.pattern, "period_steps": self.period,
+                "charged_steps": self.charged_steps, "charged_ms_per_step": self.charged_ms_per_step,
+                "ledger_noise_ms": self.noise_ms, "ledger_profiled_ms": self.profiled_ms, "impact_source": "ledger"}
 
 
 SETTINGS = (Cost, Steady)
@@ -185,35 +209,9 @@ def priced(findings: list[Finding], t: Tables) -> Assessed:
             out.add(i, Assessment(LEDGER, severity="info", metrics={"ledger_charged_nothing": True},
                                   says={"says": "ledger_charged_nothing", "rank": f.ranks[0],
                                         "charged_above_ms": totals["charged_above_ms"]}))
-    out.new = [_finding(cause, totals, c, t) for cause in found
-               if (cause.rank, cause.part) not in covered and severity(cause.share, cause.pattern, c) != "info"]
-    return out
-
-
-def disputed(findings: list[Finding], _: Tables) -> Assessed:
-    """Where the critical path's what-if (profiled steps) and the ledger's price of the same steps disagree
-    beyond the noise, the finding claims the range between them, not one number it cannot stand behind."""
-    c = Cost.active()
-    out = Assessed()
-    for i, f in enumerate(findings):
-        replay, ledger = f.metrics.get("critical_path_ms"), f.metrics.get("ledger_profiled_ms")
-        if replay is None or ledger is None:
-            continue
-        coverage = f.metrics.get("critical_path_wait_coverage")
-        if coverage is not None and coverage < c.min_replay_coverage:
-            out.add(i, Assessment(DISPUTE, metrics={"impact_replay_skipped": (
-                f"the critical path's graph models only {coverage:.0%} of the ranks' blocked time as waits; its "
-                "what-if is no check of this price")}))
-            continue
-        gap = abs(replay - ledger)
-        if gap > c.disagree_share * max(replay, ledger) and gap > f.metrics.get("ledger_noise_ms", 0.0) \
-                and f.impact_ms and ledger > 0:
-            # Both price the profiled steps; the claim is over the whole run: it is widened by their ratio.
-            ratio = replay / ledger
-            out.add(i, Assessment(DISPUTE, metrics={
-                "impact_range_ms": [round(f.impact_ms * min(ratio, 1.0), 3), round(f.impact_ms * max(ratio, 1.0), 3)],
-                "impact_disputed": ("the critical path's what-if of the profiled steps says "
-                                    f"{replay:.1f} ms/step, the step records' ledger {ledger:.1f} ms/step")}))
+    for cause in found:
+        if (cause.rank, cause.part) not in covered and severity(cause.share, cause.pattern, c) != "info":
+            out.add_new(_finding(cause, totals, c, t), _ledger_price([cause], totals, t))
     return out
 
 
@@ -291,9 +289,9 @@ def _price(f: Finding, mine: list[Cause], totals: dict[str, Any], c: Cost, t: Ta
     share = sum(x.share for x in mine)
     costliest = max(mine, key=lambda x: x.lost_ms)
     main = replace(costliest, **_seen_pattern(f, costliest, mine, t, c))
+    price = _ledger_price(mine, totals, t, main)
     # The detector's own reading of a period (from every step it saw) stands where it made one.
-    metrics = {k: v for k, v in _cost_metrics(mine, totals, t, main).items()
-               if not (k == "period_steps" and f.metrics.get(k) is not None)}
+    metrics = {k: v for k, v in price.to_metrics().items() if not (k == "period_steps" and f.metrics.get(k) is not None)}
     if f.kind not in c.validated_kinds.split(","):
         metrics[UPPER_BOUND] = True  # a price not yet held against a clean twin: claimed as a bound
     metrics["detector_impact_ms"] = f.impact_ms
@@ -312,7 +310,7 @@ def _price(f: Finding, mine: list[Cause], totals: dict[str, Any], c: Cost, t: Ta
         metrics["impact_time_source"] = "device"  # the others' waits measured on their devices, not their hosts
     metrics.update(_crowded(f.ranks, t))
     return Assessment(LEDGER, metrics=metrics, severity=ruled, impact_ms=impact, prices=True, settings=values(c),
-                      says=_price_remark(main, lost, share, totals, metrics))
+                      says=_price_remark(main, lost, share, totals, metrics), result=price)
 
 
 def _crowded(ranks: list[int], t: Tables) -> dict[str, Any]:
@@ -417,17 +415,18 @@ def _finding(cause: Cause, totals: dict[str, Any], c: Cost, t: Tables) -> Findin
     return f
 
 
-def _cost_metrics(mine: list[Cause], totals: dict[str, Any], t: Tables, main: Cause | None = None) -> dict[str, Any]:
-    """The ledger's price of ``mine`` for a finding's metrics; its pattern ``main``'s (the costliest cause's)."""
+def _cost_metrics(mine: list[Cause], totals: dict[str, Any], t: Tables) -> dict[str, Any]:
+    """The ledger's price of ``mine`` for a finding's metrics."""
+    return _ledger_price(mine, totals, t).to_metrics()
+
+
+def _ledger_price(mine: list[Cause], totals: dict[str, Any], t: Tables, main: Cause | None = None) -> LedgerPrice:
+    """The ledger's price of ``mine``; its pattern ``main``'s (the costliest cause's, where not given)."""
     main = main or max(mine, key=lambda x: x.lost_ms)
     lost = sum(x.lost_ms for x in mine)
-    profiled = _profiled_saving(t, main.rank, [x.part for x in mine])
-    return {"lost_s": round(lost / 1e3, 4), "lost_ms_per_step": lost / totals["steady_steps"],
-            "share_of_run": sum(x.share for x in mine), "pattern": main.pattern, "period_steps": main.period,
-            # The steps the price is about (the first ones of a long run: later passes judge them as a sample).
-            "charged_steps": main.steps[:Cost.active().charged_steps_listed],
-            "charged_ms_per_step": main.lost_ms / len(main.steps),
-            "ledger_noise_ms": totals["noise_ms"], "ledger_profiled_ms": profiled, "impact_source": "ledger"}
+    return LedgerPrice(lost, lost / totals["steady_steps"], sum(x.share for x in mine), main.pattern, main.period,
+                       main.steps[:Cost.active().charged_steps_listed], main.lost_ms / len(main.steps),
+                       totals["noise_ms"], _profiled_saving(t, main.rank, [x.part for x in mine]))
 
 
 def _profiled_saving(t: Tables, rank: int, parts: list[str]) -> float | None:

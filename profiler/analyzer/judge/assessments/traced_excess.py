@@ -15,10 +15,10 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from diagtrain.profiler.analyzer.judge.assessments.ledger_price import EVERY_STEP
+from diagtrain.profiler.analyzer.judge.assessments.ledger_price import EVERY_STEP, LedgerPrice
 from diagtrain.profiler.analyzer.judge.detectors.base import steady
 from diagtrain.profiler.analyzer.judge.findings import Finding
-from diagtrain.profiler.analyzer.judge.verdict import TRACED, Assessed, Assessment
+from diagtrain.profiler.analyzer.judge.verdict import TRACED, Assessed, Assessment, Results
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.util.settings import section, setting, values
 
@@ -63,20 +63,21 @@ class TracedExcess:
         return {"says": "traced_operators", "steps": self.steps, "parts": sorted(parts, key=lambda p: -p["ms"])}
 
 
-def refine(findings: list[Finding], t: Tables, spans_of: SpansOf) -> Assessed:
+def refine(findings: list[Finding], prior: list[Results], t: Tables, spans_of: SpansOf) -> Assessed:
     """Each finding the ledger priced on one rank, told where its excess went in the charged steps that
     were profiled (nothing to say without traces of them)."""
     out = Assessed()
     for i, f in enumerate(findings):
-        steps = f.metrics.get("charged_steps")
-        if f.metrics.get("impact_source") != "ledger" or len(f.ranks) != 1 or not steps:
+        price = prior[i].of(LedgerPrice)
+        if price is None or len(f.ranks) != 1 or not price.charged_steps:
             continue
         # A cause in every step is there in the steps under the ledger's bar too (on a busy host, often
         # the profiled ones, which profiling slows on every rank).
-        found = traced_excess(t, spans_of, f.ranks[0], None if f.metrics.get("pattern") == EVERY_STEP else steps)
+        steps = None if price.pattern == EVERY_STEP else price.charged_steps
+        found = traced_excess(t, spans_of, f.ranks[0], steps)
         if found is not None and (remark := found.remark()):
             out.add(i, Assessment(TRACED, metrics=found.to_metrics(), says=remark,
-                                  settings=values(TracedExcessSettings.active())))
+                                  settings=values(TracedExcessSettings.active()), result=found))
     return out
 
 
@@ -91,7 +92,7 @@ def stall_operators(findings: list[Finding], t: Tables, spans_of: SpansOf) -> As
         found = _stall_excess(t, spans_of, f)
         if found is not None and (remark := found.remark()):
             out.add(i, Assessment(TRACED, metrics=found.to_metrics(), says={**remark, "says": "traced_stall"},
-                                  settings=values(TracedExcessSettings.active())))
+                                  settings=values(TracedExcessSettings.active()), result=found))
     return out
 
 
