@@ -1,8 +1,8 @@
-"""A finding's explanation in words: what its detector saw, then what each later judgement said of it.
+"""A finding's words: what its proposer saw, then what each later judgement said of it, and what to do.
 
-Judgement (judge/verdict.py) leaves each assessment's remark as data on the finding (``Finding.remarks``:
-``{"says": <what>, ...its values}``); the sentences are written here, once, for report.json, report.md,
-the live verdict and the terminal alike.
+Judgement (judge/) leaves only data: a candidate's facts (``Finding.facts``, worded per kind by report/words/) and
+each assessment's remark (``Finding.remarks``: ``{"says": <what>, ...its values}``, worded by ``PHRASES``). The
+text is composed here, once, for report.json, report.md, the live verdict and the terminal alike.
 """
 
 from __future__ import annotations
@@ -12,24 +12,41 @@ from typing import Any, Callable
 from diagtrain.profiler.analyzer.judge.assessments.ledger_price import EVERY_STEP
 from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, UPPER_BOUND, Finding
 from diagtrain.profiler.analyzer.judge.live_judge import AGAIN, ENDED, STARTED, LiveEvent, LiveVerdict
+from diagtrain.profiler.analyzer.report.words import Words, said
+from diagtrain.profiler.analyzer.report.words import (dataloader_stall, exposed_communication, gpu_throttling,
+                                                      host_contention, input_bound, low_utilization, memory_imbalance,
+                                                      missing_evidence, nccl_transport, periodic_stall, slow_startup)
 from diagtrain.profiler.util.text import ranges
+
+# Every proposer's words, by kind (or ``kind/case``).
+WORDS: dict[str, Words] = {
+    key: words for module in (dataloader_stall, memory_imbalance, exposed_communication, nccl_transport, gpu_throttling,
+                              low_utilization, host_contention, missing_evidence, input_bound, periodic_stall,
+                              slow_startup)
+    for key, words in module.WORDS.items()}
 
 
 def explanation(finding: Finding) -> str:
     """The finding's whole explanation: its own words, then its remarks' in the order they were made."""
-    return _composed(finding.explanation, finding.remarks)
+    return _explanation(_said_of(finding))
+
+
+def suggestion(finding: Finding) -> str:
+    """What to do about the finding."""
+    return _suggestion(_said_of(finding))
 
 
 def finding_json(finding: Finding) -> dict[str, Any]:
-    """The finding's report.json record, with its whole explanation."""
-    return {**finding.to_json(), "explanation": explanation(finding)}
+    """The finding's report.json record, with its whole explanation and its suggestion."""
+    record = finding.to_json()
+    return {**record, "explanation": _explanation(record), "suggestion": _suggestion(record)}
 
 
 def worded(verdict: LiveVerdict) -> LiveVerdict:
-    """A live judgement whose records (its events and the findings standing) carry their whole explanation, its
-    events their console lines, and the warnings and worse standing a line each."""
+    """A live judgement whose records (its events and the findings standing) carry their whole explanation and
+    suggestion, its events their console lines, and the warnings and worse standing a line each."""
     for record in [*(e.record for e in verdict.events), *verdict.active]:
-        record["explanation"] = _composed(record.get("explanation") or "", record.get("remarks") or [])
+        record["explanation"], record["suggestion"] = _explanation(record), _suggestion(record)
     for e in verdict.events:
         e.line = live_line(e)
     verdict.standing = standing_lines(verdict.active)
@@ -74,8 +91,25 @@ def saving_text(finding: dict[str, Any]) -> str:
     return f"{bound}{finding['impact_ms']:.1f} ms/step"
 
 
-def _composed(own: str, remarks: list[dict[str, Any]]) -> str:
-    return " ".join(t for t in (own, *(PHRASES[r["says"]](r) for r in remarks)) if t)
+def _said_of(finding: Finding) -> dict[str, Any]:
+    """What a finding's words are made of, as in its JSON record (not all of it: a long run's steps)."""
+    return {"kind": finding.kind, "facts": finding.facts, "remarks": finding.remarks,
+            "explanation": finding.explanation, "suggestion": finding.suggestion}
+
+
+def _explanation(record: dict[str, Any]) -> str:
+    own = said(_words(record).explanation, record["facts"]) if record.get("facts") else record.get("explanation") or ""
+    return " ".join(t for t in (own, *(PHRASES[r["says"]](r) for r in record.get("remarks") or [])) if t)
+
+
+def _suggestion(record: dict[str, Any]) -> str:
+    return said(_words(record).suggestion, record["facts"]) if record.get("facts") else record.get("suggestion") or ""
+
+
+def _words(record: dict[str, Any]) -> Words:
+    """The words of a finding's kind, in the case its facts name."""
+    case = record["facts"].get("case")
+    return WORDS[f"{record['kind']}/{case}" if case else record["kind"]]
 
 
 def _ledger_price(r: dict[str, Any]) -> str:

@@ -1,0 +1,58 @@
+"""A candidate's proposal: the severity and impact its own measurements say, by its kind's rule.
+
+A detector decides whether there is a candidate at all (its thresholds); how bad it is, and what removing it would
+save, is decided here, one small rule per kind, from the candidate's metrics and facts and its proposer's settings.
+``verdict.verdict()`` makes the proposal of every candidate, and it decides where no assessment has a say
+(``PROPOSAL`` comes last in ``SEVERITY_FROM`` and ``IMPACT_FROM``). Every kind in judge/kinds.py has a rule
+(tests/test_verdict.py).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from diagtrain.profiler.analyzer.judge.detectors.exposed_communication import ExposedCommunication
+from diagtrain.profiler.analyzer.judge.findings import Candidate, Finding
+from diagtrain.profiler.analyzer.judge.verdict import PROPOSAL, Assessment
+
+Rule = Callable[[Candidate], Assessment]
+
+
+def proposed(candidate: Candidate) -> Assessment:
+    """The candidate's proposal; a finding judged again (the assessments' tests) proposes what it was decided."""
+    if isinstance(candidate, Finding) or candidate.severity is not None:  # migrating: a proposer's own say
+        return _says(candidate.severity, candidate.impact_ms)
+    return RULES[candidate.kind](candidate)
+
+
+def _says(severity: str, impact_ms: float | None = None) -> Assessment:
+    return Assessment(PROPOSAL, severity=severity, impact_ms=impact_ms, prices=True)
+
+
+def _always(severity: str) -> Rule:
+    """The rule of a kind always proposed at one severity, with no saving of its own."""
+    return lambda _: _says(severity)
+
+
+def _exposed_communication(c: Candidate) -> Assessment:
+    # On CPU (gloo) toy runs communication dominates by construction: informative, not a defect, and no saving is
+    # claimed (nothing in the job can overlap what the host itself blocks on).
+    on_gpu = c.facts["on_gpu"]
+    warn = on_gpu and c.metrics["observed_share"] >= ExposedCommunication.active().warn_share_gpu
+    return _says("warning" if warn else "info", c.metrics["exposed_ms_per_step"] if on_gpu else None)
+
+
+# The rule of each kind (judge/kinds.py's ``severity`` column says it in words).
+RULES: dict[str, Rule] = {
+    "dataloader_stall": lambda c: _says("warning", c.facts["lost_ms_per_step"]),
+    "memory_imbalance": _always("warning"),
+    "exposed_communication": _exposed_communication,
+    "nccl_transport": _always("warning"),
+    "gpu_throttling": _always("warning"),
+    "low_utilization": _always("warning"),
+    "host_contention": lambda c: _says("info", c.metrics["runq_ms_per_step"]),  # the time its ranks waited for a CPU
+    "missing_evidence": _always("info"),
+    "input_bound": _always("info"),  # its price, and severity, are the job's ledger's (judge/assessments/job_price.py)
+    "periodic_stall": _always("info"),
+    "slow_startup": _always("info"),
+}
