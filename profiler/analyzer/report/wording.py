@@ -15,12 +15,13 @@ from diagtrain.profiler.analyzer.judge.live_judge import AGAIN, ENDED, STARTED, 
 from diagtrain.profiler.analyzer.report.words import Words, said
 from diagtrain.profiler.analyzer.report.words import (dataloader_stall, exposed_communication, gpu_throttling,
                                                       host_contention, input_bound, low_utilization, memory_imbalance,
-                                                      missing_evidence, nccl_transport, periodic_stall, slow_startup)
+                                                      missing_evidence, nccl_transport, periodic_stall, slow_startup,
+                                                      straggler)
 from diagtrain.profiler.util.text import ranges
 
 # Every proposer's words, by kind (or ``kind/case``).
 WORDS: dict[str, Words] = {
-    key: words for module in (dataloader_stall, memory_imbalance, exposed_communication, nccl_transport, gpu_throttling,
+    key: words for module in (straggler, dataloader_stall, memory_imbalance, exposed_communication, nccl_transport, gpu_throttling,
                               low_utilization, host_contention, missing_evidence, input_bound, periodic_stall,
                               slow_startup)
     for key, words in module.WORDS.items()}
@@ -93,17 +94,24 @@ def saving_text(finding: dict[str, Any]) -> str:
 
 def _said_of(finding: Finding) -> dict[str, Any]:
     """What a finding's words are made of, as in its JSON record (not all of it: a long run's steps)."""
-    return {"kind": finding.kind, "facts": finding.facts, "remarks": finding.remarks,
+    return {"kind": finding.kind, "ranks": finding.ranks, "steps": finding.steps, "facts": finding.facts,
+            "remarks": finding.remarks,
             "explanation": finding.explanation, "suggestion": finding.suggestion}
 
 
 def _explanation(record: dict[str, Any]) -> str:
-    own = said(_words(record).explanation, record["facts"]) if record.get("facts") else record.get("explanation") or ""
+    own = said(_words(record).explanation, _facts(record)) if record.get("facts") else record.get("explanation") or ""
     return " ".join(t for t in (own, *(PHRASES[r["says"]](r) for r in record.get("remarks") or [])) if t)
 
 
 def _suggestion(record: dict[str, Any]) -> str:
-    return said(_words(record).suggestion, record["facts"]) if record.get("facts") else record.get("suggestion") or ""
+    return said(_words(record).suggestion, _facts(record)) if record.get("facts") else record.get("suggestion") or ""
+
+
+def _facts(record: dict[str, Any]) -> dict[str, Any]:
+    """What a kind's words are made of: the finding's facts, and where it is (its ranks and steps: a long run's
+    hundreds of thousands of steps are not copied into its facts)."""
+    return {"ranks": record["ranks"], "steps": record["steps"], **record["facts"]}
 
 
 def _words(record: dict[str, Any]) -> Words:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Callable
 
 from diagtrain.profiler.analyzer.judge.detectors.exposed_communication import ExposedCommunication
+from diagtrain.profiler.analyzer.judge.detectors.straggler import Straggler
 from diagtrain.profiler.analyzer.judge.findings import Candidate, Finding
 from diagtrain.profiler.analyzer.judge.verdict import PROPOSAL, Assessment
 
@@ -34,6 +35,17 @@ def _always(severity: str) -> Rule:
     return lambda _: _says(severity)
 
 
+def _straggler(c: Candidate) -> Assessment:
+    """info for the same work done more slowly, or a rank slow in fewer than ``persistent_share`` of the steps it could
+    be seen in (a busy host's pauses); error at ``error_share`` of the step or more; else warning."""
+    s, f = Straggler.active(), c.facts
+    if f["same_work"] or f["seen_share"] < s.persistent_share:
+        severity = "info"
+    else:
+        severity = "error" if c.metrics["excess_ms"] >= s.error_share * c.metrics["step_time_median_ms"] else "warning"
+    return _says(severity, f["lost_ms_per_step"])
+
+
 def _exposed_communication(c: Candidate) -> Assessment:
     # On CPU (gloo) toy runs communication dominates by construction: informative, not a defect, and no saving is
     # claimed (nothing in the job can overlap what the host itself blocks on).
@@ -44,6 +56,7 @@ def _exposed_communication(c: Candidate) -> Assessment:
 
 # The rule of each kind (judge/kinds.py's ``severity`` column says it in words).
 RULES: dict[str, Rule] = {
+    "straggler": _straggler,
     "dataloader_stall": lambda c: _says("warning", c.facts["lost_ms_per_step"]),
     "memory_imbalance": _always("warning"),
     "exposed_communication": _exposed_communication,

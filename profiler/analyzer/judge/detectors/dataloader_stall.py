@@ -72,7 +72,7 @@ def _finding(rows: pd.DataFrame, ranks: list[int], typical: float, threshold: fl
     return Candidate(
         kind="dataloader_stall", ranks=ranks, steps=stalled,
         time_range=time_range(rows),
-        facts={"ranks": ranks, "stall_ms": per_stall, "steps": stalled, "every": every, "typical_ms": typical,
+        facts={"stall_ms": per_stall, "every": every, "typical_ms": typical,
                "lost_ms_per_step": float(lost / steps["step"].nunique())},
         metrics={"observed_ms": per_stall, "expected_ms": typical, "threshold_ms": threshold, "period_steps": every,
                  "source": "phases", "time_source": "host"},  # the host's data phase; priced on the device where timed

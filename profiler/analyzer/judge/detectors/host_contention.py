@@ -31,7 +31,7 @@ def detect(tables: Tables) -> list[Candidate]:
             kind="host_contention", ranks=load.ranks, steps=stepped, time_range=load.time_range,
             facts={"host": host, "others_cpu_percent": load.others_percent, "host_cpu_percent": load.host_percent,
                    "contended_samples": load.contended, "samples": load.samples, "processes": load.processes,
-                   "ranks": load.ranks, "runq_ms": load.runq_ms, "runq_share": load.runq_share},
+                   "runq_ms": load.runq_ms, "runq_share": load.runq_share},
             metrics={"observed_others_cpu_percent": load.others_percent,
                      "threshold_others_cpu_percent": s.others_min_percent,
                      "host_cpu_percent": load.host_percent, "threshold_host_cpu_percent": s.saturated_percent,

@@ -39,7 +39,7 @@ def _sockets(tables: Tables, s: NcclTransport) -> Candidate | None:
     if not ranks:
         return None
     return Candidate(
-        kind="nccl_transport", ranks=ranks, facts={"case": "sockets", "ranks": ranks},
+        kind="nccl_transport", ranks=ranks, facts={"case": "sockets"},
         metrics={"observed_transport": "NET/Socket", "expected_transport": "NET/IB or P2P/SHM",
                  "socket_edges": sum(len(v) for v in edges.values())},
         evidence=[{"type": "nccl_log", "rank": r, "line": e.line_no, "via": e.via}
@@ -59,7 +59,7 @@ def _same_host_network(tables: Tables, s: NcclTransport) -> Candidate | None:
         return None
     ranks = sorted(crossing)
     return Candidate(
-        kind="nccl_transport", ranks=ranks, facts={"case": "same_host_network", "ranks": ranks},
+        kind="nccl_transport", ranks=ranks, facts={"case": "same_host_network"},
         metrics={"observed_transport": "NET on one host", "expected_transport": "P2P or SHM"},
         evidence=[{"type": "nccl_log", "rank": r, "line": e.line_no, "via": e.via}
                   for r in ranks for e in crossing[r][:2]][:s.max_evidence],
@@ -73,7 +73,7 @@ def _warnings(tables: Tables, s: NcclTransport) -> Candidate | None:
     first_rank = min(found)
     return Candidate(
         kind="nccl_transport", ranks=sorted(found),
-        facts={"case": "warnings", "ranks": sorted(found), "warnings": sum(map(len, found.values())),
+        facts={"case": "warnings", "warnings": sum(map(len, found.values())),
                "first": found[first_rank][0].text},
         metrics={"observed_warnings": sum(map(len, found.values())), "threshold": 1},
         evidence=[{"type": "nccl_log", "rank": r, "line": w.line_no, "text": w.text}

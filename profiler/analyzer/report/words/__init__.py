@@ -4,7 +4,7 @@ name a cause no detector did). report/wording.py reads them (``WORDS``) and comp
 from its own words and its remarks'.
 
 A module's ``WORDS`` maps a kind, or ``kind/case`` where its proposer says one kind in several ways (the facts'
-``"case"``), to its :class:`Words`.
+``"case"``), to its :class:`Words`. Their functions read the finding's facts, with its ``ranks`` and ``steps``.
 """
 
 from __future__ import annotations
