@@ -46,6 +46,16 @@ def _straggler(c: Candidate) -> Assessment:
     return _says(severity, f["lost_ms_per_step"])
 
 
+def _slow_collective(c: Candidate) -> Assessment:
+    """A rank late on its way to its collectives: warning, everyone waiting for it; late from its own work earlier in
+    the step (a straggler's doing): info. Transfers slow for their size: warning on GPU; info on CPU (gloo), where
+    they follow the host's load."""
+    f = c.facts
+    if f["case"] == "late_arrival":
+        return _says("warning", f["lost_ms_per_step"]) if f["before_calls"] else _says("info")
+    return _says("warning" if f["on_gpu"] else "info")
+
+
 def _exposed_communication(c: Candidate) -> Assessment:
     # On CPU (gloo) toy runs communication dominates by construction: informative, not a defect, and no saving is
     # claimed (nothing in the job can overlap what the host itself blocks on).
@@ -59,6 +69,10 @@ RULES: dict[str, Rule] = {
     "straggler": _straggler,
     "dataloader_stall": lambda c: _says("warning", c.facts["lost_ms_per_step"]),
     "memory_imbalance": _always("warning"),
+    # Too few microbatches or unequal stages: warning, with what fixing it saves; a pipeline balanced as measured: info.
+    "pipeline_bubble": lambda c: (_says("info") if c.facts["case"] == "balanced" else
+                                  _says("warning", c.facts["lost_ms_per_step"])),
+    "slow_collective": _slow_collective,
     "exposed_communication": _exposed_communication,
     "nccl_transport": _always("warning"),
     "gpu_throttling": _always("warning"),
