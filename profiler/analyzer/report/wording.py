@@ -14,7 +14,8 @@ from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, UPPER_BOUND, 
 from diagtrain.profiler.analyzer.judge.live_judge import AGAIN, ENDED, STARTED, LiveEvent, LiveVerdict
 from diagtrain.profiler.analyzer.report.words import Words, said
 from diagtrain.profiler.analyzer.report.words import (dataloader_stall, exposed_communication, gpu_throttling,
-                                                      host_contention, input_bound, low_utilization, memory_imbalance,
+                                                      host_contention, input_bound, low_utilization, memory_growth,
+                                                      memory_imbalance,
                                                       missing_evidence, nccl_transport, periodic_stall, pipeline_bubble,
                                                       slow_collective, slow_startup, straggler)
 from diagtrain.profiler.util.text import ranges
@@ -22,7 +23,7 @@ from diagtrain.profiler.util.text import ranges
 # Every proposer's words, by kind (or ``kind/case``).
 WORDS: dict[str, Words] = {
     key: words for module in (straggler, dataloader_stall, memory_imbalance, pipeline_bubble, slow_collective, exposed_communication, nccl_transport, gpu_throttling,
-                              low_utilization, host_contention, missing_evidence, input_bound, periodic_stall,
+                              low_utilization, host_contention, memory_growth, missing_evidence, input_bound, periodic_stall,
                               slow_startup)
     for key, words in module.WORDS.items()}
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Callable
 
 from diagtrain.profiler.analyzer.judge.detectors.exposed_communication import ExposedCommunication
+from diagtrain.profiler.analyzer.judge.detectors.memory_growth import MemoryGrowth
 from diagtrain.profiler.analyzer.judge.detectors.straggler import Straggler
 from diagtrain.profiler.analyzer.judge.findings import Candidate, Finding
 from diagtrain.profiler.analyzer.judge.verdict import PROPOSAL, Assessment
@@ -64,6 +65,13 @@ def _exposed_communication(c: Candidate) -> Assessment:
     return _says("warning" if warn else "info", c.metrics["exposed_ms_per_step"] if on_gpu else None)
 
 
+def _memory_growth(c: Candidate) -> Assessment:
+    """error where a memory that grows would be full within ``error_horizon_min`` at its pace, else warning."""
+    minutes = [g["steps_left"] * g["step_ms"] / 60e3 for g in c.facts["growths"]
+               if g["steps_left"] is not None and g["step_ms"] > 0]
+    return _says("error" if minutes and min(minutes) <= MemoryGrowth.active().error_horizon_min else "warning")
+
+
 # The rule of each kind (judge/kinds.py's ``severity`` column says it in words).
 RULES: dict[str, Rule] = {
     "straggler": _straggler,
@@ -78,6 +86,7 @@ RULES: dict[str, Rule] = {
     "gpu_throttling": _always("warning"),
     "low_utilization": _always("warning"),
     "host_contention": lambda c: _says("info", c.metrics["runq_ms_per_step"]),  # the time its ranks waited for a CPU
+    "memory_growth": _memory_growth,
     "missing_evidence": _always("info"),
     "input_bound": _always("info"),  # its price, and severity, are the job's ledger's (judge/assessments/job_price.py)
     "periodic_stall": _always("info"),
