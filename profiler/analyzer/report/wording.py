@@ -13,7 +13,7 @@ from diagtrain.profiler.analyzer.judge.assessments.ledger_price import EVERY_STE
 from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, UPPER_BOUND, Finding
 from diagtrain.profiler.analyzer.judge.live_judge import AGAIN, ENDED, STARTED, LiveEvent, LiveVerdict
 from diagtrain.profiler.analyzer.report.words import Words, said
-from diagtrain.profiler.analyzer.report.words import (dataloader_stall, exposed_communication, gpu_throttling,
+from diagtrain.profiler.analyzer.report.words import (dataloader_stall, exposed_communication, gpu_throttling, hang,
                                                       host_contention, input_bound, low_utilization, memory_growth,
                                                       memory_imbalance,
                                                       missing_evidence, nccl_transport, periodic_stall, pipeline_bubble,
@@ -22,7 +22,7 @@ from diagtrain.profiler.util.text import ranges
 
 # Every proposer's words, by kind (or ``kind/case``).
 WORDS: dict[str, Words] = {
-    key: words for module in (straggler, dataloader_stall, memory_imbalance, pipeline_bubble, slow_collective, exposed_communication, nccl_transport, gpu_throttling,
+    key: words for module in (hang, straggler, dataloader_stall, memory_imbalance, pipeline_bubble, slow_collective, exposed_communication, nccl_transport, gpu_throttling,
                               low_utilization, host_contention, memory_growth, missing_evidence, input_bound, periodic_stall,
                               slow_startup)
     for key, words in module.WORDS.items()}

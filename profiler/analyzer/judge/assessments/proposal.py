@@ -74,6 +74,15 @@ def _memory_growth(c: Candidate) -> Assessment:
 
 # The rule of each kind (judge/kinds.py's ``severity`` column says it in words).
 RULES: dict[str, Rule] = {
+    # Why the run stopped (judge/detectors/hang.py): it stopped the run, except a job that failed only on its way out,
+    # and an interruption of the whole run while its ranks made progress (only a fact).
+    "hang": _always("critical"),
+    "crash": _always("critical"),
+    "crash_at_exit": _always("error"),
+    "host_lost": _always("critical"),
+    "interrupted": lambda c: _says("info" if c.facts["whole_run"] else "critical"),
+    "collective_mismatch": _always("critical"),
+    "sequence_divergence": _always("critical"),
     "straggler": _straggler,
     "dataloader_stall": lambda c: _says("warning", c.facts["lost_ms_per_step"]),
     "memory_imbalance": _always("warning"),
