@@ -15,16 +15,17 @@ from diagtrain.profiler.analyzer.judge.live_judge import AGAIN, ENDED, STARTED, 
 from diagtrain.profiler.analyzer.report.words import Words, said
 from diagtrain.profiler.analyzer.report.words import (dataloader_stall, exposed_communication, gpu_throttling, hang,
                                                       host_contention, input_bound, low_utilization, memory_growth,
-                                                      memory_imbalance,
-                                                      missing_evidence, nccl_transport, periodic_stall, pipeline_bubble,
-                                                      slow_collective, slow_startup, straggler)
+                                                      memory_imbalance, missing_evidence, model_check, nccl_transport,
+                                                      periodic_stall, pipeline_bubble, slow_collective, slow_startup,
+                                                      straggler)
 from diagtrain.profiler.util.text import ranges
 
-# Every proposer's words, by kind (or ``kind/case``).
+# Every proposer's words, by kind (or ``kind/case``): the detectors' in the order they run, then the model check's.
 WORDS: dict[str, Words] = {
-    key: words for module in (hang, straggler, dataloader_stall, memory_imbalance, pipeline_bubble, slow_collective, exposed_communication, nccl_transport, gpu_throttling,
-                              low_utilization, host_contention, memory_growth, missing_evidence, input_bound, periodic_stall,
-                              slow_startup)
+    key: words
+    for module in (hang, straggler, dataloader_stall, memory_imbalance, pipeline_bubble, slow_collective,
+                   exposed_communication, nccl_transport, gpu_throttling, low_utilization, host_contention,
+                   memory_growth, missing_evidence, input_bound, periodic_stall, slow_startup, model_check)
     for key, words in module.WORDS.items()}
 
 

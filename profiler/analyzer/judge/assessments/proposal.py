@@ -100,4 +100,11 @@ RULES: dict[str, Rule] = {
     "input_bound": _always("info"),  # its price, and severity, are the job's ledger's (judge/assessments/job_price.py)
     "periodic_stall": _always("info"),
     "slow_startup": _always("info"),
+    # The run against the model of its layout (judge/model_check/expected.py): on CPU (gloo) a shared host stalls
+    # ranks by turns and every wait looks like bubble, information there.
+    "state_mismatch": _always("warning"),
+    "unexpected_communication": _always("warning"),
+    "bubble_above_model": lambda c: _says("warning" if c.facts["on_gpu"] else "info"),
+    "memory_above_model": _always("warning"),
+    "slow_collective_group": _always("warning"),
 }
