@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from diagtrain.profiler.analyzer.judge.assessments.ledger_price import EVERY_STEP, Cost, severity as cost_severity
 from diagtrain.profiler.analyzer.judge.detectors.exposed_communication import ExposedCommunication
 from diagtrain.profiler.analyzer.judge.detectors.memory_growth import MemoryGrowth
 from diagtrain.profiler.analyzer.judge.detectors.straggler import Straggler
@@ -24,7 +25,8 @@ def proposed(candidate: Candidate) -> Assessment:
     """The candidate's proposal; a finding judged again (the assessments' tests) proposes what it was decided."""
     if isinstance(candidate, Finding) or candidate.severity is not None:  # migrating: a proposer's own say
         return _says(candidate.severity, candidate.impact_ms)
-    return RULES[candidate.kind](candidate)
+    case = candidate.facts.get("case")
+    return RULES.get(f"{candidate.kind}/{case}", RULES[candidate.kind])(candidate)
 
 
 def _says(severity: str, impact_ms: float | None = None) -> Assessment:
@@ -57,6 +59,19 @@ def _slow_collective(c: Candidate) -> Assessment:
     return _says("warning" if f["on_gpu"] else "info")
 
 
+def _ledger(c: Candidate) -> Assessment:
+    """A cause the ledger charged that no detector named: the cost rule on the share of the run it held; its saving,
+    the ledger's, or less where a crowded host's free CPUs bound it."""
+    return _says(cost_severity(c.metrics["share_of_run"], c.metrics["pattern"], Cost.active()),
+                 c.metrics.get("cpu_bound_ms", c.metrics["lost_ms_per_step"]))
+
+
+def _more_work(c: Candidate) -> Assessment:
+    """A rank doing more work than its peers on a crowded host: the cost rule on its estimated share of a step with a
+    CPU per rank (an estimate: no saving claimed)."""
+    return _says(cost_severity(c.facts["share"], EVERY_STEP, Cost.active()))
+
+
 def _exposed_communication(c: Candidate) -> Assessment:
     # On CPU (gloo) toy runs communication dominates by construction: informative, not a defect, and no saving is
     # claimed (nothing in the job can overlap what the host itself blocks on).
@@ -72,7 +87,8 @@ def _memory_growth(c: Candidate) -> Assessment:
     return _says("error" if minutes and min(minutes) <= MemoryGrowth.active().error_horizon_min else "warning")
 
 
-# The rule of each kind (judge/kinds.py's ``severity`` column says it in words).
+# The rule of each kind (judge/kinds.py's ``severity`` column says it in words), or of a case (``kind/case``) where
+# its proposer is not the kind's detector.
 RULES: dict[str, Rule] = {
     # Why the run stopped (judge/detectors/hang.py): it stopped the run, except a job that failed only on its way out,
     # and an interruption of the whole run while its ranks made progress (only a fact).
@@ -84,6 +100,9 @@ RULES: dict[str, Rule] = {
     "collective_mismatch": _always("critical"),
     "sequence_divergence": _always("critical"),
     "straggler": _straggler,
+    "straggler/ledger": _ledger,
+    "straggler/more_work": _more_work,
+    "dataloader_stall/ledger": _ledger,
     "dataloader_stall": lambda c: _says("warning", c.facts["lost_ms_per_step"]),
     "memory_imbalance": _always("warning"),
     # Too few microbatches or unequal stages: warning, with what fixing it saves; a pipeline balanced as measured: info.
