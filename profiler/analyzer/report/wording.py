@@ -15,18 +15,18 @@ from diagtrain.profiler.analyzer.judge.live_judge import AGAIN, ENDED, STARTED, 
 from diagtrain.profiler.analyzer.report.words import Words, said
 from diagtrain.profiler.analyzer.report.words import (contention, dataloader_stall, exposed_communication,
                                                       gpu_throttling, hang, host_contention, input_bound, ledger_price,
-                                                      low_utilization, memory_growth, memory_imbalance,
+                                                      live, low_utilization, memory_growth, memory_imbalance,
                                                       missing_evidence, model_check, nccl_transport, periodic_stall,
                                                       pipeline_bubble, slow_collective, slow_startup, straggler)
 from diagtrain.profiler.util.text import ranges
 
-# Every proposer's words, by kind (or ``kind/case``): the detectors' in the order they run, the model check's, and
-# those of the assessments that name a cause no detector did.
+# Every proposer's words, by kind (or ``kind/case``): the detectors' in the order they run, the model check's, live
+# judgement's, and those of the assessments that name a cause no detector did.
 WORDS: dict[str, Words] = {
     key: words
     for module in (hang, straggler, dataloader_stall, memory_imbalance, pipeline_bubble, slow_collective,
                    exposed_communication, nccl_transport, gpu_throttling, low_utilization, host_contention,
-                   memory_growth, missing_evidence, input_bound, periodic_stall, slow_startup, model_check,
+                   memory_growth, missing_evidence, input_bound, periodic_stall, slow_startup, model_check, live,
                    ledger_price, contention)
     for key, words in module.WORDS.items()}
 

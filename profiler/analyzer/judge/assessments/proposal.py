@@ -126,4 +126,5 @@ RULES: dict[str, Rule] = {
     "bubble_above_model": lambda c: _says("warning" if c.facts["on_gpu"] else "info"),
     "memory_above_model": _always("warning"),
     "slow_collective_group": _always("warning"),
+    "no_progress": _always("warning"),  # live judgement's own (judge/live_judge.py)
 }
