@@ -39,15 +39,6 @@ class Candidate:
     # words them after its own words (in report.json the explanation already holds those words).
     remarks: list[dict[str, Any]] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)
-    # Migrating (issue 63): what a proposer not yet moved to facts still says itself.
-    severity: str | None = None
-    explanation: str = ""
-    suggestion: str = ""
-    impact_ms: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.severity is not None and self.severity not in SEVERITIES:
-            raise ValueError(f"severity {self.severity!r} is not one of {SEVERITIES}")
 
 
 @dataclass
@@ -55,7 +46,20 @@ class Finding(Candidate):
     """The verdict on a candidate: made in one place, ``verdict.verdict()``, and read by the report, the dashboard,
     ``compare`` and the notebook. ``severity`` and ``impact_ms`` are decided: ``impact_ms`` is the step time saved
     per step if the cause were removed (what-if replay), or its upper bound (``metrics[UPPER_BOUND]``); None where
-    nothing in the job could realize a saving."""
+    nothing in the job could realize a saving.
+
+    ``explanation`` and ``suggestion`` are its composed text: empty on a verdict (judgement writes no words), what
+    report/wording.py composed in report.json and in a finding the notebook loads from it.
+    """
+
+    severity: str = field(kw_only=True)
+    impact_ms: float | None = field(default=None, kw_only=True)
+    explanation: str = field(default="", kw_only=True)
+    suggestion: str = field(default="", kw_only=True)
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"severity {self.severity!r} is not one of {SEVERITIES}")
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the findings.json / report.json record)."""

@@ -97,19 +97,18 @@ def saving_text(finding: dict[str, Any]) -> str:
 
 
 def _said_of(finding: Finding) -> dict[str, Any]:
-    """What a finding's words are made of, as in its JSON record (not all of it: a long run's steps)."""
+    """What a finding's words are made of, as its JSON record holds it (without the copy of the rest it makes)."""
     return {"kind": finding.kind, "ranks": finding.ranks, "steps": finding.steps, "facts": finding.facts,
-            "remarks": finding.remarks,
-            "explanation": finding.explanation, "suggestion": finding.suggestion}
+            "remarks": finding.remarks}
 
 
 def _explanation(record: dict[str, Any]) -> str:
-    own = said(_words(record).explanation, _facts(record)) if record.get("facts") else record.get("explanation") or ""
-    return " ".join(t for t in (own, *(PHRASES[r["says"]](r) for r in record.get("remarks") or [])) if t)
+    own = said(_words(record).explanation, _facts(record))
+    return " ".join(t for t in (own, *(PHRASES[r["says"]](r) for r in record["remarks"])) if t)
 
 
 def _suggestion(record: dict[str, Any]) -> str:
-    return said(_words(record).suggestion, _facts(record)) if record.get("facts") else record.get("suggestion") or ""
+    return said(_words(record).suggestion, _facts(record))
 
 
 def _facts(record: dict[str, Any]) -> dict[str, Any]:

@@ -380,8 +380,9 @@ def _finding(cause: Cause, totals: dict[str, Any], c: Cost, t: Tables) -> Candid
     others = sorted(int(r) for r in t.steps["rank"].unique() if r != cause.rank)
     quantity = _quantity(cause.part)
     device_cause = CAUSE_OF.get(quantity.measure)
+    data = cause.part == "data"
     f = Candidate(
-        kind="dataloader_stall" if cause.part == "data" else "straggler", ranks=[cause.rank], steps=cause.steps,
+        kind="dataloader_stall" if data else "straggler", ranks=[cause.rank], steps=cause.steps,
         facts={"case": "ledger", "part": cause.part, "own_ms": cause.own_ms, "peer_ms": cause.peer_ms, "others": others,
                "pattern": cause.pattern, "onset": cause.onset, "on_device": device_cause is not None},
         metrics={"observed_ms": cause.own_ms, "expected_ms": cause.peer_ms, "excess_ms": cause.own_ms - cause.peer_ms,

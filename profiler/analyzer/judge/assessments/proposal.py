@@ -23,7 +23,7 @@ Rule = Callable[[Candidate], Assessment]
 
 def proposed(candidate: Candidate) -> Assessment:
     """The candidate's proposal; a finding judged again (the assessments' tests) proposes what it was decided."""
-    if isinstance(candidate, Finding) or candidate.severity is not None:  # migrating: a proposer's own say
+    if isinstance(candidate, Finding):
         return _says(candidate.severity, candidate.impact_ms)
     case = candidate.facts.get("case")
     return RULES.get(f"{candidate.kind}/{case}", RULES[candidate.kind])(candidate)
