@@ -102,8 +102,8 @@ RULES: dict[str, Rule] = {
     "straggler": _straggler,
     "straggler/ledger": _ledger,
     "straggler/more_work": _more_work,
-    "dataloader_stall/ledger": _ledger,
     "dataloader_stall": lambda c: _says("warning", c.facts["lost_ms_per_step"]),
+    "dataloader_stall/ledger": _ledger,
     "memory_imbalance": _always("warning"),
     # Too few microbatches or unequal stages: warning, with what fixing it saves; a pipeline balanced as measured: info.
     "pipeline_bubble": lambda c: (_says("info") if c.facts["case"] == "balanced" else
