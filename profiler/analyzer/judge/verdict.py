@@ -3,9 +3,10 @@
 A detector proposes a candidate (a ``Candidate``: kind, ranks, steps, evidence, the facts its words are made of).
 Nothing edits a candidate afterwards. Its kind's rule makes its first :class:`Assessment`, the proposal
 (judge/assessments/proposal.py: the severity and impact its own measurements say); each later judgement
-(judge/judgement.py ``ASSESSMENTS``) returns assessments of candidates too: the ledger's price, the host-contention and allocator-churn
-judgement, "explained by" another finding, the traced operators, the critical path's replay, the check of
-the two prices against each other. :func:`verdict` turns a candidate and its assessments into the finding: the one place a ``Finding`` is made.
+(judge/judgement.py ``ASSESSMENTS``) returns assessments of candidates too: the ledger's price, the host-contention
+and allocator-churn judgement, "explained by" another finding, the traced operators, the critical path's replay, the
+check of the two prices against each other. :func:`verdict` turns a candidate and its assessments into the finding:
+the one place a ``Finding`` is made.
 """
 
 from __future__ import annotations

@@ -38,7 +38,8 @@ def detect(tables: Tables) -> list[Candidate]:
 
 
 def _finding(case: str, what: str, ranks: list[int], facts: dict | None = None, **metrics) -> Candidate:
-    """One verdict ``what`` the evidence could not reach, and why (``case``, ``facts``: report/words/missing_evidence.py)."""
+    """One verdict ``what`` the evidence could not reach, and why (``case``, ``facts``: its words are
+    report/words/missing_evidence.py's)."""
     return Candidate(kind="missing_evidence", ranks=ranks, facts={"case": case, **(facts or {})},
                      metrics={"check": what, **metrics})
 

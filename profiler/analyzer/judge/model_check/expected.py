@@ -420,7 +420,8 @@ def _peak_findings(section: dict[str, Any], s: Expected) -> list[Candidate]:
     worst = max(over, key=lambda r: r["peak_bytes"] - r["expected_peak_bytes"])
     return [Candidate(
         kind="memory_above_model", ranks=[r["rank"] for r in over],
-        facts={"rank": worst["rank"], "peak_bytes": worst["peak_bytes"], "expected_peak_bytes": worst["expected_peak_bytes"]},
+        facts={"rank": worst["rank"], "peak_bytes": worst["peak_bytes"],
+               "expected_peak_bytes": worst["expected_peak_bytes"]},
         metrics={"observed_bytes": worst["peak_bytes"], "expected_bytes": worst["expected_peak_bytes"],
                  "threshold_ratio": s.peak_ratio, "threshold_bytes": s.peak_min_excess_bytes},
         evidence=[{"type": "steps", "rank": r["rank"], "peak_bytes": r["peak_bytes"],

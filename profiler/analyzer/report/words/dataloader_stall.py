@@ -1,4 +1,5 @@
-"""dataloader_stall's words (judge/detectors/dataloader_stall.py; a cause the ledger names: report/words/ledger_price.py)."""
+"""dataloader_stall's words (judge/detectors/dataloader_stall.py; those of a stall the ledger names:
+report/words/ledger_price.py)."""
 
 from __future__ import annotations
 

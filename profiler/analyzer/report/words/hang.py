@@ -193,7 +193,8 @@ def _host_lost(f: Facts) -> str:
 
 
 def _wrapper_failed(f: Facts) -> str:
-    return f"diagtrain's wrapper on host {f['host']} failed ({f['detail']}){_at(f['time'])} and stopped its job.{_followed(f)}"
+    return (f"diagtrain's wrapper on host {f['host']} failed ({f['detail']}){_at(f['time'])} and stopped its job."
+            f"{_followed(f)}")
 
 
 def _who(f: Facts) -> tuple[str, str]:

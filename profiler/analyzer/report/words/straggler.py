@@ -24,7 +24,8 @@ DEVICE_SUGGESTIONS = {
 
 def waiting(others: list[int]) -> str:
     """``ranks 0, 2 wait for it at the next collective``."""
-    return f"rank{'s' if len(others) > 1 else ''} {ranges(others)} wait{'' if len(others) > 1 else 's'} for it at the next collective"
+    many = len(others) > 1
+    return f"rank{'s' if many else ''} {ranges(others)} wait{'' if many else 's'} for it at the next collective"
 
 
 def _when(f: Facts) -> str:
