@@ -78,7 +78,8 @@ class Run:
 
     @cached_property
     def findings(self) -> list[Finding]:
-        """The findings, most worth fixing first (the report's order)."""
+        """The findings, most worth fixing first (the report's order): their data, and the explanation and suggestion
+        the report composed (never composed again here)."""
         fields = Finding.__dataclass_fields__
         return [Finding(**{k: (tuple(v) if k == "time_range" and v else v) for k, v in f.items() if k in fields})
                 for f in self.document.get("findings") or []]

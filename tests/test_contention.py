@@ -12,6 +12,7 @@ import pandas as pd
 import psutil
 import pytest
 
+from candidates import straggler_facts
 from conftest import diagtrain_run, torchrun
 from diagtrain.profiler.analyzer.analyze import analyze
 from diagtrain.profiler.analyzer.judge.assessments.ledger_price import LedgerPrice
@@ -20,7 +21,7 @@ from diagtrain.profiler.analyzer.judge.assessments.contention import (NotOwnWork
 from diagtrain.profiler.analyzer.judge.findings import Finding
 from diagtrain.profiler.analyzer.report.wording import explanation
 from diagtrain.profiler.analyzer.judge.judgement import run_detectors, judge
-from diagtrain.profiler.analyzer.judge.verdict import Results, applied
+from diagtrain.profiler.analyzer.judge.verdict import Results, applied, verdict
 from diagtrain.profiler.analyzer.run import ledger
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.collect import telemetry
@@ -161,8 +162,9 @@ def test_a_leaking_rank_s_page_faults_are_the_leak_s_cost_not_churn():
     assert straggler.impact_ms > 30 and leak.impact_ms == pytest.approx(straggler.impact_ms)
     assert f"It also costs the job {straggler.impact_ms:.1f} ms a step" in said(leak)
     # Without a memory_growth finding beside it (a run too short to show one), the time stays a straggler's.
-    [alone] = checked([f for f in run_detectors(run_of(extra_cpu=EXCESS_MS, faults=(20, 3_060), samples=(32, 32),
-                                                       leak_mib=8.0), lambda _: None) if f.kind == "straggler"],
+    [alone] = checked([verdict(c, []) for c in run_detectors(run_of(extra_cpu=EXCESS_MS, faults=(20, 3_060),
+                                                                    samples=(32, 32), leak_mib=8.0), lambda _: None)
+                       if c.kind == "straggler"],
                       run_of(extra_cpu=EXCESS_MS, faults=(20, 3_060), samples=(32, 32), leak_mib=8.0))
     assert alone.severity == "warning" and "leak_cost" not in alone.metrics and "memory_churn" not in alone.metrics
 
@@ -353,8 +355,8 @@ def test_more_work_is_one_finding_for_its_rank_whatever_parts_of_its_step_were_s
     tables.hosts = [{"name": "h", "cpus": 1}]
 
     def straggler(phase: str, impact_ms: float, severity: str) -> Finding:
-        return Finding(kind="straggler", severity=severity, explanation=f"rank 1's {phase} is slow.", suggestion="",
-                       ranks=[1], steps=[3, 4], metrics={"phase": phase}, impact_ms=impact_ms)
+        return Finding(kind="straggler", severity=severity, ranks=[1], steps=[3, 4], metrics={"phase": phase},
+                       impact_ms=impact_ms, facts=straggler_facts(phase=f"{phase} phase"))
 
     [f] = applied(found := [straggler("forward", 10.0, "warning"), straggler("backward", 5.0, "error")],
                   hidden_work(found, tables))

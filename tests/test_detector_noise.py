@@ -15,6 +15,7 @@ import pytest
 
 from diagtrain.profiler.analyzer.judge.detectors import straggler
 from diagtrain.profiler.analyzer.judge.detectors.base import persistently_late
+from diagtrain.profiler.analyzer.judge.verdict import verdict
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.util.stats import binomial_tail
 
@@ -36,8 +37,9 @@ def steps_table(phases_of, ranks: int = 2) -> pd.DataFrame:
 
 
 def detect(steps: pd.DataFrame) -> list:
+    """The straggler detector's candidates as their own proposals decide them (no assessment weighs them here)."""
     tables = Tables(steps=steps, ranks=pd.DataFrame(), collectives=pd.DataFrame(), phases=PHASES)
-    return straggler.detect(tables)
+    return [verdict(c, []) for c in straggler.detect(tables)]
 
 
 def jitter(rng, ms: float) -> float:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from candidates import straggler_facts
 
 from diagtrain.profiler.analyzer.analyze import analyze
 from diagtrain.profiler.analyzer.judge.findings import UPPER_BOUND
@@ -214,8 +215,8 @@ def priced_straggler(run: Path, seen: list[int], severity: str, profiled: tuple[
     inputs, _ = discover(run)
     t = tables.build(run, load.load(inputs, run / "analysis" / "cache", workers=1)[0])
     t.steps["profiled"] = t.steps["step"].isin(profiled)  # as the traces of those steps mark them
-    detected = Finding(kind="straggler", severity=severity, explanation="rank 2 is a straggler.", suggestion="",
-                       ranks=[2], steps=seen, metrics={"excess_ms": 30.0}, impact_ms=30.0)
+    detected = Finding(kind="straggler", severity=severity, ranks=[2], steps=seen, metrics={"excess_ms": 30.0},
+                       impact_ms=30.0, facts=straggler_facts(excess_ms=30.0))
     [f] = [f for f in applied([detected], cost.priced([detected], t)) if f.ranks == [2]]
     return finding_json(f)  # as report.json has it
 

@@ -14,6 +14,8 @@ from conftest import diagtrain_run, on_training, torchrun
 from diagtrain.profiler.analyzer.analyze import analyze
 from diagtrain.profiler.analyzer.judge.detectors import memory_growth
 from diagtrain.profiler.analyzer.judge.detectors.memory_growth import theil_sen
+from diagtrain.profiler.analyzer.judge.verdict import verdict
+from diagtrain.profiler.analyzer.report.wording import explanation
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.rank.counters import Counters, gpu_memory_fields
 from diagtrain.profiler.run_dir import write_json_atomic
@@ -135,7 +137,7 @@ def test_the_profilers_own_memory_is_not_a_leak():
     table = steps_table({0: [v * MIB for v in clean], 1: [v * MIB for v in leak]}, profiled=range(4, 8))
     [found] = memory_growth.detect(Tables(steps=table, ranks=pd.DataFrame(), collectives=pd.DataFrame(), phases=[]))
     assert found.ranks == [1] and found.metrics["observed_mib_per_step"] == pytest.approx(16.0)
-    assert found.metrics["own_growth_bytes"] == 32 * MIB and "steps 5-8, profiled" in found.explanation
+    assert found.metrics["own_growth_bytes"] == 32 * MIB and "steps 5-8, profiled" in explanation(verdict(found, []))
 
 
 def test_theil_sen_ignores_a_few_outliers():

@@ -7,20 +7,26 @@ import re
 from pathlib import Path
 
 import pytest
+from candidates import straggler_facts
 
-from diagtrain.profiler.analyzer.judge.findings import Finding
+from diagtrain.profiler.analyzer.judge.assessments.proposal import RULES
+from diagtrain.profiler.analyzer.judge.findings import Candidate
+from diagtrain.profiler.analyzer.judge.kinds import KINDS
 from diagtrain.profiler.analyzer.judge.live_judge import LiveEvent, LiveVerdict
-from diagtrain.profiler.analyzer.report.wording import PHRASES, explanation, finding_json, worded
+from diagtrain.profiler.analyzer.report.wording import PHRASES, WORDS, explanation, finding_json, worded
 from diagtrain.profiler.analyzer.judge.judgement import ASSESSMENTS, Step, misordered
 from diagtrain.profiler.analyzer.judge.verdict import (DISPUTE, EXPLAINED, HOST, LEAK_TIME, LEDGER, REPLAY, Assessed,
                                                        Assessment, Judged, verdict)
 
 REPO = Path(__file__).resolve().parent.parent
+FACTS = straggler_facts()  # a warning by its rule, 12 ms a step, and its words:
+OWN = ("rank 1 is a straggler in steps 4-5: forward phase 32.0 ms, 12.0 ms more than its peers' 20.0 ms; rank 0 waits "
+       "for it at the next collective.")
 
 
-def candidate(**fields) -> Finding:
-    return Finding(**{"kind": "straggler", "severity": "warning", "explanation": "rank 1 is slow.", "suggestion": "",
-                      "ranks": [1], "steps": [4, 5], "impact_ms": 12.0, "metrics": {"excess_ms": 12.0}, **fields})
+def candidate(**fields) -> Candidate:
+    return Candidate(**{"kind": "straggler", "ranks": [1], "steps": [4, 5], "facts": FACTS,
+                        "metrics": {"excess_ms": 12.0, "step_time_median_ms": 100.0}, **fields})
 
 
 def test_the_ledgers_price_beats_the_replays_whatever_the_order_they_came_in():
@@ -30,7 +36,8 @@ def test_the_ledgers_price_beats_the_replays_whatever_the_order_they_came_in():
         f = verdict(candidate(), made)
         assert f.impact_ms == 30.0 and f.severity == "error"
     assert verdict(candidate(), [replay]).impact_ms == 40.0  # no ledger price: the replay's
-    assert verdict(candidate(), []).impact_ms == 12.0  # no price at all: the detector's own estimate
+    # No price at all: the candidate's own proposal, its kind's rule on its facts.
+    assert (verdict(candidate(), []).impact_ms, verdict(candidate(), []).severity) == (12.0, "warning")
 
 
 def test_a_price_of_none_is_a_say_and_a_missing_price_is_none():
@@ -45,10 +52,10 @@ def test_host_contention_makes_it_information_whatever_the_ledger_said():
             Assessment(HOST, severity="info", says=starved, metrics={"starved": True})]
     f = verdict(candidate(), made)
     assert f.severity == "info" and f.metrics["starved"] is True
-    # The remarks are data, in the order made; the report words them after the detector's own.
-    assert f.explanation == "rank 1 is slow." and f.remarks == [nothing, starved]
-    assert explanation(f) == ("rank 1 is slow. But the ledger of every step charged rank 1 nothing above this run's "
-                              "noise (2.5 ms a step): seen in profiled steps alone, it cost the job nothing measurable. "
+    # The facts and remarks are data, the remarks in the order made; the report words them after the proposer's own.
+    assert f.explanation == "" and f.facts == FACTS and f.remarks == [nothing, starved]
+    assert explanation(f) == (OWN + " But the ledger of every step charged rank 1 nothing above this run's noise "
+                              "(2.5 ms a step): seen in profiled steps alone, it cost the job nothing measurable. "
                               "But it waited 9.0 ms per step longer than its peers for a CPU: that is host contention "
                               "(see host_contention), not rank 1's own work.")
     # report.json holds the evidence in words, as its reason.
@@ -57,7 +64,7 @@ def test_host_contention_makes_it_information_whatever_the_ledger_said():
 
 
 def test_a_leaks_time_is_added_to_its_own_and_an_explained_finding_is_gone():
-    leak = candidate(kind="memory_growth", impact_ms=None)
+    leak = candidate(kind="memory_growth", facts={"growths": []})  # a leak's proposal claims no saving
     assert verdict(leak, [Assessment(LEAK_TIME, extra_impact_ms=6.0), Assessment(LEAK_TIME, extra_impact_ms=2.5)]) \
         .impact_ms == pytest.approx(8.5)
     assert verdict(candidate(), [Assessment(EXPLAINED, drop=True)]) is None
@@ -68,14 +75,15 @@ def test_the_candidate_is_never_edited():
     verdict(c, [Assessment(LEDGER, severity="error", impact_ms=99.0, prices=True, metrics={"excess_ms": 1.0},
                            says={"says": "leak_time", "impact_ms": 1.0, "rank": 1, "phase": "step"},
                            settings={"cost.min_steps": 2})])
-    assert (c.severity, c.impact_ms, c.metrics, c.explanation, c.settings, c.remarks) == \
-        ("warning", 12.0, {"excess_ms": 12.0}, "rank 1 is slow.", {}, [])
+    assert (c.metrics, c.facts, c.settings, c.remarks) == \
+        ({"excess_ms": 12.0, "step_time_median_ms": 100.0}, FACTS, {}, [])
 
 
 def test_each_step_sees_the_findings_as_decided_so_far_and_new_candidates_join_after():
-    judged = Judged([candidate(), candidate(kind="slow_collective", ranks=[1])])
+    late = {"case": "late_arrival", "before_calls": True, "lost_ms_per_step": 12.0}
+    judged = Judged([candidate(), candidate(kind="slow_collective", ranks=[1], facts=late)])
     judged.take(Assessed(of={0: [Assessment(LEDGER, severity="error", impact_ms=30.0, prices=True)]},
-                         new=[candidate(kind="dataloader_stall", ranks=[2])]))
+                         new=[candidate(kind="dataloader_stall", ranks=[2], facts={"lost_ms_per_step": 12.0})]))
     seen = judged.findings()
     assert [(f.kind, f.severity, f.impact_ms) for f in seen] == \
         [("straggler", "error", 30.0), ("slow_collective", "warning", 12.0), ("dataloader_stall", "warning", 12.0)]
@@ -91,6 +99,15 @@ def test_an_assessment_with_an_unknown_severity_is_refused():
         Assessment(LEDGER, severity="bad")
 
 
+def test_every_kind_has_a_rule_for_its_proposal_and_words():
+    def of_kind(table: dict) -> set[str]:
+        return {key.split("/")[0] for key in table}
+    kinds = {k.name for k in KINDS}
+    assert of_kind(RULES) == kinds and of_kind(WORDS) == kinds
+    # A case with a rule of its own has words of its own.
+    assert {key for key in RULES if "/" in key} <= set(WORDS)
+
+
 def test_every_remark_judgement_makes_has_its_words():
     judge_source = "".join(p.read_text() for p in (REPO / "profiler" / "analyzer" / "judge").rglob("*.py"))
     said = set(re.findall(r'"says": "(\w+)"', judge_source))
@@ -100,10 +117,10 @@ def test_every_remark_judgement_makes_has_its_words():
 def test_the_live_verdict_is_worded_as_the_report():
     remark = {"says": "leak_time", "impact_ms": 6.25, "rank": 1, "phase": "backward"}
     f = verdict(candidate(), [Assessment(LEAK_TIME, extra_impact_ms=6.25, says=remark)])
-    record = f.to_json()  # as live judgement keeps it: the detector's words and the remarks as data
+    record = f.to_json()  # as live judgement keeps it: the facts and the remarks as data
     live = worded(LiveVerdict(events=[LiveEvent(dict(record), None)], active=[dict(record)], step=3, latest={}))
-    expected = ("rank 1 is slow. It also costs the job 6.2 ms a step: the pages it faults in hold up rank 1's backward "
-                "(its straggler finding).")
+    expected = OWN + (" It also costs the job 6.2 ms a step: the pages it faults in hold up rank 1's backward (its "
+                      "straggler finding).")
     assert live.events[0].record["explanation"] == live.active[0]["explanation"] == finding_json(f)["explanation"] \
         == expected
 

@@ -1,8 +1,9 @@
 """Judgement, in the order it happens: the detectors propose candidates, the assessments weigh them, and
 judge/verdict.py decides each finding once. The final analysis and live judgement both call :func:`judge`.
 
-Adding a detector: its module in ``detectors/`` (a ``detect(tables) -> list[Finding]`` and, for its
-thresholds, a settings class registered with ``settings.section``) and its kinds in judge/kinds.py.
+Adding a detector: its module in ``detectors/`` (a ``detect(tables) -> list[Candidate]`` and, for its
+thresholds, a settings class registered with ``settings.section``), its kinds in judge/kinds.py, each kind's
+severity rule in assessments/proposal.py and its words in report/words/.
 Adding an assessment: a :class:`Step` in ``ASSESSMENTS`` (a function ``(findings, results so far, context) ->
 Assessed``, the typed records it leaves and those of earlier steps it reads), with its name in judge/verdict.py
 (where its say on severity and impact, if it has one, is ranked against the others').

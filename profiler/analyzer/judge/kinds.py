@@ -23,7 +23,7 @@ class Kind:
     detector: str  # the detector module that proposes it, MODEL_CHECK or LIVE
     live: bool  # judged in a running job's window too (else only when the run has ended)
     stop: bool  # a verdict on why the run stopped: read first, whatever its severity
-    severity: str  # how its severity is decided, in words
+    severity: str  # how its severity is decided, in words (in code: its rule, judge/assessments/proposal.py)
     # The settings sections its page shows (each on one page: the hang detector's other verdicts are judged with
     # the sections of the hang page).
     settings: tuple[str, ...] = ()

@@ -232,12 +232,8 @@ class LiveJudge:
                 continue
             last = window.last_steps[rank]
             found.append(Candidate(
-                kind="no_progress", severity="warning", ranks=[rank], steps=[last + 1], time_range=(ended, now),
-                explanation=(f"no step finished on rank {rank} for {idle_s:.0f} s, {idle_s * 1e3 / typical_ms:.0f} typical "
-                             f"steps of {typical_ms:.0f} ms, since it finished step {last}."),
-                suggestion=(f"Look at what rank {rank} is doing now (py-spy dump --pid of its process): if it is blocked "
-                            "in a collective, another rank is the cause. If no rank finishes a step for --hang-timeout, "
-                            "the wrapper dumps every rank's stacks and flight recorder."),
+                kind="no_progress", ranks=[rank], steps=[last + 1], time_range=(ended, now),
+                facts={"idle_s": idle_s, "typical_ms": typical_ms, "last_step": last},
                 metrics={"observed_s": round(idle_s, 3), "expected_ms": typical_ms, "threshold_s": limit_s,
                          "last_step": last},
                 settings=values(s)))

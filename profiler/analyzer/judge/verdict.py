@@ -1,10 +1,12 @@
 """One finding from a detector's candidate and the assessments of it: severity and impact decided here, once.
 
-A detector proposes a candidate (a ``Candidate``: kind, ranks, steps, evidence, its words, its own estimate).
-Nothing edits a candidate afterwards. Each later judgement (judge/judgement.py ``ASSESSMENTS``) returns
-:class:`Assessment` records of candidates: the ledger's price, the host-contention and allocator-churn
-judgement, "explained by" another finding, the traced operators, the critical path's replay, the check of
-the two prices against each other. :func:`verdict` turns a candidate and its assessments into the finding: the one place a ``Finding`` is made.
+A detector proposes a candidate (a ``Candidate``: kind, ranks, steps, evidence, the facts its words are made of).
+Nothing edits a candidate afterwards. Its kind's rule makes its first :class:`Assessment`, the proposal
+(judge/assessments/proposal.py: the severity and impact its own measurements say); each later judgement
+(judge/judgement.py ``ASSESSMENTS``) returns assessments of candidates too: the ledger's price, the host-contention
+and allocator-churn judgement, "explained by" another finding, the traced operators, the critical path's replay, the
+check of the two prices against each other. :func:`verdict` turns a candidate and its assessments into the finding:
+the one place a ``Finding`` is made.
 An assessment's typed record of a finding (``Assessment.result``: the ledger's ``LedgerPrice``, the replay's
 ``ReplayCheck``...) is what later assessments read of it (:class:`Results`), never its metrics.
 """
@@ -27,13 +29,15 @@ EXPLAINED = "explained"  # another finding names the cause (judge/assessments/ex
 TRACED = "traced_operators"  # where the excess went in the profiled steps (judge/assessments/traced_excess.py)
 REPLAY = "critical_path"  # the what-if on the profiled steps' graphs (judge/assessments/critical_path.py)
 DISPUTE = "price_check"  # the ledger and the replay against each other (judge/assessments/price_check.py)
+PROPOSAL = "proposal"  # the candidate's own: its kind's rule on its measurements (judge/assessments/proposal.py)
 
 # Who decides, first that has a say: the ledger prices over every step, the replay only the profiled ones
 # (it prices what the ledger did not); a rank that waited for a CPU, or churned its allocator, is information
 # whatever its price said, unless it does more work than its peers, which its crowded host hid from the price.
-# The job's own ledger prices what every rank lost together, which no rank's excess holds.
-IMPACT_FROM = (LEDGER, JOB_PRICE, REPLAY)
-SEVERITY_FROM = (MORE_WORK, HOST, LEDGER, JOB_PRICE)
+# The job's own ledger prices what every rank lost together, which no rank's excess holds. The candidate's own
+# proposal decides where none of them has a say.
+IMPACT_FROM = (LEDGER, JOB_PRICE, REPLAY, PROPOSAL)
+SEVERITY_FROM = (MORE_WORK, HOST, LEDGER, JOB_PRICE, PROPOSAL)
 
 
 @dataclass(frozen=True)
@@ -60,33 +64,41 @@ class Assessment:
 
 def verdict(candidate: Candidate, assessments: list[Assessment]) -> Finding | None:
     """The finding: the candidate's fields, each assessment's metrics, settings and remarks in the order made,
-    severity and impact from the first in ``SEVERITY_FROM`` and ``IMPACT_FROM`` that has a say; None when
-    another finding explains it."""
+    severity and impact from the first in ``SEVERITY_FROM`` and ``IMPACT_FROM`` that has a say (the candidate's
+    own proposal last); None when another finding explains it."""
     if any(a.drop for a in assessments):
         return None
-    f = _made(candidate)
+    # Made here, for every candidate whoever proposed it (a detector, the model's check, live judgement, an
+    # assessment's new cause): no path to a finding skips it.
+    assessments = [_proposal(candidate), *assessments]
+    said = next((a for by in SEVERITY_FROM for a in assessments if a.by == by and a.severity is not None), None)
+    if said is None:
+        raise ValueError(f"no severity proposed for a {candidate.kind} candidate")
+    priced = next((a for by in IMPACT_FROM for a in assessments if a.by == by and a.prices), None)
+    f = _made(candidate, said.severity, priced.impact_ms if priced is not None else None)
     for a in assessments:
         f.metrics.update(a.metrics)
         f.settings.update(a.settings)
         if a.says is not None:
             f.remarks.append(a.says)
-    said = next((a for by in SEVERITY_FROM for a in assessments if a.by == by and a.severity is not None), None)
-    if said is not None:
-        f.severity = said.severity
-    priced = next((a for by in IMPACT_FROM for a in assessments if a.by == by and a.prices), None)
-    if priced is not None:
-        f.impact_ms = priced.impact_ms
     extra = sum(a.extra_impact_ms for a in assessments)
     if extra:
         f.impact_ms = (f.impact_ms or 0.0) + extra
     return f
 
 
-def _made(candidate: Candidate) -> Finding:
+def _proposal(candidate: Candidate) -> Assessment:
+    # Imported here: the kinds' rules read the detectors' settings, and the detectors' modules import this one.
+    from diagtrain.profiler.analyzer.judge.assessments.proposal import proposed
+    return proposed(candidate)
+
+
+def _made(candidate: Candidate, severity: str, impact_ms: float | None) -> Finding:
     """The finding of a candidate's fields, copied: nothing edits a candidate (its steps, ints, as one list: a deep
     copy walked a long run's hundreds of thousands one by one)."""
     values = {f.name: getattr(candidate, f.name) for f in fields(Candidate)}
     steps = list(values.pop("steps"))
+    values.update(severity=severity, impact_ms=impact_ms)
     return Finding(**copy.deepcopy(values), steps=steps)
 
 

@@ -1,8 +1,8 @@
-"""A finding's explanation in words: what its detector saw, then what each later judgement said of it.
+"""A finding's words: what its proposer saw, then what each later judgement said of it, and what to do.
 
-Judgement (judge/verdict.py) leaves each assessment's remark as data on the finding (``Finding.remarks``:
-``{"says": <what>, ...its values}``); the sentences are written here, once, for report.json, report.md,
-the live verdict and the terminal alike.
+Judgement (judge/) leaves only data: a candidate's facts (``Finding.facts``, worded per kind by report/words/) and
+each assessment's remark (``Finding.remarks``: ``{"says": <what>, ...its values}``, worded by ``PHRASES``). The
+text is composed here, once, for report.json, report.md, the live verdict and the terminal alike.
 """
 
 from __future__ import annotations
@@ -12,20 +12,41 @@ from typing import Any, Callable
 from diagtrain.profiler.analyzer.judge.assessments.ledger_price import EVERY_STEP
 from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, UPPER_BOUND, Finding
 from diagtrain.profiler.analyzer.judge.live_judge import AGAIN, ENDED, STARTED, LiveEvent, LiveVerdict
+from diagtrain.profiler.analyzer.report.words import Words, said
+from diagtrain.profiler.analyzer.report.words import (contention, dataloader_stall, exposed_communication,
+                                                      gpu_throttling, hang, host_contention, input_bound, ledger_price,
+                                                      live, low_utilization, memory_growth, memory_imbalance,
+                                                      missing_evidence, model_check, nccl_transport, periodic_stall,
+                                                      pipeline_bubble, slow_collective, slow_startup, straggler)
 from diagtrain.profiler.util.text import ranges
+
+# Every proposer's words, by kind (or ``kind/case``): the detectors' in the order they run, the model check's, live
+# judgement's, and those of the assessments that name a cause no detector did.
+WORDS: dict[str, Words] = {
+    key: words
+    for module in (hang, straggler, dataloader_stall, memory_imbalance, pipeline_bubble, slow_collective,
+                   exposed_communication, nccl_transport, gpu_throttling, low_utilization, host_contention,
+                   memory_growth, missing_evidence, input_bound, periodic_stall, slow_startup, model_check, live,
+                   ledger_price, contention)
+    for key, words in module.WORDS.items()}
 
 
 def explanation(finding: Finding) -> str:
     """The finding's whole explanation: its own words, then its remarks' in the order they were made."""
-    return _composed(finding.explanation, finding.remarks)
+    return _explanation(_said_of(finding))
+
+
+def suggestion(finding: Finding) -> str:
+    """What to do about the finding."""
+    return _suggestion(_said_of(finding))
 
 
 def finding_json(finding: Finding) -> dict[str, Any]:
-    """The finding's report.json record: its whole explanation, and its metrics and remarks worded where judgement
-    left data that report.json holds in words."""
+    """The finding's report.json record: its whole explanation and its suggestion, and its metrics and remarks
+    worded where judgement left data that report.json holds in words."""
     record = finding.to_json()
-    return {**record, "explanation": explanation(finding), "metrics": metrics_json(record["metrics"]),
-            "remarks": [remark_json(r) for r in record["remarks"]]}
+    return {**record, "explanation": _explanation(record), "suggestion": _suggestion(record),
+            "metrics": metrics_json(record["metrics"]), "remarks": [remark_json(r) for r in record["remarks"]]}
 
 
 def metrics_json(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -43,11 +64,11 @@ def remark_json(remark: dict[str, Any]) -> dict[str, Any]:
 
 
 def worded(verdict: LiveVerdict) -> LiveVerdict:
-    """A live judgement whose records (its events and the findings standing) carry their whole explanation and, as
-    report.json, their remarks and metrics in words, its events their console lines, and the warnings and worse
-    standing a line each."""
+    """A live judgement whose records (its events and the findings standing) carry their whole explanation and
+    suggestion and, as report.json, their remarks and metrics in words, its events their console lines, and the
+    warnings and worse standing a line each."""
     for record in [*(e.record for e in verdict.events), *verdict.active]:
-        record["explanation"] = _composed(record.get("explanation") or "", record.get("remarks") or [])
+        record["explanation"], record["suggestion"] = _explanation(record), _suggestion(record)  # from the raw remarks
         if "remarks" in record:
             record["remarks"] = [remark_json(r) for r in record["remarks"]]
         if "metrics" in record:
@@ -96,8 +117,31 @@ def saving_text(finding: dict[str, Any]) -> str:
     return f"{bound}{finding['impact_ms']:.1f} ms/step"
 
 
-def _composed(own: str, remarks: list[dict[str, Any]]) -> str:
-    return " ".join(t for t in (own, *(PHRASES[r["says"]](r) for r in remarks)) if t)
+def _said_of(finding: Finding) -> dict[str, Any]:
+    """What a finding's words are made of, as its JSON record holds it (without the copy of the rest it makes)."""
+    return {"kind": finding.kind, "ranks": finding.ranks, "steps": finding.steps, "facts": finding.facts,
+            "remarks": finding.remarks}
+
+
+def _explanation(record: dict[str, Any]) -> str:
+    own = said(_words(record).explanation, _facts(record))
+    return " ".join(t for t in (own, *(PHRASES[r["says"]](r) for r in record["remarks"])) if t)
+
+
+def _suggestion(record: dict[str, Any]) -> str:
+    return said(_words(record).suggestion, _facts(record))
+
+
+def _facts(record: dict[str, Any]) -> dict[str, Any]:
+    """What a kind's words are made of: the finding's facts, and where it is (its ranks and steps: a long run's
+    hundreds of thousands of steps are not copied into its facts)."""
+    return {"ranks": record["ranks"], "steps": record["steps"], **record["facts"]}
+
+
+def _words(record: dict[str, Any]) -> Words:
+    """The words of a finding's kind, in the case its facts name."""
+    case = record["facts"].get("case")
+    return WORDS[f"{record['kind']}/{case}" if case else record["kind"]]
 
 
 def _ledger_price(r: dict[str, Any]) -> str:

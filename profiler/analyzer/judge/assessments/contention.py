@@ -240,20 +240,19 @@ def hidden_work(findings: list[Finding], tables: Tables) -> Assessed:
             for i in rest:
                 out.add(i, Assessment(MORE_WORK, drop=True))
         elif severity != "info":
-            out.add_new(_more_work_finding(extra, severity, metrics, remark, tables), extra)
+            out.add_new(_more_work_finding(extra, metrics, remark, tables), extra)
     return out
 
 
-def _more_work_finding(extra: MoreWork, severity: str, metrics: dict, remark: dict, tables: Tables) -> Finding:
+def _more_work_finding(extra: MoreWork, metrics: dict, remark: dict, tables: Tables) -> Candidate:
+    """A straggler candidate for a rank doing more work on a crowded host: its remark says it all (its suggestion:
+    report/words/contention.py)."""
     others = sorted(r for r in tables.rank_hosts if r != extra.rank)
     return Candidate(
-        kind="straggler", severity=severity, ranks=[extra.rank], explanation="", remarks=[remark],
-        suggestion=(f"Give rank {extra.rank} the same share of the work as its peers (its batch, its data shard, its "
-                    "layers), or do the extra work (logging, evaluation) off the training loop."),
+        kind="straggler", ranks=[extra.rank], remarks=[remark], facts={"case": "more_work", "share": extra.share},
         metrics={**metrics, "source": "counters", "observed_ms": extra.cpu_ms, "expected_ms": extra.peer_cpu_ms,
                  "excess_ms": extra.estimate_ms, "others": others},
-        steps=distinct(steady(tables.steps[["step"]])["step"]).tolist(),
-        impact_ms=None, settings=values(Contention.active()))
+        steps=distinct(steady(tables.steps[["step"]])["step"]).tolist(), settings=values(Contention.active()))
 
 
 def _leak_time(straggler: Finding, total_ms: float) -> Assessment:

@@ -278,12 +278,6 @@ def _quantity(part: str) -> Quantity:
             else Quantity(Measure.PHASE, part))
 
 
-def part_words(part: str) -> str:
-    """A ledger part in a sentence ("rank 3's ..."): a phase, work outside them, or the device's time."""
-    return {OUTSIDE: "work outside its recorded phases", DEVICE_BUSY: "time busy on the device (its GPU)",
-            DEVICE_IDLE: "device idle time before its steps (its GPU waiting for its host)"}.get(part, f"{part} phase")
-
-
 def _price(f: Finding, mine: list[Cause], totals: dict[str, Any], c: Cost, t: Tables) -> Assessment:
     lost = sum(x.lost_ms for x in mine)
     share = sum(x.share for x in mine)
@@ -379,29 +373,16 @@ def _price_remark(main: Cause, lost_ms: float, share: float, totals: dict[str, A
             **{k: metrics[k] for k in ("cpu_bound_ms", "ledger_impact_ms", "host_ranks", "host_cpus") if k in metrics}}
 
 
-def _finding(cause: Cause, totals: dict[str, Any], c: Cost, t: Tables) -> Finding:
-    """A finding for a cause that no detector named, in its own words."""
+def _finding(cause: Cause, totals: dict[str, Any], c: Cost, t: Tables) -> Candidate:
+    """A candidate for a cause that no detector named (its words: report/words/ledger_price.py)."""
     others = sorted(int(r) for r in t.steps["rank"].unique() if r != cause.rank)
-    part = part_words(cause.part)
     quantity = _quantity(cause.part)
     device_cause = CAUSE_OF.get(quantity.measure)
-    when = ("in every step" if cause.pattern == EVERY_STEP else f"in steps {ranges(cause.steps)}"
-            if cause.pattern == INTERMITTENT else f"{cause.pattern} (steps {ranges(cause.steps)})")
-    if cause.onset is not None:
-        when += f" since step {cause.onset}"
     data = cause.part == "data"
     f = Candidate(
-        kind="dataloader_stall" if data else "straggler", severity=severity(cause.share, cause.pattern, c),
-        ranks=[cause.rank], steps=cause.steps,
-        explanation=(f"rank {cause.rank}'s {part} takes {cause.own_ms:.1f} ms against its peers' {cause.peer_ms:.1f} ms "
-                     f"{when}; rank{'s' if len(others) > 1 else ''} {ranges(others)} wait{'' if len(others) > 1 else 's'} "
-                     "for it at the next collective"
-                     + (" (measured on the device: CUDA events and NCCL's collective timing)" if device_cause else "")
-                     + "."),
-        suggestion=(f"Make rank {cause.rank}'s data loading keep up: more DataLoader workers, prefetching, or a "
-                    "faster dataset (__getitem__) on that rank." if data else
-                    f"Look at what rank {cause.rank} does in its {part} {when} that its peers do not: a checkpoint, "
-                    "an evaluation or logging on one rank, garbage collection, a slower device or host."),
+        kind="dataloader_stall" if data else "straggler", ranks=[cause.rank], steps=cause.steps,
+        facts={"case": "ledger", "part": cause.part, "own_ms": cause.own_ms, "peer_ms": cause.peer_ms, "others": others,
+               "pattern": cause.pattern, "onset": cause.onset, "on_device": device_cause is not None},
         metrics={"observed_ms": cause.own_ms, "expected_ms": cause.peer_ms, "excess_ms": cause.own_ms - cause.peer_ms,
                  "source": "ledger", "quantity": quantity.key, "time_source": "device" if device_cause else "host",
                  **({"cause": device_cause.value} if device_cause else {}),
@@ -409,7 +390,7 @@ def _finding(cause: Cause, totals: dict[str, Any], c: Cost, t: Tables) -> Findin
         evidence=[{"type": "ledger", "rank": cause.rank, "step": s, "part": cause.part} for s in cause.steps[:20]],
         settings=values(c),
     )
-    f.impact_ms, bound = _bounded([cause], totals, c)
+    _, bound = _bounded([cause], totals, c)  # the saving: its proposal (judge/assessments/proposal.py)
     f.metrics.update({**bound, **_crowded(f.ranks, t)})
     f.remarks.append(_price_remark(cause, cause.lost_ms, cause.share, totals, f.metrics))
     return f

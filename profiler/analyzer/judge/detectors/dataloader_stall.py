@@ -10,7 +10,6 @@ from __future__ import annotations
 import pandas as pd
 
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady_columns, time_range
-from diagtrain.profiler.util.text import ranges
 from diagtrain.profiler.analyzer.judge.findings import Candidate
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.util.settings import section, setting
@@ -67,29 +66,18 @@ def _finding(rows: pd.DataFrame, ranks: list[int], typical: float, threshold: fl
     stalled = sorted(int(step) for step in rows["step"].unique())
     every = _period(stalled)
     per_stall = float(rows["data_ms"].median())
-    listed = ranges(stalled)
-    said_every = every and "every" not in listed  # a long list, summarised, says its period itself
-    who = f"rank {ranks[0]} waits" if len(ranks) == 1 else "every rank waits, in the same steps,"
-    after = ("the other ranks wait for it at the next collective" if len(ranks) == 1 else
-             "the job waits for its input there, not one rank for another")
     # Per step: one rank's stalls, or the job's (each step's median over its ranks: they wait together).
     lost = (rows["data_ms"] - typical).sum() if len(ranks) == 1 else \
         (rows.groupby("step")["data_ms"].median() - typical).sum()
     return Candidate(
-        kind="dataloader_stall", severity="warning", ranks=ranks, steps=stalled,
+        kind="dataloader_stall", ranks=ranks, steps=stalled,
         time_range=time_range(rows),
-        explanation=(
-            f"{who} {per_stall:.0f} ms for data in steps {listed}"
-            + (f" (every {every} steps)" if said_every else "")
-            + f", against {typical:.1f} ms typically; {after}."
-        ),
-        suggestion="Give the data loader more workers or prefetching (num_workers, prefetch_factor, "
-                   "pin_memory), and check that rank's storage or preprocessing for periodic slow reads.",
+        facts={"stall_ms": per_stall, "every": every, "typical_ms": typical,
+               "lost_ms_per_step": float(lost / steps["step"].nunique())},
         metrics={"observed_ms": per_stall, "expected_ms": typical, "threshold_ms": threshold, "period_steps": every,
                  "source": "phases", "time_source": "host"},  # the host's data phase; priced on the device where timed
         evidence=[{"type": "steps", "rank": int(rank), "step": int(step), "data_ms": round(float(d), 3)}
                   for rank, step, d in zip(rows["rank"], rows["step"], rows["data_ms"])][:20],
-        impact_ms=float(lost / steps["step"].nunique()),
     )
 
 

@@ -37,13 +37,10 @@ def detect(tables: Tables) -> list[Candidate]:
         others = gpu[gpu["rank"] != rank]["sm_clock_mhz"]
         clock, peer_clock = float(throttled["sm_clock_mhz"].median()), float(others.median()) if len(others) else None
         findings.append(Candidate(
-            kind="gpu_throttling", severity="warning", ranks=[int(rank)],
+            kind="gpu_throttling", ranks=[int(rank)],
             steps=distinct(throttled["step"]).astype(np.int64).tolist(),  # a week of 1 Hz samples: arrays
-            explanation=(f"rank {int(rank)}'s GPU (device {int(rows['device'].iloc[0])}) is throttled in {share:.0%} of the "
-                         f"samples taken during steps ({', '.join(reasons.index[:3])}); SM clock {clock:.0f} MHz"
-                         + (f" against {peer_clock:.0f} MHz on the other GPUs." if peer_clock else ".")),
-            suggestion="Check cooling and power limits of that GPU (nvidia-smi -q -d PERFORMANCE,POWER,TEMPERATURE); "
-                       "a hardware slowdown that persists calls for moving the job off that node.",
+            facts={"rank": int(rank), "device": int(rows["device"].iloc[0]), "share": share,
+                   "reasons": [str(r) for r in reasons.index[:3]], "sm_clock_mhz": clock, "peer_sm_clock_mhz": peer_clock},
             metrics={"observed_share": share, "threshold_share": s.throttled_share, "sm_clock_mhz": clock,
                      "expected_sm_clock_mhz": peer_clock, "reasons": reasons.to_dict()},
             evidence=[{"type": "telemetry", "rank": int(rank), "time": str(r.time), "throttle": r.throttle}

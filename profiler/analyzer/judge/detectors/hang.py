@@ -1,4 +1,5 @@
-"""hang, crash, crash_at_exit, host_lost, interrupted and collective_mismatch: why a job stopped, in one sentence.
+"""hang, crash, crash_at_exit, host_lost, interrupted and collective_mismatch: why a job stopped (in one sentence:
+report/words/hang.py).
 
 When something stopped first (stops.py, every host on one clock): a rank that died (its exception
 and line, or the signal that killed it), a host lost or stopped by a signal, is the cause, and the
@@ -16,7 +17,7 @@ before a collective).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from typing import Any
 
 from diagtrain.profiler.analyzer.read import flight_records as fr
 from diagtrain.profiler.analyzer.run import divergence, stops
@@ -186,24 +187,15 @@ def _hangs_in_collectives(tables: Tables, blocked: list[fr.Blocked], stalled_s: 
 
 def _hang_in_collective(tables: Tables, b: fr.Blocked, stalled_s: float | None = None,
                         later: list[fr.Blocked] = (), besides: list[fr.Blocked] = ()) -> Candidate:
-    where = "; ".join(f"rank {r} {_where_in(tables, r, b)}" for r in b.missing)
     group = b.pg_desc or b.pg.split(":")[0]
-    stopped = f" The run was interrupted after {stalled_s:.0f} s without a finished step." if stalled_s else ""
-    stopped += _wavefront(b, list(later))
-    if besides:  # faults of their own: ranks not waiting for this one, in groups it does not hold up
-        stopped += (" Independently, " + "; ".join(f"rank{'s' if len(x.missing) > 1 else ''} {_list(x.missing)} never "
-                                                    f"entered {_op(x.op)} #{x.seq} on {_group(x)}" for x in besides)
-                    + " (a finding of its own): more than one rank stopped.")
     return Candidate(
-        kind="hang", severity="critical", ranks=b.missing,
-        explanation=(f"rank{'s' if len(b.missing) > 1 else ''} {_list(b.missing)} never entered {_op(b.op)} #{b.seq} "
-                     f"on {_group(b)}; rank{'s' if len(b.waiting) > 1 else ''} {_list(b.waiting)} "
-                     f"{'have' if len(b.waiting) > 1 else 'has'} waited in it since {_clock(b.since_ns)}; {where}."
-                     f"{stopped}"),
-        suggestion=_stuck_on_device(tables, b) or (
-            "Find why that rank skipped or has not reached this collective: a condition that differs "
-            "between ranks (a collective inside an `if`), an exception caught and ignored, or code that "
-            "blocks before it. Every rank must issue the same collectives in the same order."),
+        kind="hang", ranks=b.missing,
+        facts={"case": "collective", **_blocked(b), "waiting": b.waiting, "since_ns": b.since_ns,
+               "where": [_where_in(tables, r, b) for r in b.missing], "stalled_s": stalled_s,
+               **_wavefront(b, list(later)),
+               # Faults of their own: ranks not waiting for this one, in groups it does not hold up.
+               "besides": [{"missing": x.missing, **_blocked(x)} for x in besides],
+               "stuck_on_device": _stuck_on_device(tables, b)},
         metrics={"group": group, "seq": b.seq, "op": b.op, "waiting": b.waiting, "missing": b.missing,
                  "later_blocked": [{"group": x.pg_desc or x.pg, "seq": x.seq, "op": x.op, "missing": x.missing}
                                    for x in later][:20],
@@ -212,108 +204,60 @@ def _hang_in_collective(tables: Tables, b: fr.Blocked, stalled_s: float | None =
     )
 
 
-def _group(b: fr.Blocked) -> str:
-    """The group in words: its description, else its members (a group made without one: torch says "undefined")."""
-    if b.pg_desc and b.pg_desc != "undefined":
-        return f"the {b.pg_desc} group"
-    members = b.pg.partition(":")[2]
-    return f"the group of ranks {members}" if members else f"group {b.pg}"
+def _blocked(b: fr.Blocked) -> dict[str, Any]:
+    """A blocked collective as its words name it: its op, number and group."""
+    return {"op": _op(b.op), "seq": b.seq, "pg_desc": b.pg_desc, "pg": b.pg}
 
 
-def _stuck_on_device(tables: Tables, b: fr.Blocked) -> str | None:
-    """The suggestion when a missing rank's own enqueued collectives never completed: its device stopped."""
+def _stuck_on_device(tables: Tables, b: fr.Blocked) -> list[int]:
+    """The missing ranks whose own enqueued collectives never completed: their device stopped."""
     progress = reached(tables)
-    stuck = [r for r in b.missing
-             if (p := progress.get((b.pg, r))) and p.completed is not None and p.completed < p.entered]
-    if not stuck:
-        return None
-    who = f"rank{'s' if len(stuck) > 1 else ''} {_list(stuck)}"
-    return (f"The collectives {who} had already issued never completed on {'their' if len(stuck) > 1 else 'its'} "
-            "device: it stopped making progress before it could reach this one. Look at that GPU first (a GPU "
-            "error, an Xid in the kernel log `dmesg`, a kernel that never ends, NCCL_DEBUG=INFO's last lines), then "
-            "at the code.")
+    return [r for r in b.missing
+            if (p := progress.get((b.pg, r))) and p.completed is not None and p.completed < p.entered]
 
 
-def _wavefront(first: fr.Blocked, later: list[fr.Blocked]) -> str:
+def _wavefront(first: fr.Blocked, later: list[fr.Blocked]) -> dict[str, Any]:
     """The collectives blocked after the first, told apart: the same ranks missing again (the fault spreading
     to their other groups), and ranks missing because they wait in the first."""
-    if not later:
-        return ""
     again = [x for x in later if set(x.missing) <= set(first.missing)]
-    waiting = sorted({r for x in later for r in x.missing if r in first.waiting})
-    text = ""
-    if again:
-        names = ", ".join(f"{_op(x.op)} #{x.seq} on {x.pg_desc or x.pg.split(':')[0]}" for x in again[:4])
-        text += (f" The same rank{'s are' if len(first.missing) > 1 else ' is'} missing from {len(again)} later "
-                 f"collective{'s' if len(again) > 1 else ''} of {'their' if len(first.missing) > 1 else 'its'} other "
-                 f"groups ({names}{', ...' if len(again) > 4 else ''}): consequences, not other faults.")
-    if waiting:
-        text += (f" Rank{'s' if len(waiting) > 1 else ''} {_list(waiting)} {'are' if len(waiting) > 1 else 'is'} "
-                 "missing elsewhere only because they wait in the first.")
-    return text
+    return {"again": [{"op": _op(x.op), "seq": x.seq, "group": x.pg_desc or x.pg.split(":")[0]} for x in again[:5]],
+            "again_count": len(again),
+            "waiting_elsewhere": sorted({r for x in later for r in x.missing if r in first.waiting})}
 
 
-def _where_in(tables: Tables, rank: int, b: fr.Blocked) -> str:
-    """Where a missing rank is: its stack, else how far its flight recorder says it got on the group."""
+def _where_in(tables: Tables, rank: int, b: fr.Blocked) -> dict[str, Any]:
+    """Where a missing rank is: its stack, else how far its flight recorder (or its process-group status) says it
+    got on the group."""
     if rank in tables.stacks or rank in tables.exits:
-        return f"is in {_where(tables, rank)}"
+        return {"rank": rank, "at": _where(tables, rank)}
     last = b.missing_last.get(rank)
     progress = reached(tables).get((b.pg, rank))
+    completed = progress.completed if progress is not None else None
     if last is None and progress is not None and progress.entered:
-        done = f", completed up to #{progress.completed}" if progress.completed is not None else ""
-        return (f"last entered #{progress.entered} there by its process-group status{done} (its dump holds no "
-                "entries of the group)")
+        return {"rank": rank, "status_entered": progress.entered, "completed": completed}
     if last is None:
-        return "recorded no collective on that group"
-    done = (f", completed up to #{progress.completed}" if progress and progress.completed is not None
-            and progress.completed < last.seq else "")
-    return f"last entered {_op(last.op)} #{last.seq} there{done}"
+        return {"rank": rank}
+    return {"rank": rank, "last_op": _op(last.op), "last_seq": last.seq,
+            "completed": completed if completed is not None and completed < last.seq else None}
 
 
 def _crash(tables: Tables, cause: stops.Stop, record: list[stops.Stop], blocked: list[fr.Blocked]) -> Candidate:
     # The first to die is the cause; the others' errors ("connection closed by peer") follow from it.
     rank = cause.ranks[0]
     waiting = next((b for b in blocked if rank in b.missing), blocked[0] if blocked else None)
-    tail = ""
-    if waiting:
-        group = waiting.pg_desc or waiting.pg.split(":")[0]
-        others = [r for r in waiting.waiting if r != rank]
-        if others:
-            tail = (f"; rank{'s' if len(others) > 1 else ''} {_list(others)} "
-                    f"{'were' if len(others) > 1 else 'was'} waiting in {_op(waiting.op)} "
-                    f"#{waiting.seq} on the {group} group, which it never entered")
-    if cause.kind == stops.KILLED:
-        what = f"was killed ({cause.detail}); it is in {_where(tables, rank)}"
-    elif cause.kind == stops.CONNECTION:
-        what = f"lost its connection to its peers first ({cause.detail[:300]}) at {cause.where or _where(tables, rank)}"
-    else:
-        what = f"crashed with {cause.detail} at {cause.where or _where(tables, rank)}"
+    held = None
+    if waiting and (others := [r for r in waiting.waiting if r != rank]):
+        held = {"waiting": others, "op": _op(waiting.op), "seq": waiting.seq,
+                "group": waiting.pg_desc or waiting.pg.split(":")[0]}
     return Candidate(
-        kind="crash", severity="critical", ranks=[rank],
-        explanation=f"rank {rank}{_on_host(tables, rank)} {what}{tail}.{_followed(tables, cause, record)}",
-        suggestion=(f"Nothing else stopped first: look at the network between rank {rank} and its peers, and at "
-                    "anything outside this run that could have ended them." if cause.kind == stops.CONNECTION else
-                    f"Fix the error on rank {rank} (ranks/{rank}/exit.json has its exception and line, its "
-                    "stderr.log the traceback, or console.log where torch.multiprocessing.spawn started it); the "
-                    "other ranks stopped because it did."),
+        kind="crash", ranks=[rank],
+        facts={"host": _host(tables, rank), "cause": cause.kind, "detail": cause.detail,
+               "at": _where(tables, rank) if cause.kind == stops.KILLED else cause.where or _where(tables, rank),
+               "held": held, **_followed(tables, cause, record)},
         metrics={"exit_code": cause.code, "waiting_in": waiting.op if waiting else None, "cause": cause.kind},
         evidence=_stop_evidence(cause, record) + (_evidence(tables, waiting) if waiting else []),
         time_range=_instant(cause),
     )
-
-
-# How a rank's sequence parted from its peers', in words (run/divergence.py).
-PARTED = {
-    divergence.SKIPPED: "in step {step} it took {mine:.0f} samples where its peers took {peers:.0f}: it skipped a batch's "
-                        "backward and optimizer step (a `continue` in the loop), so from there its collectives ran one "
-                        "step's worth ahead and its data ran out first",
-    divergence.COLLECTIVES: "in step {step} it issued {mine:.0f} collectives where its peers issued {peers:.0f}: from "
-                            "there its collectives were paired with the wrong ones of its peers",
-    divergence.FEWER_STEPS: "it finished {last} steps and left while its peers went on into step {peers_last}: it left "
-                            "the loop early (uneven data, a `break` on one rank)",
-    divergence.AT_THE_END: "it finished the same steps as its peers ({last}), then ended while they were still in a "
-                           "collective (one more than it made: a final barrier or all-reduce of theirs)",
-}
 
 
 def _left(tables: Tables, cause: stops.Stop, record: list[stops.Stop]) -> Candidate:
@@ -322,21 +266,15 @@ def _left(tables: Tables, cause: stops.Stop, record: list[stops.Stop]) -> Candid
     after = stops.consequences(record, cause)
     waiting = sorted({r for s in after for r in s.ranks}) or sorted(r for r in tables.rank_hosts if r != rank)
     parted = divergence.parting(tables, rank, waiting)
-    words = PARTED[parted.how].format(step=parted.step, mine=parted.mine or 0, peers=parted.peers or 0,
-                                      last=parted.last_step, peers_last=parted.peers_last_step)
     missed = parted.missed[0] if parted.missed else None
-    entered = (f" Rank{'s' if len(missed.entered_by) > 1 else ''} {_list(missed.entered_by)} entered {missed.op} #{missed.seq} "
-               f"on {missed.group}, which rank {rank} never issued (its last there was #{missed.last_of_leaver})."
-               if missed else "")
     return Candidate(
-        kind="sequence_divergence", severity="critical", ranks=[rank], steps=[parted.step] if parted.step else [],
-        explanation=(f"rank {rank}{_on_host(tables, rank)} left the job while its peers still needed it: "
-                     f"{cause.detail}{_at(cause)}. Where its sequence parted from its "
-                     f"peers': {words}.{entered}{_followed(tables, cause, record)}"),
-        suggestion=("Keep every rank's collectives in step: skip a bad batch on every rank together (all-reduce a "
-                    "flag first), give every rank the same number of batches (DistributedSampler(drop_last=True), or "
-                    "DDP's join() for uneven inputs), make a collective inside an `if` run on every rank, and end with "
-                    "dist.barrier() before destroy_process_group()."),
+        kind="sequence_divergence", ranks=[rank], steps=[parted.step] if parted.step else [],
+        facts={"host": _host(tables, rank), "detail": cause.detail, "time": cause.time,
+               "parted": {"how": parted.how, "step": parted.step, "mine": parted.mine or 0, "peers": parted.peers or 0,
+                          "last": parted.last_step, "peers_last": parted.peers_last_step},
+               "missed": {"entered_by": missed.entered_by, "op": missed.op, "seq": missed.seq, "group": missed.group,
+                          "last_of_leaver": missed.last_of_leaver} if missed else None,
+               **_followed(tables, cause, record)},
         metrics={"exit_code": 0, "cause": cause.kind, "parted": parted.how, "parted_step": parted.step,
                  "mine": parted.mine, "peers": parted.peers, "last_step": parted.last_step,
                  "peers_last_step": parted.peers_last_step, "waiting": waiting,
@@ -347,39 +285,22 @@ def _left(tables: Tables, cause: stops.Stop, record: list[stops.Stop]) -> Candid
 
 def _exit_crash(tables: Tables, cause: stops.Stop) -> Candidate:
     """The training finished; a process died after its script ended, and the launcher called the job failed."""
-    many = len(cause.ranks) > 1
-    who = f"rank{'s' if many else ''} {_list(cause.ranks)}{_on_hosts(tables, cause.ranks)}"
     steps = tables.steps.loc[tables.steps["rank"].isin(cause.ranks), "step"] if not tables.steps.empty else []
-    done = f" after step {int(max(steps))}" if len(steps) else ""
-    said = f": {cause.detail[:300]}" if cause.detail else " without a message (every rank's script ended with code 0)"
     return Candidate(
-        kind="crash_at_exit", severity="error", ranks=cause.ranks,
-        explanation=(f"the training finished, but the job failed on its way out: {who}'s script ended with code 0"
-                     f"{done}, then {'their processes' if many else 'its process'} died while Python shut "
-                     f"down{said}. The launcher counted that as a failure (exit code "
-                     f"{tables.manifest.get('exit_code')}); everything the ranks recorded before it is complete."),
-        suggestion=("Free what holds a process group before the script ends: a DDP or FSDP model or an optimizer "
-                    "kept in a global outlives `dist.destroy_process_group()`, and gloo's or NCCL's C++ threads then "
-                    "die during the interpreter's teardown. Delete them (`del model, optimizer`) before destroying "
-                    "the group, or keep them inside a `main()` function that returns first."),
+        kind="crash_at_exit", ranks=cause.ranks,
+        facts={"hosts": _hosts(tables, cause.ranks), "last_step": int(max(steps)) if len(steps) else None,
+               "detail": cause.detail, "exit_code": tables.manifest.get("exit_code")},
         metrics={"exit_code": tables.manifest.get("exit_code"), "cause": cause.kind},
         evidence=cause.evidence[:12], time_range=_instant(cause),
     )
 
 
 def _host_lost(tables: Tables, cause: stops.Stop, record: list[stops.Stop]) -> Candidate:
-    if cause.kind == stops.HOST_LOST:
-        ranks = f"; its ranks {_list(cause.ranks)} stopped without an exit record" if cause.ranks else ""
-        what = (f"host {cause.host} was lost: its wrapper is gone without ending its record (killed, or the "
-                f"machine went down), last seen{_at(cause)}{ranks}")
-        todo = (f"Find out what happened to {cause.host} then: the scheduler's log (preemption, the OOM killer, "
-                "a node failure) and the machine's kernel log; its ranks' stderr.log ends where they stopped.")
-    else:
-        what = f"diagtrain's wrapper on host {cause.host} failed ({cause.detail}){_at(cause)} and stopped its job"
-        todo = f"This is diagtrain's fault, not the job's: report it with hosts/{cause.host}/host.json and console.log."
+    """A host lost (its wrapper gone without ending its record), or diagtrain's wrapper there failed."""
     return Candidate(
-        kind="host_lost", severity="critical", ranks=cause.ranks,
-        explanation=f"{what}.{_followed(tables, cause, record)}", suggestion=todo,
+        kind="host_lost", ranks=cause.ranks,
+        facts={"case": "lost" if cause.kind == stops.HOST_LOST else "wrapper_failed", "host": cause.host,
+               "detail": cause.detail, "time": cause.time, **_followed(tables, cause, record)},
         metrics={"host": cause.host, "last_seen": cause.time, "cause": cause.kind},
         evidence=_stop_evidence(cause, record), time_range=_instant(cause),
     )
@@ -390,48 +311,32 @@ def _interrupted(tables: Tables, cause: stops.Stop, record: list[stops.Stop], st
     ran_ranks = set(tables.rank_hosts.values())
     interrupted = {s.host for s in record if s.kind == stops.HOST_INTERRUPTED}
     whole_run = not stops.consequences(record, cause) or ran_ranks <= interrupted
-    if cause.kind == stops.HOST_INTERRUPTED:
-        who, how = f"host {cause.host}", f"was stopped by {cause.detail}"
-    else:
-        who = f"rank{'s' if len(cause.ranks) > 1 else ''} {_list(cause.ranks)}{_on_host(tables, cause.ranks[0])}"
-        how = f"received {cause.detail}"
-    progress = (f"; no rank had finished a step for {stalled_s:.0f} s before" if stalled_s is not None
-                else "; the ranks were making progress until then")
+    by_host = cause.kind == stops.HOST_INTERRUPTED
+    facts = {"whole_run": whole_run, "by_host": by_host, "host": cause.host, "stopped_ranks": cause.ranks,
+             "rank_host": None if by_host else _host(tables, cause.ranks[0]), "signal": cause.detail,
+             "time": cause.time, "stalled_s": stalled_s}
     if whole_run:
         return Candidate(
-            kind="interrupted", severity="info", ranks=sorted(tables.rank_hosts) or cause.ranks,
-            explanation=(f"the run was interrupted: {who} {how}{_at(cause)}{progress}. Collectives that some ranks "
-                         "had entered and others had not are where each rank was stopped, not a hang."),
-            suggestion="Nothing to fix if the stop was meant; what was collected up to it is analyzed.",
+            kind="interrupted", ranks=sorted(tables.rank_hosts) or cause.ranks, facts=facts,
             metrics={"signal": cause.detail, "stalled_s": stalled_s, "cause": cause.kind},
             evidence=cause.evidence[:12], time_range=_instant(cause),
         )
     return Candidate(
-        kind="interrupted", severity="critical", ranks=cause.ranks,
-        explanation=f"{who} {how}{_at(cause)}{progress}.{_followed(tables, cause, record)}",
-        suggestion=(f"The job failed because {who} was stopped, not because of its code: find who sent "
-                    f"{cause.detail} (a scheduler's preemption or time limit, a person, a health check)."),
+        kind="interrupted", ranks=cause.ranks, facts={**facts, **_followed(tables, cause, record)},
         metrics={"signal": cause.detail, "host": cause.host, "cause": cause.kind},
         evidence=_stop_evidence(cause, record), time_range=_instant(cause),
     )
 
 
-def _followed(tables: Tables, cause: stops.Stop, record: list[stops.Stop]) -> str:
-    """A sentence on the ranks that failed after the cause, their connection errors called what they are."""
+def _followed(tables: Tables, cause: stops.Stop, record: list[stops.Stop]) -> dict[str, Any]:
+    """The ranks that failed after the cause: those whose connection errors say they lost their peers (the first
+    error, and their hosts), and the others."""
     after = stops.consequences(record, cause)
     lost = sorted({r for s in after if s.kind == stops.CONNECTION for r in s.ranks})
     other = sorted({r for s in after if s.kind != stops.CONNECTION for r in s.ranks} - set(lost))
-    text = ""
-    if lost:
-        error = next(s.detail for s in after if s.kind == stops.CONNECTION)
-        many = len(lost) > 1
-        text += (f" Then rank{'s' if many else ''} {_list(lost)}{_on_hosts(tables, lost)} failed with "
-                 f"{'connection errors' if many else 'a connection error'} ({stops.connection_error(error)}): "
-                 f"{'they' if many else 'it'} lost {'their' if many else 'its'} peers, a consequence, not a fault of "
-                 f"{'their' if many else 'its'} own.")
-    if other:
-        text += f" Rank{'s' if len(other) > 1 else ''} {_list(other)} stopped after it."
-    return text
+    error = next((s.detail for s in after if s.kind == stops.CONNECTION), None)
+    return {"followed": {"lost": lost, "lost_hosts": _hosts(tables, lost),
+                         "error": stops.connection_error(error) if lost else None, "other": other}}
 
 
 def _stop_evidence(cause: stops.Stop, record: list[stops.Stop]) -> list[dict]:
@@ -442,18 +347,16 @@ def _instant(stop: stops.Stop) -> tuple[float, float] | None:
     return (stop.time, stop.time) if stop.time is not None else None
 
 
-def _on_host(tables: Tables, rank: int) -> str:
+def _host(tables: Tables, rank: int) -> str | None:
+    """The rank's host, where the job ran on several (else None: one host need not be named)."""
     host = tables.rank_hosts.get(rank)
-    return f" on {host}" if host and len(set(tables.rank_hosts.values())) > 1 else ""
+    return host if host and len(set(tables.rank_hosts.values())) > 1 else None
 
 
-def _on_hosts(tables: Tables, ranks: list[int]) -> str:
+def _hosts(tables: Tables, ranks: list[int]) -> list[str]:
+    """The ranks' hosts, where the job ran on several (else none)."""
     hosts = sorted({h for r in ranks if (h := tables.rank_hosts.get(r))})
-    return f" on {', '.join(hosts)}" if hosts and len(set(tables.rank_hosts.values())) > 1 else ""
-
-
-def _at(stop: stops.Stop) -> str:
-    return f" at {_clock(int(stop.time * 1e9))}" if stop.time is not None else ""
+    return hosts if hosts and len(set(tables.rank_hosts.values())) > 1 else []
 
 
 def _mismatch_in_logs(tables: Tables) -> list[Candidate]:
@@ -462,10 +365,7 @@ def _mismatch_in_logs(tables: Tables) -> list[Candidate]:
         for e in events:
             if e.kind in ("size_mismatch", "collective_mismatch"):
                 found.append(Candidate(
-                    kind="collective_mismatch", severity="critical", ranks=[rank],
-                    explanation=f"rank {rank} received a collective that does not match its own: {e.text[:300]}",
-                    suggestion="The ranks issued different collectives or sizes at the same point: make every rank "
-                               "run the same sequence; TORCH_DISTRIBUTED_DEBUG=DETAIL names both sides.",
+                    kind="collective_mismatch", ranks=[rank], facts={"case": "log", "text": e.text[:300]},
                     metrics={"log_kind": e.kind, **{k: v for k, v in e.fields.items() if isinstance(v, (int, str))}},
                     evidence=[{"type": "log", "rank": rank, "file": "stderr.log", "line": e.line_no}],
                 ))
@@ -478,26 +378,20 @@ def _hang_in_user_code(tables: Tables) -> Candidate | None:
     outside = sorted(set(tables.stacks) - in_torch)
     if not outside or not in_torch:
         return None
-    waits = "; ".join(f"rank {r} waits in {_innermost(tables, r)}" for r in sorted(in_torch)[:4])
     return Candidate(
-        kind="hang", severity="critical", ranks=outside,
-        explanation=(f"rank{'s' if len(outside) > 1 else ''} {_list(outside)} "
-                     f"{'are' if len(outside) > 1 else 'is'} outside any collective, in "
-                     f"{'; '.join(_where(tables, r) for r in outside)}, while the others wait for it: {waits}."),
-        suggestion="That code never reaches its next collective or send: look for a loop, a lock or I/O that does "
-                   "not return on that rank.",
+        kind="hang", ranks=outside,
+        facts={"case": "user_code", "where": [_where(tables, r) for r in outside],
+               "waits": [{"rank": r, "in": _innermost(tables, r)} for r in sorted(in_torch)[:4]]},
         metrics={"outside": outside, "waiting": sorted(in_torch)},
         evidence=[{"type": "stack", "rank": r, "where": _where(tables, r)} for r in sorted(tables.stacks)],
     )
 
 
 def _mismatch(m: fr.Mismatch) -> Candidate:
-    versions = "; ".join(f"rank {r}: {v}" for r, v in sorted(m.versions.items())[:8])
     return Candidate(
-        kind="collective_mismatch", severity="critical", ranks=sorted(m.versions),
-        explanation=f"ranks disagree on collective #{m.seq} of the {m.pg_desc or m.pg} group: {versions}.",
-        suggestion="The ranks issued different collectives (or shapes) at the same point: make every rank run "
-                   "the same sequence; TORCH_DISTRIBUTED_DEBUG=DETAIL checks this at each call.",
+        kind="collective_mismatch", ranks=sorted(m.versions),
+        facts={"case": "flight_recorder", "seq": m.seq, "group": m.pg_desc or m.pg,
+               "versions": [[r, v] for r, v in sorted(m.versions.items())[:8]]},
         metrics={"group": m.pg, "seq": m.seq},
         evidence=[{"type": "flight_recorder", "rank": r, "collective": v} for r, v in sorted(m.versions.items())],
     )
@@ -553,11 +447,3 @@ def _evidence(tables: Tables, b: fr.Blocked) -> list[dict]:
 
 def _op(profiling_name: str) -> str:
     return profiling_name.split(":", 1)[-1]
-
-
-def _list(ranks: list[int]) -> str:
-    return ", ".join(map(str, ranks))
-
-
-def _clock(ns: int) -> str:
-    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).strftime("%H:%M:%S UTC")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady, steady, steady_host_loads
 from diagtrain.profiler.util.groups import distinct
-from diagtrain.profiler.util.text import ranges
 from diagtrain.profiler.analyzer.judge.findings import Candidate
 from diagtrain.profiler.analyzer.run.host_load import Contention
 from diagtrain.profiler.analyzer.run.tables import Tables
@@ -29,20 +28,11 @@ def detect(tables: Tables) -> list[Candidate]:
         if not load.is_contended:
             continue
         stepped = distinct(steps.loc[steps["rank"].isin(load.ranks), "step"]).tolist()
-        said = []
-        if load.contended:
-            said.append(f"Other processes on host {host} used {load.others_percent / 100:.1f} CPU cores while the job "
-                        f"ran (host CPUs {load.host_percent:.0f}% busy in {load.contended} of {load.samples} samples)"
-                        + (f": {load.named()}." if load.processes else "."))
-        if load.runq_ms is not None and load.runq_share is not None:
-            said.append(f"Ranks {ranges(load.ranks)} waited {load.runq_ms:.1f} ms per step ({load.runq_share:.0%}) "
-                        "for a CPU.")
         findings.append(Candidate(
-            kind="host_contention", severity="info", ranks=load.ranks, steps=stepped, time_range=load.time_range,
-            explanation=" ".join(said) + " Step times and differences between ranks on this host reflect the host's "
-                        "load as much as the job; a rank slowed by it is not reported as a straggler.",
-            suggestion="Run on a host of its own, or keep other work off the ranks' cores (taskset, cgroups); "
-                       "compare runs only from similarly loaded hosts.",
+            kind="host_contention", ranks=load.ranks, steps=stepped, time_range=load.time_range,
+            facts={"host": host, "others_cpu_percent": load.others_percent, "host_cpu_percent": load.host_percent,
+                   "contended_samples": load.contended, "samples": load.samples, "processes": load.processes,
+                   "runq_ms": load.runq_ms, "runq_share": load.runq_share},
             metrics={"observed_others_cpu_percent": load.others_percent,
                      "threshold_others_cpu_percent": s.others_min_percent,
                      "host_cpu_percent": load.host_percent, "threshold_host_cpu_percent": s.saturated_percent,
@@ -50,6 +40,5 @@ def detect(tables: Tables) -> list[Candidate]:
                      "runq_ms_per_step": load.runq_ms, "runq_share": load.runq_share,
                      "threshold_runq_share": s.runq_min_share, "host": host},
             evidence=[{"type": "process", "host": host, **p} for p in load.processes],
-            impact_ms=load.runq_ms,
         ))
     return findings

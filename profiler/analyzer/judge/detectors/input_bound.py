@@ -46,14 +46,9 @@ def detect(tables: Tables) -> list[Candidate]:
         return []
     per_step, step_ms = float(np.median(data)), float(steps["time_ms"].median())
     return [Candidate(
-        kind="input_bound", severity="info", ranks=sorted(waiting), steps=[int(x) for x in steps["step"]],
+        kind="input_bound", ranks=sorted(waiting), steps=[int(x) for x in steps["step"]],
         time_range=time_range(steps),
-        explanation=(f"the job is bound by its input: its ranks wait {per_step:.1f} ms for their next batch in a "
-                     f"step of {step_ms:.1f} ms ({per_step / step_ms:.0%}), every rank alike, in "
-                     f"{int(bound.sum())} of {len(steps)} steady steps; the devices and the model wait for data."),
-        suggestion=("Load ahead of the model: DataLoader(num_workers=N, prefetch_factor=2..4, pin_memory=True, "
-                    "persistent_workers=True), so that batches are read and transformed while the model computes; "
-                    "move heavy per-sample transforms to the workers or the GPU, and check the storage's read speed."),
+        facts={"data_ms": per_step, "step_ms": step_ms, "steps_bound": int(bound.sum()), "steady_steps": len(steps)},
         metrics={"data_ms_per_step": per_step, "step_ms": step_ms, "share_of_step": per_step / step_ms,
                  "threshold_share": s.min_share, "steps_bound": int(bound.sum()), "ranks_waiting": len(waiting),
                  "lost_ms": float(data.sum()), "pattern": "every step", "period_steps": 1,

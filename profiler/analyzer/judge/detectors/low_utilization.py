@@ -38,12 +38,9 @@ def detect(tables: Tables) -> list[Candidate]:
         if len(rows) < s.min_samples or util >= s.low_util_percent:
             continue
         findings.append(Candidate(
-            kind="low_utilization", severity="warning", ranks=[int(rank)],
+            kind="low_utilization", ranks=[int(rank)],
             steps=distinct(rows["step"]).astype(np.int64).tolist(),  # a week of 1 Hz samples: arrays
-            explanation=(f"rank {int(rank)}'s GPU runs kernels only {util:.0f}% of the time during steps "
-                         f"(median of {len(rows)} samples)."),
-            suggestion="Profile a few steps (--profile-steps) to see what the GPU waits for: the data loader, "
-                       "host-side Python, synchronizations, or exposed communication.",
+            facts={"rank": int(rank), "util_percent": util, "samples": int(len(rows))},
             metrics={"observed_percent": util, "threshold_percent": s.low_util_percent, "samples": int(len(rows))},
             evidence=[{"type": "telemetry", "rank": int(rank), "median_gpu_util_percent": util}],
         ))

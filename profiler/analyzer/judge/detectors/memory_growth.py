@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -25,8 +26,7 @@ from diagtrain.profiler.analyzer.judge.findings import Candidate
 from diagtrain.profiler.analyzer.run.tables import Tables, unix_seconds
 from diagtrain.profiler.util.groups import distinct_rows, median_of_others
 from diagtrain.profiler.util.settings import section, setting
-from diagtrain.profiler.util.text import ranges
-from diagtrain.profiler.util.units import MIB, fmt_bytes
+from diagtrain.profiler.util.units import MIB
 
 
 @section("memory_growth")
@@ -59,7 +59,7 @@ class MemoryGrowth:
 
 SETTINGS = (MemoryGrowth, Steady)
 # Which memory, the device's first: what a GPU job runs out of.
-MEMORIES = {"gpu_allocated_bytes": "GPU memory allocated", "rss_bytes": "resident memory (RSS)"}
+MEMORIES = ("gpu_allocated_bytes", "rss_bytes")
 
 
 @dataclass
@@ -67,7 +67,7 @@ class Growth:
     """One rank's steady rise of one kind of memory."""
 
     rank: int
-    memory: str  # a key of MEMORIES
+    memory: str  # one of MEMORIES
     steps: list[int]
     start_bytes: float
     end_bytes: float
@@ -227,23 +227,10 @@ def _finding(found: list[Growth], tables: Tables, s: MemoryGrowth) -> Candidate:
     lead = found[0]  # the GPU's when it grows: what the job runs out of first
     rank = lead.rank
     rows = tables.steps[(tables.steps["rank"] == rank) & tables.steps["step"].isin(lead.steps)]
-    sentences = [_sentence(g) for g in found]
-    minutes = [g.steps_left * g.step_ms / 60e3 for g in found if g.steps_left is not None and g.step_ms > 0]
-    severity = "error" if minutes and min(minutes) <= s.error_horizon_min else "warning"
-    if lead.steps_left is None:
-        sentences.append("The GPU's capacity is unknown (no NVML telemetry): when it would be full cannot be said."
-                         if lead.memory == "gpu_allocated_bytes" else
-                         "The host's free memory is unknown (no telemetry): when it would run out cannot be said.")
     return Candidate(
-        kind="memory_growth", severity=severity, ranks=[rank], steps=lead.steps,
+        kind="memory_growth", ranks=[rank], steps=lead.steps,
         time_range=time_range(rows),
-        explanation=f"rank {rank}'s memory grows step after step, as a leak does: " + " ".join(sentences),
-        suggestion=("Find what the training loop keeps from every step. The classic one is a tensor kept with its "
-                    "autograd graph: `losses.append(loss)` or `total += loss` instead of `loss.item()` "
-                    "(or `.detach()`), outputs or activations kept for logging or metrics; then Python lists "
-                    "and dicts that grow each step, and caches without a bound. On a GPU "
-                    "`torch.cuda.memory._record_memory_history()` and a snapshot a few steps apart show which "
-                    "allocations stay; on the CPU, `tracemalloc` snapshots compared across steps."),
+        facts={"growths": [_facts(g, lead) for g in found]},
         metrics={
             "memory": lead.memory,
             "observed_mib_per_step": lead.rate / MIB, "threshold_mib_per_step": s.min_rate_mib,
@@ -264,23 +251,13 @@ def _finding(found: list[Growth], tables: Tables, s: MemoryGrowth) -> Candidate:
     )
 
 
-def _sentence(g: Growth) -> str:
-    per_min = f" ({g.per_min / MIB:,.0f} MiB/min)" if g.per_min is not None else ""
-    growth = g.end_bytes - g.start_bytes
-    text = (f"its {MEMORIES[g.memory]} rises {g.rate / MIB:.1f} MiB a step{per_min} over steps {ranges(g.steps)}, "
-            f"from {fmt_bytes(g.start_bytes)} to {fmt_bytes(g.end_bytes)} (+{fmt_bytes(growth)}, "
-            f"{growth / g.start_bytes:.0%}), rising in {g.rising} of {g.compared} steps"
-            + (" against its peers, whose memory levels off (the movements every rank shares taken out)"
-               if g.against_peers else "")
-            + (f" (steps {ranges(g.profiled_steps)}, profiled or building the trace, are not judged: the profiler's "
-               "buffers are not the job's)." if g.profiled_steps else "."))
-    if g.capacity_bytes is not None and g.steps_left is not None:
-        where = "its GPU's" if g.memory == "gpu_allocated_bytes" else "its host's"
-        shared = f" (with the {g.sharing} ranks whose memory grows on that host)" if g.sharing > 1 else ""
-        minutes = f", in about {g.steps_left * g.step_ms / 60e3:,.0f} min" if g.step_ms > 0 else ""
-        text += (f" At this pace{shared} {where} {fmt_bytes(g.capacity_bytes)} would be full by step "
-                 f"{g.steps[-1] + math.ceil(g.steps_left):,}{minutes}.")
-    return text
+def _facts(g: Growth, lead: Growth) -> dict[str, Any]:
+    """One memory's rise, as its words (report/words/memory_growth.py) and its severity's rule read it."""
+    return {"memory": g.memory, "bytes_per_step": g.rate, "bytes_per_min": g.per_min,
+            "steps": None if g is lead else g.steps,  # the lead's are the finding's
+            "last_step": g.steps[-1], "start_bytes": g.start_bytes, "end_bytes": g.end_bytes, "rising": g.rising,
+            "compared": g.compared, "against_peers": g.against_peers, "profiled_steps": g.profiled_steps,
+            "capacity_bytes": g.capacity_bytes, "steps_left": g.steps_left, "step_ms": g.step_ms, "sharing": g.sharing}
 
 
 def _evidence_rows(rows: pd.DataFrame, memory: str) -> pd.DataFrame:

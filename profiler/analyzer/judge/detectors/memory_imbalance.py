@@ -6,7 +6,6 @@ from diagtrain.profiler.analyzer.judge.findings import Candidate
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.util.settings import section, setting
 from diagtrain.profiler.model.precision import bytes_per_parameter
-from diagtrain.profiler.util.units import MIB
 
 
 @section("memory_imbalance")
@@ -43,14 +42,10 @@ def _finding(tables: Tables, rank: int, peak: float, median: float, s: MemoryImb
     # The run does not say how it trains: the model state of the assumed precision (16 bytes a parameter).
     per_param = bytes_per_parameter()
     expected = params * per_param if params else None
-    where = (f"; the model state it holds needs about {expected / MIB:.0f} MiB "
-             f"({params:,} parameters x {per_param} bytes)") if expected else ""
     return Candidate(
-        kind="memory_imbalance", severity="warning", ranks=[rank],
-        explanation=(f"rank {rank} peaks at {peak / MIB:.0f} MiB, {(peak - median) / MIB:.0f} MiB "
-                     f"({peak / median:.2f}x) above its peers' median of {median / MIB:.0f} MiB{where}."),
-        suggestion=("Find what that rank keeps that the others do not: tensors held across steps (logging, "
-                    "caches, a list of losses), an uneven shard or pipeline stage, or rank-specific code."),
+        kind="memory_imbalance", ranks=[rank],
+        facts={"rank": rank, "peak_bytes": peak, "median_bytes": median, "parameters": params if expected else None,
+               "bytes_per_parameter": per_param, "model_state_bytes": expected},
         metrics={"observed_bytes": peak, "expected_bytes": median, "threshold_ratio": s.min_ratio,
                  "threshold_bytes": s.min_excess_bytes, "model_state_bytes": expected},
         evidence=[{"type": "steps", "rank": rank, "peak_mem_bytes": int(peak)}],

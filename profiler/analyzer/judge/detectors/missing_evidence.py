@@ -23,7 +23,6 @@ class MissingEvidence:
     min_profiled_steps: int = setting(3, "fewer profiled steps cannot show how much a rank varies from step to step")
 
 
-PROFILE_HINT = "diagtrain run --profile-steps 4-6 -- <your command>"
 SETTINGS = (MissingEvidence, Steady)
 
 
@@ -38,10 +37,11 @@ def detect(tables: Tables) -> list[Candidate]:
     return [f for f in found if f is not None]
 
 
-def _finding(what: str, missing: str, how: str, ranks: list[int], **metrics) -> Candidate:
-    return Candidate(kind="missing_evidence", severity="info", ranks=ranks,
-                   explanation=f"{what} could not be checked: {missing}.", suggestion=how,
-                   metrics={"check": what, **metrics})
+def _finding(case: str, what: str, ranks: list[int], facts: dict | None = None, **metrics) -> Candidate:
+    """One verdict ``what`` the evidence could not reach, and why (``case``, ``facts``: its words are
+    report/words/missing_evidence.py's)."""
+    return Candidate(kind="missing_evidence", ranks=ranks, facts={"case": case, **(facts or {})},
+                     metrics={"check": what, **metrics})
 
 
 def _too_few_steps(tables: Tables) -> Candidate | None:
@@ -50,9 +50,8 @@ def _too_few_steps(tables: Tables) -> Candidate | None:
     min_steps = steady.warmup_steps + steady.min_steady_steps
     if n >= min_steps:
         return None
-    return _finding("step-to-step comparison", f"only {n} step{'s' if n != 1 else ''} recorded; the first carries "
-                    f"start-up and {steady.min_steady_steps} more are needed to compare ranks",
-                    f"Run at least {min_steps + 2} steps.", _ranks(tables), steps=n)
+    return _finding("too_few_steps", "step-to-step comparison", _ranks(tables),
+                    {"steps": n, "min_steady_steps": steady.min_steady_steps, "min_steps": min_steps}, steps=n)
 
 
 def _no_per_rank_evidence(tables: Tables, s: MissingEvidence) -> Candidate | None:
@@ -65,34 +64,22 @@ def _no_per_rank_evidence(tables: Tables, s: MissingEvidence) -> Candidate | Non
     counted = "comm_wait_ms" in steps and steps["comm_wait_ms"].notna().any()
     if phases or counted or profiled >= s.min_profiled_steps:
         return None
-    if profiled:
-        missing = (f"only {profiled} profiled step{'s' if profiled != 1 else ''}: a rank's step-to-step variation "
-                   "is unknown, so only a very large excess would count")
-    else:
-        missing = ("no profiled steps and no per-step times of each rank's own work (data wait, compute, time in "
-                   "collectives): in a synchronous job every rank's step lasts as long as the slowest's, so step "
-                   "times cannot say which rank is slow or waits for data")
-    return _finding("stragglers and data stalls", missing,
-                    f"Profile {s.min_profiled_steps} or more steps after warm-up: `{PROFILE_HINT}` (or time phases "
-                    "with diagtrain.profiler.instrument.StepRecorder).", _ranks(tables), profiled_steps=profiled)
+    return _finding("no_per_rank_evidence", "stragglers and data stalls", _ranks(tables),
+                    {"profiled_steps": profiled, "min_profiled_steps": s.min_profiled_steps}, profiled_steps=profiled)
 
 
 def _pipeline_without_busy_time(tables: Tables) -> Candidate | None:
     s = tables.structure
     if s.n_stages < 2 or stage_work(tables) is not None:
         return None
-    return _finding("pipeline stage balance",
-                    f"a pipeline of {s.n_stages} stages was found (from {s.stage_source}) but no stage's busy time "
-                    "per step was recorded", f"Profile a few steps: `{PROFILE_HINT}`.", sorted(s.stages),
-                    stages=s.n_stages)
+    return _finding("pipeline_without_busy_time", "pipeline stage balance", sorted(s.stages),
+                    {"stages": s.n_stages, "stage_source": s.stage_source}, stages=s.n_stages)
 
 
 def _hang_without_dumps(tables: Tables) -> Candidate | None:
     if tables.manifest.get("status") != "hung" or tables.dumps or tables.stacks:
         return None
-    return _finding("where the job hangs", "no rank left a flight-recorder dump or its stacks",
-                    "Run the job under `diagtrain run` (it dumps every rank's state when steps stop), or pass the "
-                    "dumps NCCL wrote on its timeout: `diagtrain analyze RUN --flight-recorder DIR`.", _ranks(tables))
+    return _finding("hang_without_dumps", "where the job hangs", _ranks(tables))
 
 
 def _ranks(tables: Tables) -> list[int]:

@@ -39,11 +39,7 @@ def _sockets(tables: Tables, s: NcclTransport) -> Candidate | None:
     if not ranks:
         return None
     return Candidate(
-        kind="nccl_transport", severity="warning", ranks=ranks,
-        explanation=(f"NCCL on ranks {', '.join(map(str, ranks))} sends over NET/Socket (TCP), "
-                     "typically 10-50x slower than InfiniBand/RoCE for the same collective."),
-        suggestion="Check that the IB/RoCE devices are visible in the container (NCCL_DEBUG shows 'NET/IB : No "
-                   "device found'), that NCCL_IB_DISABLE is not set, and NCCL_SOCKET_IFNAME/NCCL_IB_HCA.",
+        kind="nccl_transport", ranks=ranks, facts={"case": "sockets"},
         metrics={"observed_transport": "NET/Socket", "expected_transport": "NET/IB or P2P/SHM",
                  "socket_edges": sum(len(v) for v in edges.values())},
         evidence=[{"type": "nccl_log", "rank": r, "line": e.line_no, "via": e.via}
@@ -63,11 +59,7 @@ def _same_host_network(tables: Tables, s: NcclTransport) -> Candidate | None:
         return None
     ranks = sorted(crossing)
     return Candidate(
-        kind="nccl_transport", severity="warning", ranks=ranks,
-        explanation=(f"GPUs on the same host use the network between them (ranks {', '.join(map(str, ranks))}): "
-                     "NCCL did not use P2P (NVLink/PCIe) or shared memory."),
-        suggestion="Check NCCL_P2P_DISABLE / NCCL_SHM_DISABLE, the container's IPC and shared-memory settings "
-                   "(--ipc=host, /dev/shm size), and the GPU topology (nvidia-smi topo -m).",
+        kind="nccl_transport", ranks=ranks, facts={"case": "same_host_network"},
         metrics={"observed_transport": "NET on one host", "expected_transport": "P2P or SHM"},
         evidence=[{"type": "nccl_log", "rank": r, "line": e.line_no, "via": e.via}
                   for r in ranks for e in crossing[r][:2]][:s.max_evidence],
@@ -80,11 +72,9 @@ def _warnings(tables: Tables, s: NcclTransport) -> Candidate | None:
         return None
     first_rank = min(found)
     return Candidate(
-        kind="nccl_transport", severity="warning", ranks=sorted(found),
-        explanation=(f"NCCL printed {sum(map(len, found.values()))} warnings on ranks {', '.join(map(str, sorted(found)))}; "
-                     f"first: {found[first_rank][0].text}"),
-        suggestion="Read the warnings in ranks/<r>/nccl.log: connection resets and IB completion errors point at "
-                   "a failing link or host.",
+        kind="nccl_transport", ranks=sorted(found),
+        facts={"case": "warnings", "warnings": sum(map(len, found.values())),
+               "first": found[first_rank][0].text},
         metrics={"observed_warnings": sum(map(len, found.values())), "threshold": 1},
         evidence=[{"type": "nccl_log", "rank": r, "line": w.line_no, "text": w.text}
                   for r, ws in sorted(found.items()) for w in ws[:2]][:s.max_evidence],

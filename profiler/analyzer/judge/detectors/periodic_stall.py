@@ -19,7 +19,6 @@ from diagtrain.profiler.analyzer.judge.findings import Candidate
 from diagtrain.profiler.analyzer.run import job_time
 from diagtrain.profiler.util.settings import section, setting
 from diagtrain.profiler.util.stats import MAD_TO_SIGMA
-from diagtrain.profiler.util.text import ranges
 from diagtrain.profiler.analyzer.run.tables import Tables
 
 
@@ -41,14 +40,6 @@ class PeriodicStall:
 SETTINGS = (PeriodicStall, Steady)
 
 # The parts of a step a stall can grow in, in words (a ledger part: a phase, or the job's own categories).
-PART_WORDS = {
-    "outside phases": "work outside any recorded phase (a checkpoint, logging, evaluation or garbage collection "
-                      "called from the training loop)",
-    job_time.BETWEEN: "the time between two recorded steps (an evaluation or a checkpoint between them)",
-    "data": "the wait for data (a new file, shard or epoch of the loader)",
-    "device idle": "the device's idle time before the step (its host busy with something else)",
-}
-
 
 def detect(tables: Tables) -> list[Candidate]:
     """One finding per run whose shared stalls recur at a fixed interval."""
@@ -72,17 +63,11 @@ def detect(tables: Tables) -> list[Candidate]:
     normal_ms = float(others["time_ms"].median())
     extra = (rows["time_ms"] - normal_ms).clip(lower=0.0)
     part, grew_ms = _grown_part(rows, others)
-    words = PART_WORDS.get(part, f"the {part} phase")
     return [Candidate(
-        kind="periodic_stall", severity="info", ranks=sorted(int(r) for r in tables.ledger["rank"].unique()),
+        kind="periodic_stall", ranks=sorted(int(r) for r in tables.ledger["rank"].unique()),
         steps=stalls, time_range=time_range(rows),
-        explanation=(f"every {every} steps (steps {ranges(stalls)}) every rank's step takes {float(extra.median()):.0f} "
-                     f"ms longer than its typical {normal_ms:.1f} ms, all ranks together; the time grows in {words} "
-                     f"(+{grew_ms:.0f} ms)."),
-        suggestion=("If it is a checkpoint: save asynchronously (torch.distributed.checkpoint.async_save blocks only for "
-                    "the copy to host memory) or less often; if an evaluation: fewer evaluation batches or a less "
-                    "frequent one; if garbage collection: gc.freeze() after start-up, or gc.disable() with a "
-                    "gc.collect() at a chosen step on every rank."),
+        facts={"every": every, "stalls": stalls, "stall_ms": float(extra.median()), "typical_ms": normal_ms,
+               "part": part, "part_extra_ms": grew_ms},
         metrics={"period_steps": every, "stalls": len(stalls), "stall_ms": float(extra.median()),
                  "typical_ms": normal_ms, "threshold_ms": bar, "part": part, "part_extra_ms": grew_ms,
                  "lost_ms": float(extra.sum()), "pattern": f"every {every} steps", "source": "job_ledger",

@@ -13,6 +13,7 @@ busiest every microbatch), and otherwise a summary of the pipeline as measured.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pandas as pd
 
@@ -99,19 +100,15 @@ def _steps_ahead(work: StageWork, settings: PipelineBubble) -> tuple[int, int] |
     return int(ahead.sum()), len(ahead)
 
 
-def _by_turns(work: StageWork, settings: PipelineBubble) -> str:
-    """Why medians this far apart are no unequal split: the stage was ahead by the ratio only now and then."""
+def _by_turns(work: StageWork, settings: PipelineBubble) -> dict[str, Any] | None:
+    """Why medians this far apart are no unequal split: the stage was ahead by the ratio only now and then (in how
+    many of the timed steps); None where they are not that far apart."""
     amount, _ = work.work
     turns = _steps_ahead(work, settings)
     if turns is None or not amount.min() > 0 or float(amount.max() / amount.min()) < settings.imbalance_ratio:
-        return ""
-    top, low = int(amount.idxmax()), int(amount.idxmin())
-    if turns[0] == turns[1]:  # ahead in every step, but too few of them to tell
-        return (f" Stage {top} took {settings.imbalance_ratio:g}x stage {low}'s time in all {turns[1]} steps timed: "
-                f"too few to tell an unequal split from a busy host's turns (pipeline_bubble.min_steps: "
-                f"{settings.min_steps}).")
-    return (f" Stage {top} took {settings.imbalance_ratio:g}x stage {low}'s time in only {turns[0]} of {turns[1]} "
-            "steps: an unequal split would in every step, so this is the host's load by turns.")
+        return None
+    return {"stage": int(amount.idxmax()), "lightest": int(amount.idxmin()), "ratio": settings.imbalance_ratio,
+            "ahead": turns[0], "steps": turns[1], "min_steps": settings.min_steps}
 
 
 def stage_work(tables: Tables) -> StageWork | None:
@@ -158,16 +155,14 @@ def _few_microbatches(tables: Tables, p: int, m: int, bubble: float, settings: P
     suggested = settings.microbatches_per_stage * p
     s = tables.structure
     return Candidate(
-        kind="pipeline_bubble", severity="warning", ranks=sorted(int(r) for r in steps["rank"].unique()),
-        explanation=(f"{m} microbatch{'es' if m != 1 else ''} for {p} pipeline stages: each stage idles "
-                     f"(p-1)/(m+p-1) = {bubble:.0%} of every step waiting for the pipeline to fill and drain."),
-        suggestion=(f"Use at least {suggested} microbatches ({settings.microbatches_per_stage}x the stages), "
-                    "or an interleaved schedule."),
+        kind="pipeline_bubble", ranks=sorted(int(r) for r in steps["rank"].unique()),
+        facts={"case": "few_microbatches", "microbatches": m, "stages": p, "bubble": bubble, "suggested": suggested,
+               "per_stage": settings.microbatches_per_stage,
+               "lost_ms_per_step": (bubble - bubble_formula(p, suggested)) * wall if wall else None},
         metrics={"observed_microbatches": m, "stages": p, "expected_bubble": bubble,
                  "threshold": settings.warn_bubble_share},
         evidence=[{"type": "structure", "stages_from": s.stage_source, "microbatches_from": s.microbatch_source,
                    "n_microbatches": m, "pp": p}],
-        impact_ms=(bubble - bubble_formula(p, suggested)) * wall if wall else None,
     )
 
 
@@ -181,34 +176,27 @@ def _stages(tables: Tables, work: StageWork, bubble: float | None, settings: Pip
     steps = steady(tables.steps)
     wall = float(steps["wall_ms"].median()) if len(steps) else None
     timed = not work.idle_share.empty
-    unit = "" if not timed else " ms"
-    per_stage = "; ".join(f"stage {int(st)}: {b:,.0f}{unit}" + (f" (idle {work.idle_share[st]:.0%})" if timed else "")
-                          + (f", {work.gflops[st]:.2f} GFLOP" if st in work.gflops.index else "") for st, b in busy.items())
     pace = int(busy.idxmax())  # the stage the pipeline waits for: what it idles is the schedule's bubble
-    measured = (f"; the busiest stage idles {work.idle_share[pace]:.0%} of the step"
-                + (f" against the (p-1)/(m+p-1) = {bubble:.0%} of a balanced pipeline with {s.microbatches} microbatches"
-                   if bubble is not None else "") if timed else "")
+    facts = {"case": "unequal" if unequal else "balanced", "compared_by": compared_by, "ratio": ratio, "timed": timed,
+             "per_stage": [{"stage": int(st), "work": float(b),
+                            "idle_share": float(work.idle_share[st]) if timed else None,
+                            "gflops": float(work.gflops[st]) if st in work.gflops.index else None}
+                           for st, b in busy.items()],
+             "pace_idle_share": float(work.idle_share[pace]) if timed else None, "bubble": bubble,
+             "microbatches": s.microbatches}
     if unequal:
-        explanation = (f"pipeline stage {busiest} does {ratio:.1f}x the work of stage {lightest} (by {compared_by}): "
-                       f"stage {busiest} (ranks {', '.join(map(str, s.stage_ranks(busiest)))}) is the bottleneck and the "
-                       f"other stages wait for it every microbatch. Per stage: {per_stage}{measured}.")
+        facts.update(busiest=busiest, lightest=lightest, busiest_ranks=s.stage_ranks(busiest),
+                     layers=(tables.trainer or {}).get("stage_layers"),
+                     # The pipeline moves at the busiest stage's pace; balanced, every stage does the mean.
+                     lost_ms_per_step=wall * (1 - float(amount.mean() / amount.max())) if wall else None)
     else:
         time_ratio = float(busy.max() / busy.min()) if busy.min() > 0 else float("inf")
-        slowed = compared_by != work.source and time_ratio >= settings.imbalance_ratio
-        explanation = (f"pipeline of {s.n_stages} stages" + (f", {s.microbatches} microbatches" if s.microbatches else "")
-                       + f" (stages from {s.stage_source}); {work.source} per step: {per_stage}{measured}."
-                       + (f" Stage {pace} takes {time_ratio:.1f}x the time of stage {int(busy.idxmin())} for the same "
-                          f"work ({compared_by} within {ratio:.2f}x): its ranks are slowed by something other than the "
-                          "split (other processes on the host, a slower device)." if slowed else "")
-                       + _by_turns(work, settings))
-    layers = (tables.trainer or {}).get("stage_layers")
+        facts.update(stages=s.n_stages, stage_source=s.stage_source, source=work.source, pace=pace,
+                     quickest=int(busy.idxmin()), time_ratio=time_ratio,
+                     slowed=compared_by != work.source and time_ratio >= settings.imbalance_ratio,
+                     turns=_by_turns(work, settings))
     return Candidate(
-        kind="pipeline_bubble", severity="warning" if unequal else "info",
-        ranks=s.stage_ranks(busiest) if unequal else sorted(s.stages),
-        explanation=explanation + (f" Layers per stage: {layers}." if layers and unequal else ""),
-        suggestion=("Rebalance the split: move layers from the busiest stage to the others (the first and last "
-                    "stages also carry the embedding and the output layer)." if unequal else
-                    "Nothing to fix: the stages are balanced within the threshold."),
+        kind="pipeline_bubble", ranks=s.stage_ranks(busiest) if unequal else sorted(s.stages), facts=facts,
         metrics={"observed_ratio": ratio, "threshold_ratio": settings.imbalance_ratio, "bottleneck_stage": busiest,
                  "compared_by": compared_by, "gflops_per_stage": {int(k): round(float(v), 3) for k, v in work.gflops.items()},
                  "work_per_stage": {int(k): round(float(v), 3) for k, v in busy.items()},
@@ -217,6 +205,4 @@ def _stages(tables: Tables, work: StageWork, bubble: float | None, settings: Pip
                  "microbatches": s.microbatches, "source": work.source},
         evidence=[{"type": "stage", "stage": int(st), "ranks": s.stage_ranks(int(st)), "work": float(w)}
                   for st, w in busy.items()],
-        # The pipeline moves at the busiest stage's pace; balanced, every stage does the mean.
-        impact_ms=wall * (1 - float(amount.mean() / amount.max())) if wall and unequal else None,
     )

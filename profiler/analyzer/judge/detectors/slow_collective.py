@@ -14,6 +14,8 @@ Two causes, told apart by the matched collectives:
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -70,23 +72,18 @@ def _late_ranks(c: pd.DataFrame, profiled_steps: int, s: SlowCollective) -> list
         keys = mine.set_index(["group", "op", "seq"]).index
         waited = c[(c["rank"] != rank) & c.set_index(["group", "op", "seq"]).index.isin(keys)]
         per_collective = float(waited.groupby(["group", "op", "seq"])["wait_us"].max().median() / 1e3) if len(waited) else 0.0
-        where = "; ".join(f"{r.late_share:.0%} of its {r.collectives} on the {_label(mine[mine['group'] == r.group])} "
-                          f"group, {r.lateness_ms:.1f} ms after the first rank on average" for r in rows.itertuples())
         gap = rows["extra_gap_ms"].median()
-        paused = ("" if pd.isna(gap) else f"; right before each call it pauses {gap:.1f} ms longer than its peers"
-                  if gap >= s.min_gap_ms else "; it pauses no longer than its peers right before its calls")
         lateness, count = float(rows["lateness_ms"].mean()), int(rows["collectives"].sum())
         findings.append(Candidate(
-            kind="slow_collective", severity="warning" if before_calls else "info", ranks=[int(rank)],
-            explanation=(f"rank {rank} arrives last at collectives: {where}{paused}; its peers wait about "
-                         f"{per_collective:.1f} ms in each"
-                         + ("." if before_calls else ": the time is lost in its own work earlier in the step "
-                            "(a straggler), not on its way to the collectives.")),
-            suggestion=(f"The delay sits right before rank {rank}'s collective calls: look for work or "
-                        "synchronization it does before each collective (communication hooks, logging, a slow NIC or "
-                        "CPU affinity on its host)." if before_calls else
-                        f"Compare rank {rank}'s work before its first collective of a step with its peers' "
-                        "(profile a few steps with --profile-steps)."),
+            kind="slow_collective", ranks=[int(rank)],
+            facts={"case": "late_arrival", "before_calls": before_calls, "peer_wait_ms": per_collective,
+                   "groups": [{"group": _label(mine[mine["group"] == r.group]), "late_share": float(r.late_share),
+                               "collectives": int(r.collectives), "lateness_ms": float(r.lateness_ms)}
+                              for r in rows.itertuples()],
+                   # The pause before its calls (None where unknown: GPU traces), and whether it stands out.
+                   "extra_gap_ms": None if pd.isna(gap) else float(gap), "paused": bool(gap >= s.min_gap_ms),
+                   # Everyone waits this long at each of the rank's collectives in a step.
+                   "lost_ms_per_step": lateness * count / profiled_steps if profiled_steps else None},
             metrics={"cause": SlowCause.LATE_ARRIVAL.value, "observed_late_share": float(rows["late_share"].min()),
                      "threshold_late_share": late_arrival.persistent_share,
                      "lateness_ms": lateness, "threshold_lateness_ms": late_arrival.min_lateness_ms,
@@ -95,8 +92,6 @@ def _late_ranks(c: pd.DataFrame, profiled_steps: int, s: SlowCollective) -> list
                      "extra_gap_before_calls_ms": None if pd.isna(gap) else float(gap)},
             evidence=[{"type": "collective", "rank": int(rank), "group": g, "op": o, "seq": int(seq)}
                       for g, o, seq in mine[["group", "op", "seq"]].head(s.max_evidence).itertuples(index=False)],
-            # Everyone waits this long at each of the rank's collectives in a step.
-            impact_ms=lateness * count / profiled_steps if profiled_steps and before_calls else None,
         ))
     return findings
 
@@ -124,8 +119,7 @@ def _slow_twin_groups(tables: Tables, s: SlowCollective) -> list[Candidate]:
             if g["median"] < s.bandwidth_fraction * twins:
                 findings.append(_bandwidth_finding(
                     tables, rows[rows["group"] == group], op, bucket,
-                    f"{g['median']:.2f} GB/s bus bandwidth, under {s.bandwidth_fraction:.0%} of the {twins:.2f} GB/s the "
-                    f"other {label} groups reach for the same op and size", twins, s))
+                    {"case": "twin_groups", "busbw_gbps": float(g["median"]), "twin_label": str(label)}, twins, s))
     return findings
 
 
@@ -142,28 +136,23 @@ def _intermittent(tables: Tables, s: SlowCollective) -> list[Candidate]:
         slow = rows[rows["busbw_gbps"] < s.bandwidth_fraction * best]
         if len(slow) >= s.slow_share * len(rows):
             findings.append(_bandwidth_finding(
-                tables, slow, op, bucket,
-                f"{slow['busbw_gbps'].median():.2f} GB/s bus bandwidth in {len(slow)} of {len(rows)} transfers, under "
-                f"{s.bandwidth_fraction:.0%} of the {best:.2f} GB/s this group reaches at its best for that size", best, s))
+                tables, slow, op, bucket, {"case": "intermittent", "busbw_gbps": float(slow["busbw_gbps"].median()),
+                                           "slow_transfers": len(slow), "transfers": len(rows)}, best, s))
     return findings
 
 
-def _bandwidth_finding(tables: Tables, rows: pd.DataFrame, op: str, bucket: float, measured: str,
+def _bandwidth_finding(tables: Tables, rows: pd.DataFrame, op: str, bucket: float, measured: dict[str, Any],
                        expected: float, s: SlowCollective) -> Candidate:
+    """A group's transfers slow for their size: ``measured`` says against what (its case) and how slow."""
     group = rows["group"].iloc[0]
     ranks = sorted(int(r) for r in rows["group_ranks"].iloc[0]) or sorted(
         int(r) for r in tables.collectives.loc[tables.collectives["group"] == group, "rank"].unique())
     transports = sorted({e.via for r in ranks for e in (tables.nccl_logs.get(r).transports
                                                         if tables.nccl_logs.get(r) else [])})
     return Candidate(
-        kind="slow_collective", severity="warning" if tables.on_gpu else "info", ranks=ranks,
-        explanation=(f"{op} of about {_size(2 ** bucket)} on the {_label(rows)} group [{','.join(map(str, ranks))}] "
-                     f"reach {measured} (transfer time after the last rank arrived)"
-                     + (f"; NCCL connects these ranks via {', '.join(transports[:3])}." if transports else ".")),
-        suggestion=("Check this group's links: the transport in its NCCL log (NET/Socket instead of IB or P2P?), "
-                    "contention from other jobs or other traffic, and the placement of its ranks."
-                    if tables.on_gpu else "On CPU (gloo) transfer times follow the host's load: compare against a "
-                    "baseline (diagtrain compare) before acting on this."),
+        kind="slow_collective", ranks=ranks,
+        facts={**measured, "op": op, "bytes": float(2 ** bucket), "group": _label(rows), "expected_busbw_gbps": expected,
+               "fraction": s.bandwidth_fraction, "transports": transports[:3], "on_gpu": tables.on_gpu},
         metrics={"cause": SlowCause.BANDWIDTH.value,
                  "observed_busbw_gbps": float(rows["busbw_gbps"].median()), "expected_busbw_gbps": expected,
                  "threshold_fraction": s.bandwidth_fraction, "group": group, "op": op, "bytes": float(2 ** bucket)},
@@ -181,6 +170,3 @@ def _labels(c: pd.DataFrame) -> pd.Series:
 def _label(rows: pd.DataFrame) -> str:
     return str(_labels(rows.head(1)).iloc[0]) if len(rows) else "?"
 
-
-def _size(nbytes: float) -> str:
-    return f"{nbytes / 2**20:.0f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.0f} KiB"

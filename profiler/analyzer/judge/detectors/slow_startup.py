@@ -26,14 +26,6 @@ class SlowStartup:
 SETTINGS = (SlowStartup,)
 
 # What each segment of the start-up holds, and what shortens it.
-SEGMENT_WORDS = {
-    job_time.LAUNCH: "the launcher and Python's own start (a slow file system, a large environment)",
-    job_time.IMPORTS: "imports (torch and the job's own modules; on a shared file system, every rank reads them)",
-    job_time.PROCESS_GROUP: "the process group's set-up (the rendezvous: every rank waits for the last to arrive)",
-    job_time.FIRST_STEPS: "building the job and its first steps (model and data set-up, loading a checkpoint, "
-                          "compilation, the allocator's warm-up)",
-}
-
 
 def detect(tables: Tables) -> list[Candidate]:
     """One finding when the start-up took ``min_s`` or more and ``min_share`` of the run or more."""
@@ -45,18 +37,11 @@ def detect(tables: Tables) -> list[Candidate]:
     if startup < s.min_s or startup < s.min_share * totals.wall_s:
         return []
     longest = max(totals.startup, key=totals.startup.get)
-    split = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in totals.startup.items())
     return [Candidate(
-        kind="slow_startup", severity="info", ranks=sorted(int(r) for r in tables.steps["rank"].unique()),
+        kind="slow_startup", ranks=sorted(int(r) for r in tables.steps["rank"].unique()),
         steps=[],
         time_range=(totals.launched_at, totals.launched_at + startup) if totals.launched_at else None,
-        explanation=(f"the job took {startup:.1f} s from its launch to its steady steps, {startup / totals.wall_s:.0%} "
-                     f"of its {totals.wall_s:.1f} s ({split}); the longest part is "
-                     f"{SEGMENT_WORDS.get(longest, longest)}."),
-        suggestion=("Shorten the longest part: for imports, a container image or a local copy of the environment; "
-                    "for the rendezvous, check that every rank starts together (a slow host, a scheduler); for the "
-                    "first steps, load checkpoints asynchronously and cache compilation (TORCHINDUCTOR_CACHE_DIR, "
-                    "torch.compile's mega-cache)."),
+        facts={"startup_s": startup, "wall_s": totals.wall_s, "segments_s": dict(totals.startup), "longest": longest},
         metrics={"startup_s": startup, "wall_s": totals.wall_s, "segments_s": dict(totals.startup),
                  "longest": longest, "threshold_s": s.min_s, "lost_ms": startup * 1e3, "pattern": "once",
                  "category": job_time.STARTUP, "source": "job_ledger", UPPER_BOUND: True},

@@ -29,7 +29,6 @@ from diagtrain.profiler.analyzer.run.device_time import on_device
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.util.stats import MAD_TO_SIGMA
 from diagtrain.profiler.util.groups import distinct, median_by
-from diagtrain.profiler.util.text import ranges
 
 
 
@@ -126,24 +125,13 @@ def _stragglers(steps: pd.DataFrame, phases: list[str], s: Straggler) -> list[Ca
         if cause is DeviceCause.HOST_LATE and _waited_for_data(steps, int(rank), rows["step"], s.data_share * per_step):
             continue  # its host waited for data: the dataloader_stall detector's finding, priced by the device's idle time
         findings.append(Candidate(
-            kind="straggler",
-            severity="info" if same_work else _severity(per_step, rows["step"].nunique() / max(since, 1), step_ms, s),
-            ranks=[int(rank)], steps=rows["step"].sort_values().tolist(),
+            kind="straggler", ranks=[int(rank)], steps=rows["step"].sort_values().tolist(),
             time_range=time_range(steps.loc[steps["rank"].eq(rank) & steps["step"].isin(rows["step"]),
                                             [c for c in ("start", "end") if c in steps]]),
-            explanation=(
-                f"rank {rank} is a straggler {_when(rows['step'], began, blips)}: {phase} "
-                f"{rows['value_ms'].median():.1f} ms, {per_step:.1f} ms more than its peers' "
-                f"{rows['peer_ms'].median():.1f} ms; rank{'s' if len(others) > 1 else ''} {ranges(others)} "
-                f"wait{'' if len(others) > 1 else 's'} for it at the next collective."
-                + DEVICE_WORDS.get(cause, "")
-                + (f" It does the same work as they do ({work:.2f}x their matrix-multiply FLOPs): its compute is "
-                   "slower, not larger (other processes on its host, a slower or throttled device)." if same_work else "")
-            ),
-            suggestion=DEVICE_SUGGESTIONS[cause].format(rank=rank) if cause else (
-                f"Look at what rank {rank} does differently there ({phase}): its host or GPU (throttling, "
-                "other processes), its data (larger samples), or code that runs only on that rank."
-            ),
+            facts={"phase": phase, "value_ms": float(rows["value_ms"].median()), "excess_ms": per_step,
+                   "peer_ms": float(rows["peer_ms"].median()), "others": others, "onset": began, "blips": blips,
+                   "cause": cause.value if cause else None, "work_ratio": work, "same_work": same_work,
+                   "seen_share": rows["step"].nunique() / max(since, 1), "lost_ms_per_step": impact},
             metrics={"observed_ms": float(rows["value_ms"].median()), "expected_ms": float(rows["peer_ms"].median()),
                      "work_ratio": work,
                      "excess_ms": per_step, "threshold_ms": float(rows["threshold_ms"].median()), "phase": phase,
@@ -154,33 +142,8 @@ def _stragglers(steps: pd.DataFrame, phases: list[str], s: Straggler) -> list[Ca
                      "time_source": TIME_SOURCE[source], **({"cause": cause.value} if cause else {})},
             evidence=[{"type": "steps", "rank": int(rank), "step": int(s), "phase": p, "excess_ms": round(float(e), 3)}
                       for s, p, e in rows[["step", "phase", "excess_ms"]].head(20).itertuples(index=False)],
-            impact_ms=impact,
         ))
     return findings
-
-
-DEVICE_WORDS = {
-    DeviceCause.SLOW_DEVICE: " Measured on the device (CUDA events and NCCL's collective timing): its GPU is busy longer "
-                             "than theirs for the same steps, and their collectives wait for it on the device.",
-    DeviceCause.HOST_LATE: " Measured on the device (CUDA events and NCCL's collective timing): its GPU idled before "
-                           "these steps waiting for its host, and the others' collectives wait for it on the device; its "
-                           "GPU itself is not slower.",
-}
-DEVICE_SUGGESTIONS = {
-    DeviceCause.SLOW_DEVICE: "Check rank {rank}'s GPU: its clocks and temperature (throttling), other processes on it, its "
-                             "link to the others (PCIe, NVLink); or whether its share of the work is larger.",
-    DeviceCause.HOST_LATE: "Look at what rank {rank}'s host does between its steps: data loading (workers, prefetching), "
-                           "a checkpoint, logging or evaluation on that rank, Python work or garbage collection.",
-}
-
-
-def _when(slow_steps: pd.Series, began: int | None, blips: int) -> str:
-    """``in steps 3-5, 9`` or, for a cause with an onset, ``since step 100 (steps 100-200; ...)`` (``blips``: the
-    slow steps before it, left out)."""
-    if began is None:
-        return f"in steps {ranges(slow_steps)}"
-    before = f"; {blips} slow step{'s' if blips > 1 else ''} before it, now and then, left out" if blips else ""
-    return f"since step {began} (steps {ranges(slow_steps)}{before})"
 
 
 def _waited_for_data(steps: pd.DataFrame, rank: int, slow_steps: pd.Series, at_least_ms: float) -> bool:
@@ -213,14 +176,6 @@ def _work_ratio(steps: pd.DataFrame, rank: int, slow_steps: pd.Series) -> float 
     if mine.isna().all() or theirs.isna().all() or not theirs.median() > 0:
         return None
     return float(mine.median() / theirs.median())
-
-
-def _severity(per_step: float, share_of_steps: float, step_ms: float, s: Straggler) -> str:
-    """error: ``error_share`` of the step or more; warning: seen in at least ``persistent_share`` of the
-    steps it could be seen in; else info (a rank that pauses now and then on a busy host)."""
-    if share_of_steps < s.persistent_share:
-        return "info"
-    return "error" if per_step >= s.error_share * step_ms else "warning"
 
 
 def _quantities(steps: pd.DataFrame, phases: list[str]) -> tuple[pd.DataFrame, dict[str, Quantity]]:

@@ -358,12 +358,9 @@ def _state_findings(section: dict[str, Any]) -> list[Candidate]:
     layout = section["model"]["layout"]
     worst = max(off, key=lambda r: abs(r["held_parameters"] - r["expected_parameters"]))
     return [Candidate(
-        kind="state_mismatch", severity="warning", ranks=[r["rank"] for r in off],
-        explanation=(f"rank {worst['rank']} holds {worst['held_parameters']:,} parameters where {layout} should leave it "
-                     f"{worst['expected_parameters']:,.0f} ({len(off)} rank{'s' if len(off) > 1 else ''} differ): the model is "
-                     "not split the way the run's configuration says."),
-        suggestion="Check that every module is wrapped (FSDP units, tensor-parallel plan) and that no rank builds "
-                   "parameters the layout does not assign it.",
+        kind="state_mismatch", ranks=[r["rank"] for r in off],
+        facts={"rank": worst["rank"], "held_parameters": worst["held_parameters"],
+               "expected_parameters": worst["expected_parameters"], "layout": layout, "ranks_off": len(off)},
         metrics={"observed_parameters": worst["held_parameters"], "expected_parameters": worst["expected_parameters"],
                  "threshold": "exact"},
         evidence=[{"type": "file", "file": f"ranks/{r['rank']}/parameters.json", "held": r["held_parameters"],
@@ -386,12 +383,9 @@ def _collective_findings(section: dict[str, Any], s: Expected) -> list[Candidate
             continue
         ratio = d["measured"] / d["expected"] if d["expected"] else float("inf")
         out.append(Candidate(
-            kind="unexpected_communication", severity="warning", ranks=sorted(d["ranks"]),
-            explanation=(f"{op} in the {group} group moves {d['measured'] / 2**20:.2f} MiB per step over its ranks; "
-                         f"the layout ({section['model']['layout']}) needs {d['expected'] / 2**20:.2f} MiB "
-                         f"({ratio:.2f}x)."),
-            suggestion="Look for collectives the layout does not need (buffer broadcasts, unused parameters, "
-                       "a gradient sync on every micro-step) or ones it needs that did not run.",
+            kind="unexpected_communication", ranks=sorted(d["ranks"]),
+            facts={"op": op, "group": group, "measured_bytes": d["measured"], "expected_bytes": d["expected"],
+                   "layout": section["model"]["layout"], "ratio": ratio},
             metrics={"observed_bytes_per_step": d["measured"], "expected_bytes_per_step": d["expected"],
                      "threshold_ratio": 1 + s.bytes_tolerance_share},
             evidence=[{"type": "collectives", "rank": r["rank"], "op": r["op"], "bytes": r["bytes"],
@@ -408,15 +402,11 @@ def _bubble_findings(section: dict[str, Any], tables: Tables, s: Expected) -> li
     explained = b.get("with_stage_times") or b["formula"]
     if b["measured"] - explained < s.bubble_excess_share:
         return []
-    # On CPU (gloo) a shared host stalls ranks by turns and every wait looks like bubble: info there.
-    severity = "warning" if tables.on_gpu else "info"
     return [Candidate(
-        kind="bubble_above_model", severity=severity, ranks=sorted(int(r) for r in tables.steps["rank"].unique()),
-        explanation=(f"the pipeline idles {b['measured']:.0%} of its forward-backward time; {b['schedule']} with "
-                     f"{b['stages']} stages and {b['microbatches']} microbatches explains {b['formula']:.0%} "
-                     f"({explained:.0%} with the stages' measured times)."),
-        suggestion="Look at the pipeline sends and receives on the timeline: slow transfers, or a stage that stops "
-                   "between microbatches (host syncs, data loading inside the schedule).",
+        kind="bubble_above_model", ranks=sorted(int(r) for r in tables.steps["rank"].unique()),
+        facts={"measured": b["measured"], "schedule": b["schedule"], "stages": b["stages"],
+               "microbatches": b["microbatches"], "formula": b["formula"], "explained": explained,
+               "on_gpu": tables.on_gpu},
         metrics={"observed_bubble": b["measured"], "expected_bubble": explained, "threshold": s.bubble_excess_share},
         evidence=[{"type": "stage", "stage": st, "busy_ms": ms} for st, ms in (b.get("stage_busy_ms") or {}).items()])]
 
@@ -429,11 +419,9 @@ def _peak_findings(section: dict[str, Any], s: Expected) -> list[Candidate]:
         return []
     worst = max(over, key=lambda r: r["peak_bytes"] - r["expected_peak_bytes"])
     return [Candidate(
-        kind="memory_above_model", severity="warning", ranks=[r["rank"] for r in over],
-        explanation=(f"rank {worst['rank']} peaks at {worst['peak_bytes'] / 2**30:.1f} GiB; its layout explains "
-                     f"{worst['expected_peak_bytes'] / 2**30:.1f} GiB (model state, gathered weights, activations)."),
-        suggestion="Profile memory (torch.cuda.memory._record_memory_history) for what else stays allocated: "
-                   "caches, tensors kept across steps, fragmentation.",
+        kind="memory_above_model", ranks=[r["rank"] for r in over],
+        facts={"rank": worst["rank"], "peak_bytes": worst["peak_bytes"],
+               "expected_peak_bytes": worst["expected_peak_bytes"]},
         metrics={"observed_bytes": worst["peak_bytes"], "expected_bytes": worst["expected_peak_bytes"],
                  "threshold_ratio": s.peak_ratio, "threshold_bytes": s.peak_min_excess_bytes},
         evidence=[{"type": "steps", "rank": r["rank"], "peak_bytes": r["peak_bytes"],
@@ -454,11 +442,9 @@ def _slow_group_findings(section: dict[str, Any], s: Expected) -> list[Candidate
                 measured - model < s.min_group_excess_share * step["measured_ms"]:
             continue
         out.append(Candidate(
-            kind="slow_collective_group", severity="warning", ranks=sorted({r["rank"] for r in mine}),
-            explanation=(f"the {group} group's collectives take {measured:.1f} ms per step; at the best bandwidth the "
-                         f"group reached ({mine[0]['best_busbw_gbps']:.1f} GB/s) the ring model needs {model:.1f} ms."),
-            suggestion="Compare the slow calls with the fast ones: message sizes too small to reach bandwidth, "
-                       "contention with other traffic, or a transport change (see the NCCL logs).",
+            kind="slow_collective_group", ranks=sorted({r["rank"] for r in mine}),
+            facts={"group": group, "measured_ms": measured, "best_busbw_gbps": mine[0]["best_busbw_gbps"],
+                   "model_ms": model},
             metrics={"observed_ms": measured, "expected_ms": model, "threshold_ratio": s.slow_group_ratio},
             evidence=[{"type": "collectives", **{k: r[k] for k in ("rank", "op", "bytes", "measured_transfer_ms",
                                                                    "model_ms")}} for r in mine[:16]]))
