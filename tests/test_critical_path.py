@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from candidates import straggler_facts
 from conftest import diagtrain_run
 
 from diagtrain.profiler.analyzer.judge.assessments import ledger_price as cost
@@ -118,8 +119,7 @@ def test_a_ledger_priced_straggler_is_checked_by_replaying_the_ledgers_excess(tw
 
 def test_a_replay_that_models_few_waits_is_no_check_of_a_price():
     def priced(coverage: float) -> Finding:
-        f = Finding(kind="straggler", severity="warning", explanation="", suggestion="", ranks=[3], steps=[4],
-                    impact_ms=129.0)
+        f = Finding(kind="straggler", severity="warning", ranks=[3], steps=[4], impact_ms=129.0, facts=straggler_facts())
         prior = Results([_price(profiled_ms=190.0, noise_ms=5.0), cp.ReplayCheck(0.1, coverage)])
         return applied([f], price_check.disputed([f], [prior]))[0]
 

@@ -135,8 +135,8 @@ def test_each_assessment_step_comes_after_the_steps_whose_records_it_reads():
 
 
 def test_a_step_reads_the_records_the_steps_before_it_left_on_each_finding():
-    judged = Judged([candidate(), candidate(kind="slow_collective", ranks=[2])])
-    judged.take(Assessed(of={1: [Assessment(LEDGER, result=2.5)]}, new=[candidate(kind="dataloader_stall")],
+    judged = Judged([candidate(), candidate(ranks=[2])])
+    judged.take(Assessed(of={1: [Assessment(LEDGER, result=2.5)]}, new=[candidate(ranks=[3])],
                          new_results={0: ("new",)}))
     judged.take(Assessed(of={0: [Assessment(EXPLAINED, drop=True)]}))
     # By the position of the findings standing: the first is gone, the new candidate came with its own record.
