@@ -222,19 +222,28 @@ def processes_with(marker: str) -> list[int]:
 
 # A 4-rank DDP job, steps 4-5 profiled, with and without rank 2 made 80 ms slow in forward: the
 # runs the dashboard's tests open (not analyzed yet, so the browser test sees the analysis run first).
-DASHBOARD_TRAINER = ["--strategy", "ddp", "--nproc", "4", "--steps", "8"]
+DASHBOARD_STEPS = 8
+DASHBOARD_TRAINER = ["--strategy", "ddp", "--nproc", "4", "--steps", str(DASHBOARD_STEPS)]
 DASHBOARD_STRAGGLER = "straggler:rank=2,ms=80"
 
 
+def dashboard_run(out: Path, *inject: str) -> Path:
+    diagtrain_run(out, "--profile-steps", "4-5", "--no-analyze", "--", sys.executable, "-m", "diagtrain.profiler.cli",
+                  "train", *DASHBOARD_TRAINER, *inject)
+    return out
+
+
 @pytest.fixture(scope="session")
-def dashboard_runs(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("dashboard")
-    runs = {}
-    for name, inject in (("straggler", ["--inject", DASHBOARD_STRAGGLER]), ("clean", [])):
-        runs[name] = root / name
-        diagtrain_run(runs[name], "--profile-steps", "4-5", "--no-analyze", "--", sys.executable, "-m",
-                      "diagtrain.profiler.cli", "train", *DASHBOARD_TRAINER, *inject)
-    return runs
+def ddp_4_ranks(tmp_path_factory) -> Path:
+    """The clean dashboard run: also test_strategies' DDP job under `diagtrain run`, which needs a clean
+    4-rank DDP run with a profiled window and would otherwise start the same job again."""
+    return dashboard_run(tmp_path_factory.mktemp("dashboard") / "clean")
+
+
+@pytest.fixture(scope="session")
+def dashboard_runs(tmp_path_factory, ddp_4_ranks) -> dict[str, Path]:
+    straggler = dashboard_run(tmp_path_factory.mktemp("dashboard") / "straggler", "--inject", DASHBOARD_STRAGGLER)
+    return {"straggler": straggler, "clean": ddp_4_ranks}
 
 
 # GPipe with one microbatch: the two stages work strictly by turns, so each idles half of the pass
