@@ -134,9 +134,16 @@ def test_a_hand_written_send_recv_pipeline(tmp_path):
     assert warnings_of(report) == [("pipeline_bubble", [0])]
 
 
-def test_process_groups_and_mesh_of_a_2d_job(tmp_path):
-    run = tmp_path / "run"
-    report = user_run(run, 4, "tp_fsdp_2d.py", profile="3-4", steps="4")  # 4 ranks: as few steps as will do
+@pytest.fixture(scope="module")
+def slow_rank_2d(tmp_path_factory) -> tuple[Path, dict]:
+    """tp_fsdp_2d.py on 4 ranks (dp 2 x tp 2), rank 2 sleeping 100 ms before every forward, steps 3-4 profiled,
+    analyzed: the 2D tests read its groups and its straggler off one job (4 ranks: as few steps as will do)."""
+    out = tmp_path_factory.mktemp("2d") / "run"
+    return out, user_run(out, 4, "tp_fsdp_2d.py", "--slow-rank", "2", "--slow-ms", "100", profile="3-4", steps="5")
+
+
+def test_process_groups_and_mesh_of_a_2d_job(slow_rank_2d):
+    run, report = slow_rank_2d
     s = report["structure"]
     assert s["mesh"] == {"dp": 2, "tp": 2} and s["mesh_source"] == "process groups"
     assert s["coords"]["3"] == {"dp": 1, "tp": 1} and s["coords"]["2"] == {"dp": 1, "tp": 0}
@@ -151,14 +158,14 @@ def test_process_groups_and_mesh_of_a_2d_job(tmp_path):
     assert (c["pg"] != "?").all()
     seen = c["ranks_seen"] == c["group_ranks"].map(len)
     assert c.loc[seen, "transfer_us"].notna().all() and c.loc[~seen, "transfer_us"].isna().all()
-    assert warnings_of(report) == []  # a clean job: no bandwidth or lateness warnings on gloo
+    # The sleep and nothing else: no bandwidth or lateness warnings on gloo, though its peers wait for rank 2.
+    assert warnings_of(report) == [("straggler", [2])]
 
 
-def test_a_rank_that_sleeps_before_an_fsdp_forward_is_a_straggler_not_a_slow_path(tmp_path):
+def test_a_rank_that_sleeps_before_an_fsdp_forward_is_a_straggler_not_a_slow_path(slow_rank_2d):
     # FSDP's all-gather is the first thing the forward does, so the sleep lies right before that call,
     # but outside the FSDP pre-forward op that issues it: the rank's own time, not its path to the call.
-    run = tmp_path / "run"
-    report = user_run(run, 4, "tp_fsdp_2d.py", "--slow-rank", "2", "--slow-ms", "100", profile="3-4", steps="5")
+    run, report = slow_rank_2d
     c = build_tables(run).collectives
     gathers = c[(c["rank"] == 2) & (c["op"] == "all_gather") & c["issue_gap_us"].notna()]
     assert len(gathers) >= 8 and gathers["issue_gap_us"].max() < 20_000, gathers["issue_gap_us"].describe()
