@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -290,3 +291,25 @@ def slow_rank_ddp(tmp_path_factory) -> tuple[Path, dict]:
                   "--slow-rank", "1", "--slow-ms", "80", "--steps", "6")
     return out, analyze(out, out, ["json"], workers=1)
 
+
+
+# A 2-rank DDP job whose rank 1 sleeps STRAGGLER_MS in forward in steps 4-6, steps 2-7 profiled, with a hang
+# watchdog of HANG_TIMEOUT_S armed: test_critical_path reads its path and what removing the straggler saves,
+# test_hang that steps far slower than their peers' but far below the timeout never trigger the watchdog.
+STRAGGLER_MS = 300  # far above what the shared 2-core machine's noise does to one step (tens of ms)
+HANG_TIMEOUT_S = 3  # far above a tiny model's step (ms) on a busy host, and each hang test waits it out
+STRAGGLER_JOB_MARKER = uuid.uuid4().hex  # its TEST_MARKER: what it left behind is found by processes_with
+
+
+@pytest.fixture(scope="session")
+def straggler_job(tmp_path_factory) -> tuple[Run, dict]:
+    """The job and its report (`diagtrain analyze` into the run's sibling analysis/, one worker)."""
+    out = tmp_path_factory.mktemp("critical") / "run"
+    run = diagtrain_run(out, "--hang-timeout", str(HANG_TIMEOUT_S), "--profile-steps", "2-7", "--no-analyze", "--",
+                        sys.executable, "-m", "diagtrain.profiler.cli", "train", "--strategy", "ddp", "--nproc", "2",
+                        "--steps", "8", "--inject", f"straggler:rank=1,ms={STRAGGLER_MS},steps=4-6",
+                        env={"TEST_MARKER": STRAGGLER_JOB_MARKER})
+    proc = subprocess.run([sys.executable, "-m", "diagtrain.profiler.cli", "analyze", str(out), "--workers", "1",
+                           "--out", str(out.parent / "analysis")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return run, json.loads((out.parent / "analysis" / "report.json").read_text())
