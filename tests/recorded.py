@@ -46,6 +46,19 @@ RECORDINGS: dict[str, list[str]] = {
 }
 
 
+# tests/test_analyze.py's pipeline verdicts, judgement only: the injectors' effects on the layout and the
+# schedule are tests/test_strategies.py's, on real jobs. Step records only (the stages' work by the counters).
+PIPELINE_TRAINER = [sys.executable, "-m", "diagtrain.profiler.cli", "train", "--strategy", "pp", "--nproc", "2",
+                    "--steps", "5"]
+RECORDINGS |= {
+    "pp-one-microbatch": ["--profile-steps", "none", "--", *PIPELINE_TRAINER, "--schedule", "gpipe",
+                          "--inject", "few_microbatches:microbatches=1"],
+    # 9 blocks to 1: with 5 to 1 (2.6x when quiet) a step beside two CPU hogs measured 1.6x, near the 1.5x threshold.
+    "pp-imbalance": ["--profile-steps", "none", "--", *PIPELINE_TRAINER, "--layers", "10",
+                     "--inject", "pp_imbalance:stage=0,layers=9"],
+}
+
+
 def copy_run(name: str, to: Path) -> Path:
     """A fresh, writable copy of the recorded run ``name`` at ``to`` (not analyzed)."""
     source = RUNS / name
