@@ -313,3 +313,16 @@ def straggler_job(tmp_path_factory) -> tuple[Run, dict]:
                            "--out", str(out.parent / "analysis")], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return run, json.loads((out.parent / "analysis" / "report.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def late_hook_job(tmp_path_factory) -> tuple[Path, dict]:
+    """ddp_loader.py on 2 ranks, rank 0's DDP comm hook waiting 40 ms before each all-reduce, 60 steps, steps 3-6
+    profiled, not analyzed by the run: the run directory and its report (analyzed after). test_live judges it
+    live as it ran, test_user_scripts reads the final verdict: one job for both."""
+    from diagtrain.profiler.analyzer.analyze import analyze
+
+    out = tmp_path_factory.mktemp("late_hook") / "run"
+    diagtrain_run(out, "--profile-steps", "3-6", "--no-analyze", "--", *torchrun(2), str(USER_SCRIPTS / "ddp_loader.py"),
+                  "--hook-delay-rank", "0", "--hook-delay-ms", "40", "--steps", "60")
+    return out, analyze(out, out, ["json"], workers=1)

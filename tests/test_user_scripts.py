@@ -269,8 +269,8 @@ def test_a_rank_whose_allocator_churns_memory_is_no_straggler(tmp_path):
     assert warnings_of(report) == []
 
 
-def test_a_delaying_comm_hook_is_a_slow_collective(tmp_path):
-    report = user_run(tmp_path / "run", 2, "ddp_loader.py", "--hook-delay-rank", "0", "--hook-delay-ms", "40")
+def test_a_delaying_comm_hook_is_a_slow_collective(late_hook_job):
+    _, report = late_hook_job
     found = findings(report, "slow_collective")
     assert len(found) == 1, [(f["kind"], f["severity"], f["ranks"], f["metrics"]) for f in report["findings"]]
     [f] = found
