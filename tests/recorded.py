@@ -59,6 +59,18 @@ RECORDINGS |= {
 }
 
 
+# tests/test_user_scripts.py's pipelines written by hand or with torch.distributed.pipelining: their stages,
+# microbatches and bottleneck are counted (sends, matrix-multiply FLOPs), never timed, so judged on recordings.
+USER_SCRIPTS = REPO / "benchmarks" / "user_scripts"
+USER_PIPELINE = ["--profile-steps", "3-5", "--", sys.executable, "-m", "torch.distributed.run", "--standalone",
+                 "--nproc-per-node=2"]
+RECORDINGS |= {
+    "torch-pipelining-gpipe": [*USER_PIPELINE, str(USER_SCRIPTS / "pipeline.py"), "--schedule", "gpipe",
+                               "--split", "2,6", "--steps", "6"],
+    "sendrecv-pipeline": [*USER_PIPELINE, str(USER_SCRIPTS / "sendrecv_pipeline.py"), "--split", "6,2", "--steps", "6"],
+}
+
+
 def copy_run(name: str, to: Path) -> Path:
     """A fresh, writable copy of the recorded run ``name`` at ``to`` (not analyzed)."""
     source = RUNS / name

@@ -2,7 +2,8 @@
 structure and reaches the right verdict from what the ranks did.
 
 The scripts are the accuracy suite's (benchmarks/user_scripts/). Each runs for real on gloo, a few
-steps profiled; the faults are made far larger than the noise of a shared 2-core machine.
+steps profiled; the faults are made far larger than the noise of a shared 2-core machine. The two
+pipelines whose verdicts are counted, not timed, are recorded runs of them (tests/recorded.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import diagtrain_run, on_training, torchrun
+from recorded import copy_run
 from diagtrain.dashboard import data as dashboard_data
 from diagtrain.dashboard import expected as dashboard_expected
 from diagtrain.profiler.analyzer.rank import load
@@ -65,11 +67,17 @@ def build_tables(run: Path) -> tables.Tables:
     return tables.build(run, results)
 
 
+def recorded(name: str, to: Path) -> dict:
+    """A copy of the recorded run (tests/recorded.py) analyzed: the report."""
+    run = copy_run(name, to)
+    return analyze(run, run, ["json"], workers=1)
+
+
 @pytest.fixture(scope="module")
 def gpipe(tmp_path_factory) -> tuple[Path, dict]:
     """torch.distributed.pipelining, GPipe, 4 microbatches; stage 1 holds 6 blocks, stage 0 holds 2."""
     out = tmp_path_factory.mktemp("gpipe") / "run"
-    return out, user_run(out, 2, "pipeline.py", "--schedule", "gpipe", "--split", "2,6")
+    return out, recorded("torch-pipelining-gpipe", out)
 
 
 def test_stages_and_microbatches_of_a_torch_pipelining_schedule(gpipe):
@@ -124,7 +132,7 @@ def test_a_malformed_p2p_field_is_no_evidence_and_costs_no_step(tmp_path):
 
 
 def test_a_hand_written_send_recv_pipeline(tmp_path):
-    report = user_run(tmp_path / "run", 2, "sendrecv_pipeline.py", "--split", "6,2")
+    report = recorded("sendrecv-pipeline", tmp_path / "run")
     s = report["structure"]
     assert s["stages"] == {"0": 0, "1": 1} and s["stage_source"] == "point-to-point calls"
     assert s["microbatches"] == 4 and s["microbatch_source"] == "sends per step from the first stage"
