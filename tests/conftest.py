@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -222,19 +223,28 @@ def processes_with(marker: str) -> list[int]:
 
 # A 4-rank DDP job, steps 4-5 profiled, with and without rank 2 made 80 ms slow in forward: the
 # runs the dashboard's tests open (not analyzed yet, so the browser test sees the analysis run first).
-DASHBOARD_TRAINER = ["--strategy", "ddp", "--nproc", "4", "--steps", "8"]
+DASHBOARD_STEPS = 8
+DASHBOARD_TRAINER = ["--strategy", "ddp", "--nproc", "4", "--steps", str(DASHBOARD_STEPS)]
 DASHBOARD_STRAGGLER = "straggler:rank=2,ms=80"
 
 
+def dashboard_run(out: Path, *inject: str) -> Path:
+    diagtrain_run(out, "--profile-steps", "4-5", "--no-analyze", "--", sys.executable, "-m", "diagtrain.profiler.cli",
+                  "train", *DASHBOARD_TRAINER, *inject)
+    return out
+
+
 @pytest.fixture(scope="session")
-def dashboard_runs(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("dashboard")
-    runs = {}
-    for name, inject in (("straggler", ["--inject", DASHBOARD_STRAGGLER]), ("clean", [])):
-        runs[name] = root / name
-        diagtrain_run(runs[name], "--profile-steps", "4-5", "--no-analyze", "--", sys.executable, "-m",
-                      "diagtrain.profiler.cli", "train", *DASHBOARD_TRAINER, *inject)
-    return runs
+def ddp_4_ranks(tmp_path_factory) -> Path:
+    """The clean dashboard run: also test_strategies' DDP job under `diagtrain run`, which needs a clean
+    4-rank DDP run with a profiled window and would otherwise start the same job again."""
+    return dashboard_run(tmp_path_factory.mktemp("dashboard") / "clean")
+
+
+@pytest.fixture(scope="session")
+def dashboard_runs(tmp_path_factory, ddp_4_ranks) -> dict[str, Path]:
+    straggler = dashboard_run(tmp_path_factory.mktemp("dashboard") / "straggler", "--inject", DASHBOARD_STRAGGLER)
+    return {"straggler": straggler, "clean": ddp_4_ranks}
 
 
 # GPipe with one microbatch: the two stages work strictly by turns, so each idles half of the pass
@@ -281,3 +291,38 @@ def slow_rank_ddp(tmp_path_factory) -> tuple[Path, dict]:
                   "--slow-rank", "1", "--slow-ms", "80", "--steps", "6")
     return out, analyze(out, out, ["json"], workers=1)
 
+
+
+# A 2-rank DDP job whose rank 1 sleeps STRAGGLER_MS in forward in steps 4-6, steps 2-7 profiled, with a hang
+# watchdog of HANG_TIMEOUT_S armed: test_critical_path reads its path and what removing the straggler saves,
+# test_hang that steps far slower than their peers' but far below the timeout never trigger the watchdog.
+STRAGGLER_MS = 300  # far above what the shared 2-core machine's noise does to one step (tens of ms)
+HANG_TIMEOUT_S = 3  # far above a tiny model's step (ms) on a busy host, and each hang test waits it out
+STRAGGLER_JOB_MARKER = uuid.uuid4().hex  # its TEST_MARKER: what it left behind is found by processes_with
+
+
+@pytest.fixture(scope="session")
+def straggler_job(tmp_path_factory) -> tuple[Run, dict]:
+    """The job and its report (`diagtrain analyze` into the run's sibling analysis/, one worker)."""
+    out = tmp_path_factory.mktemp("critical") / "run"
+    run = diagtrain_run(out, "--hang-timeout", str(HANG_TIMEOUT_S), "--profile-steps", "2-7", "--no-analyze", "--",
+                        sys.executable, "-m", "diagtrain.profiler.cli", "train", "--strategy", "ddp", "--nproc", "2",
+                        "--steps", "8", "--inject", f"straggler:rank=1,ms={STRAGGLER_MS},steps=4-6",
+                        env={"TEST_MARKER": STRAGGLER_JOB_MARKER})
+    proc = subprocess.run([sys.executable, "-m", "diagtrain.profiler.cli", "analyze", str(out), "--workers", "1",
+                           "--out", str(out.parent / "analysis")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return run, json.loads((out.parent / "analysis" / "report.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def late_hook_job(tmp_path_factory) -> tuple[Path, dict]:
+    """ddp_loader.py on 2 ranks, rank 0's DDP comm hook waiting 40 ms before each all-reduce, 60 steps, steps 3-6
+    profiled, not analyzed by the run: the run directory and its report (analyzed after). test_live judges it
+    live as it ran, test_user_scripts reads the final verdict: one job for both."""
+    from diagtrain.profiler.analyzer.analyze import analyze
+
+    out = tmp_path_factory.mktemp("late_hook") / "run"
+    diagtrain_run(out, "--profile-steps", "3-6", "--no-analyze", "--", *torchrun(2), str(USER_SCRIPTS / "ddp_loader.py"),
+                  "--hook-delay-rank", "0", "--hook-delay-ms", "40", "--steps", "60")
+    return out, analyze(out, out, ["json"], workers=1)

@@ -46,6 +46,31 @@ RECORDINGS: dict[str, list[str]] = {
 }
 
 
+# tests/test_analyze.py's pipeline verdicts, judgement only: the injectors' effects on the layout and the
+# schedule are tests/test_strategies.py's, on real jobs. Step records only (the stages' work by the counters).
+PIPELINE_TRAINER = [sys.executable, "-m", "diagtrain.profiler.cli", "train", "--strategy", "pp", "--nproc", "2",
+                    "--steps", "5"]
+RECORDINGS |= {
+    "pp-one-microbatch": ["--profile-steps", "none", "--", *PIPELINE_TRAINER, "--schedule", "gpipe",
+                          "--inject", "few_microbatches:microbatches=1"],
+    # 9 blocks to 1: with 5 to 1 (2.6x when quiet) a step beside two CPU hogs measured 1.6x, near the 1.5x threshold.
+    "pp-imbalance": ["--profile-steps", "none", "--", *PIPELINE_TRAINER, "--layers", "10",
+                     "--inject", "pp_imbalance:stage=0,layers=9"],
+}
+
+
+# tests/test_user_scripts.py's pipelines written by hand or with torch.distributed.pipelining: their stages,
+# microbatches and bottleneck are counted (sends, matrix-multiply FLOPs), never timed, so judged on recordings.
+USER_SCRIPTS = REPO / "benchmarks" / "user_scripts"
+USER_PIPELINE = ["--profile-steps", "3-5", "--", sys.executable, "-m", "torch.distributed.run", "--standalone",
+                 "--nproc-per-node=2"]
+RECORDINGS |= {
+    "torch-pipelining-gpipe": [*USER_PIPELINE, str(USER_SCRIPTS / "pipeline.py"), "--schedule", "gpipe",
+                               "--split", "2,6", "--steps", "6"],
+    "sendrecv-pipeline": [*USER_PIPELINE, str(USER_SCRIPTS / "sendrecv_pipeline.py"), "--split", "6,2", "--steps", "6"],
+}
+
+
 def copy_run(name: str, to: Path) -> Path:
     """A fresh, writable copy of the recorded run ``name`` at ``to`` (not analyzed)."""
     source = RUNS / name

@@ -17,6 +17,7 @@ from conftest import diagtrain_run, on_training
 from diagtrain.profiler.analyzer.report import summary
 from diagtrain.profiler.util.text import ranges
 from public_fixtures import HTA_TRACES as TRACES
+from recorded import copy_run
 
 pytestmark = pytest.mark.jobs  # every test here starts processes (tests/conftest.py)
 
@@ -162,17 +163,14 @@ def test_slow_comm_is_a_late_rank_at_collectives(tmp_path):
     assert on_training(report["findings"])[0]["kind"] == "slow_collective"  # the first line names the cause
 
 
-@pytest.mark.parametrize("fault,extra,expected", [
-    ("few_microbatches:microbatches=1", ["--schedule", "gpipe"], r"^1 microbatch for 2 pipeline stages"),
+@pytest.mark.parametrize("recording,expected", [
+    ("pp-one-microbatch", r"^1 microbatch for 2 pipeline stages"),
     # The stages' busy time from the always-on counters (stage 1 carries the output layer besides its one block).
-    # 9 blocks to 1: with 5 to 1 (2.6x when quiet) a step beside two CPU hogs measured 1.6x, near the 1.5x threshold.
-    ("pp_imbalance:stage=0,layers=9", ["--layers", "10"],
-     r"^pipeline stage 0 does \d+\.\dx the work of stage 1 \(by time outside communication \(counters\)\).*"
-     r"Layers per stage: \[9, 1\]\.$"),
-])
-def test_pipeline_bubbles(tmp_path, fault, extra, expected):
-    out = train_run(tmp_path / "run", "--strategy", "pp", "--nproc", "2", "--steps", "5", *extra, "--inject", fault)
-    _, report = analyze(out)
+    ("pp-imbalance", r"^pipeline stage 0 does \d+\.\dx the work of stage 1 \(by time outside communication \(counters\)\).*"
+                     r"Layers per stage: \[9, 1\]\.$"),
+], ids=["pp-one-microbatch", "pp-imbalance"])
+def test_pipeline_bubbles(tmp_path, recording, expected):
+    _, report = analyze(copy_run(recording, tmp_path / "run"))
     # The expected warning, once; beside it the stages as measured (from the counters) are a finding too.
     bubbles = [f for f in report["findings"] if f["kind"] == "pipeline_bubble"]
     matching = [f for f in bubbles if re.search(expected, f["explanation"], re.DOTALL)]

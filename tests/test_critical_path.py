@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 from candidates import straggler_facts
-from conftest import diagtrain_run
+from conftest import STRAGGLER_MS
 
 from diagtrain.profiler.analyzer.judge.assessments import ledger_price as cost
 from diagtrain.profiler.analyzer.judge.assessments import critical_path as cp
@@ -208,23 +205,14 @@ def test_a_recv_waits_for_its_send_across_ranks():
     assert rp.saving_us(g, halved) == pytest.approx(25.5 * MS, abs=1)  # its forward and the 1 ms before it
 
 
-# Far above what the shared 2-core machine's noise does to one step (tens of ms), so 20% of it holds.
-STRAGGLER_MS = 300
-AFFECTED = (4, 5, 6)
+AFFECTED = (4, 5, 6)  # straggler_job's (tests/conftest.py)
 CLEAN = (2, 3, 7)  # profiled steps of the same run the straggler did not slow: its clean twin
 
 
 @pytest.fixture(scope="module")
-def straggler_run(tmp_path_factory) -> tuple[Path, dict]:
-    """A 2-rank DDP job whose rank 1 sleeps 300 ms in forward in steps 4-6, steps 2-7 profiled, analyzed."""
-    out = tmp_path_factory.mktemp("critical") / "run"
-    diagtrain_run(out, "--profile-steps", "2-7", "--no-analyze", "--", sys.executable, "-m", "diagtrain.profiler.cli",
-                  "train", "--strategy", "ddp", "--nproc", "2", "--steps", "8",
-                  "--inject", f"straggler:rank=1,ms={STRAGGLER_MS},steps=4-6")
-    proc = subprocess.run([sys.executable, "-m", "diagtrain.profiler.cli", "analyze", str(out), "--workers", "1",
-                           "--out", str(out.parent / "analysis")], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    return out, json.loads((out.parent / "analysis" / "report.json").read_text())
+def straggler_run(straggler_job) -> tuple[Path, dict]:
+    run, report = straggler_job
+    return run.out, report
 
 
 @pytest.mark.jobs

@@ -25,7 +25,6 @@ from conftest import JOB_TIMEOUT_S, diagtrain_run, torchrun
 from live_helpers import append_step, two_ranks
 from diagtrain.profiler.analyzer.report.wording import worded
 from diagtrain.profiler.util import settings
-from diagtrain.profiler.analyzer.analyze import analyze
 from diagtrain.profiler.analyzer.judge.detectors.base import Steady
 from diagtrain.profiler.analyzer.judge.live_judge import NO_PROGRESS, LiveJudge
 from diagtrain.profiler.analyzer.read import step_cache
@@ -38,7 +37,6 @@ from diagtrain.profiler.analyzer.run.live_traces import LiveTraces
 from diagtrain.profiler.run_dir import clear_run, write_json_atomic
 
 PLAIN_JOB = Path(__file__).parent / "scripts" / "plain_job.py"
-DDP_LOADER = Path(__file__).resolve().parents[1] / "benchmarks" / "user_scripts" / "ddp_loader.py"
 ACTIONABLE = ("warning", "error", "critical")
 USAGE = 2
 EXIT_SIGINT = 130
@@ -186,24 +184,16 @@ def test_the_final_analysis_parses_only_what_live_judgement_had_not_cached(clean
 
 
 @pytest.mark.jobs
-def test_a_profiled_window_is_judged_live_with_the_final_analysis_loader(tmp_path):
+def test_a_profiled_window_is_judged_live_with_the_final_analysis_loader(late_hook_job):
     """A comm hook that makes rank 0 late at every all-reduce: only the traces show that the delay sits
     right before its calls. Live judgement loads steps 3-6's traces once every rank is past them (no
     flight recorder yet: ranks dump it at the end) and names the late rank and its pause, as the final
     report does."""
-    out = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("DIAGTRAIN_RUN_DIR", None)
-    job = subprocess.run([sys.executable, "-m", "diagtrain.profiler.cli", "run", "--out", str(out), "--profile-steps",
-                          "3-6", "--no-analyze", "--", *torchrun(2), str(DDP_LOADER), "--hook-delay-rank", "0",
-                          "--hook-delay-ms", "40", "--steps", "60"],
-                         env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
-    assert job.returncode == 0, job.stderr[-3000:]
+    out, report = late_hook_job
     late = [e for e in events(out) if e["kind"] == "slow_collective" and e["event"] == "new"]
     assert [e["ranks"] for e in late] == [[0]], [(e["kind"], e["ranks"], e["severity"]) for e in events(out)]
     assert late[0]["step"] >= 7 and late[0]["severity"] in ACTIONABLE and late[0]["metrics"]["before_calls"], late[0]
     assert late[0]["metrics"]["extra_gap_before_calls_ms"] == pytest.approx(40, rel=0.3), late[0]  # the hook's own pause
-    report = analyze(out, out, ["json"], workers=1)
     assert [f["ranks"] for f in report["findings"] if f["kind"] == "slow_collective" and f["severity"] in ACTIONABLE] == [[0]]
 
 

@@ -2,7 +2,8 @@
 structure and reaches the right verdict from what the ranks did.
 
 The scripts are the accuracy suite's (benchmarks/user_scripts/). Each runs for real on gloo, a few
-steps profiled; the faults are made far larger than the noise of a shared 2-core machine.
+steps profiled; the faults are made far larger than the noise of a shared 2-core machine. The two
+pipelines whose verdicts are counted, not timed, are recorded runs of them (tests/recorded.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import diagtrain_run, on_training, torchrun
+from recorded import copy_run
 from diagtrain.dashboard import data as dashboard_data
 from diagtrain.dashboard import expected as dashboard_expected
 from diagtrain.profiler.analyzer.per_rank import load
@@ -65,11 +67,17 @@ def build_tables(run: Path) -> tables.Tables:
     return tables.build(run, results)
 
 
+def recorded(name: str, to: Path) -> dict:
+    """A copy of the recorded run (tests/recorded.py) analyzed: the report."""
+    run = copy_run(name, to)
+    return analyze(run, run, ["json"], workers=1)
+
+
 @pytest.fixture(scope="module")
 def gpipe(tmp_path_factory) -> tuple[Path, dict]:
     """torch.distributed.pipelining, GPipe, 4 microbatches; stage 1 holds 6 blocks, stage 0 holds 2."""
     out = tmp_path_factory.mktemp("gpipe") / "run"
-    return out, user_run(out, 2, "pipeline.py", "--schedule", "gpipe", "--split", "2,6")
+    return out, recorded("torch-pipelining-gpipe", out)
 
 
 def test_stages_and_microbatches_of_a_torch_pipelining_schedule(gpipe):
@@ -124,7 +132,7 @@ def test_a_malformed_p2p_field_is_no_evidence_and_costs_no_step(tmp_path):
 
 
 def test_a_hand_written_send_recv_pipeline(tmp_path):
-    report = user_run(tmp_path / "run", 2, "sendrecv_pipeline.py", "--split", "6,2")
+    report = recorded("sendrecv-pipeline", tmp_path / "run")
     s = report["structure"]
     assert s["stages"] == {"0": 0, "1": 1} and s["stage_source"] == "point-to-point calls"
     assert s["microbatches"] == 4 and s["microbatch_source"] == "sends per step from the first stage"
@@ -134,9 +142,16 @@ def test_a_hand_written_send_recv_pipeline(tmp_path):
     assert warnings_of(report) == [("pipeline_bubble", [0])]
 
 
-def test_process_groups_and_mesh_of_a_2d_job(tmp_path):
-    run = tmp_path / "run"
-    report = user_run(run, 4, "tp_fsdp_2d.py", profile="3-4", steps="4")  # 4 ranks: as few steps as will do
+@pytest.fixture(scope="module")
+def slow_rank_2d(tmp_path_factory) -> tuple[Path, dict]:
+    """tp_fsdp_2d.py on 4 ranks (dp 2 x tp 2), rank 2 sleeping 100 ms before every forward, steps 3-4 profiled,
+    analyzed: the 2D tests read its groups and its straggler off one job (4 ranks: as few steps as will do)."""
+    out = tmp_path_factory.mktemp("2d") / "run"
+    return out, user_run(out, 4, "tp_fsdp_2d.py", "--slow-rank", "2", "--slow-ms", "100", profile="3-4", steps="5")
+
+
+def test_process_groups_and_mesh_of_a_2d_job(slow_rank_2d):
+    run, report = slow_rank_2d
     s = report["structure"]
     assert s["mesh"] == {"dp": 2, "tp": 2} and s["mesh_source"] == "process groups"
     assert s["coords"]["3"] == {"dp": 1, "tp": 1} and s["coords"]["2"] == {"dp": 1, "tp": 0}
@@ -151,14 +166,14 @@ def test_process_groups_and_mesh_of_a_2d_job(tmp_path):
     assert (c["pg"] != "?").all()
     seen = c["ranks_seen"] == c["group_ranks"].map(len)
     assert c.loc[seen, "transfer_us"].notna().all() and c.loc[~seen, "transfer_us"].isna().all()
-    assert warnings_of(report) == []  # a clean job: no bandwidth or lateness warnings on gloo
+    # The sleep and nothing else: no bandwidth or lateness warnings on gloo, though its peers wait for rank 2.
+    assert warnings_of(report) == [("straggler", [2])]
 
 
-def test_a_rank_that_sleeps_before_an_fsdp_forward_is_a_straggler_not_a_slow_path(tmp_path):
+def test_a_rank_that_sleeps_before_an_fsdp_forward_is_a_straggler_not_a_slow_path(slow_rank_2d):
     # FSDP's all-gather is the first thing the forward does, so the sleep lies right before that call,
     # but outside the FSDP pre-forward op that issues it: the rank's own time, not its path to the call.
-    run = tmp_path / "run"
-    report = user_run(run, 4, "tp_fsdp_2d.py", "--slow-rank", "2", "--slow-ms", "100", profile="3-4", steps="5")
+    run, report = slow_rank_2d
     c = build_tables(run).collectives
     gathers = c[(c["rank"] == 2) & (c["op"] == "all_gather") & c["issue_gap_us"].notna()]
     assert len(gathers) >= 8 and gathers["issue_gap_us"].max() < 20_000, gathers["issue_gap_us"].describe()
@@ -262,8 +277,8 @@ def test_a_rank_whose_allocator_churns_memory_is_no_straggler(tmp_path):
     assert warnings_of(report) == []
 
 
-def test_a_delaying_comm_hook_is_a_slow_collective(tmp_path):
-    report = user_run(tmp_path / "run", 2, "ddp_loader.py", "--hook-delay-rank", "0", "--hook-delay-ms", "40")
+def test_a_delaying_comm_hook_is_a_slow_collective(late_hook_job):
+    _, report = late_hook_job
     found = findings(report, "slow_collective")
     assert len(found) == 1, [(f["kind"], f["severity"], f["ranks"], f["metrics"]) for f in report["findings"]]
     [f] = found

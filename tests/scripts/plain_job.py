@@ -10,6 +10,8 @@ Run under torchrun. Environment knobs for the tests:
                   on that rank, the dataset's first item of every SLOW_EVERY-th batch takes
                   SLOW_DATA_MS (a data stall)
   SLOW_FROM, SLOW_FROM_MS     from that step on, every rank sleeps SLOW_FROM_MS more per step
+  HURRY_FILE      once this file exists, no rank sleeps any more: a test that has seen what it waited
+                  for lets the job's remaining steps run at full speed
 """
 
 import os
@@ -52,6 +54,8 @@ def mlp() -> torch.nn.Module:
 
 def pause(step: int) -> None:
     """What makes this rank's step slower: the fault knobs."""
+    if env("HURRY_FILE") and os.path.exists(env("HURRY_FILE")):
+        return
     ms = float(env("STEP_MS", "0"))
     if rank == int(env("SLEEP_RANK", "-1")):
         ms += float(env("SLEEP_MS", "0"))
