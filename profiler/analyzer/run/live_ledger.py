@@ -19,30 +19,70 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from diagtrain.profiler.analyzer.run import ledger
+from diagtrain.profiler.analyzer.run import job_time, ledger
 
 if TYPE_CHECKING:  # built with the tables (tables.assemble)
     from diagtrain.profiler.analyzer.run.tables import Tables
 
 
 class LiveLedger:
-    """The ledger of each window in turn (call :meth:`build` where :func:`ledger.build` would be)."""
+    """The ranks' and the job's ledger of each window in turn (call :meth:`build` where :func:`ledger.build` would
+    be, then :meth:`job_steps` where :func:`job_time.build` would be)."""
 
     def __init__(self) -> None:
         self._steps: pd.DataFrame | None = None  # the last window's steps table
         self._ledger: pd.DataFrame | None = None  # ... and its ledger
         self._shared: Any = None  # ... and what its steps shared (:func:`_shared`)
+        self._rebuilt: set[int] | None = None  # the steps the last build built again (None: all of them)
+        self._common: tuple[np.ndarray, np.ndarray] | None = None  # the rows of steps both windows hold, in each
+        self._parts: pd.DataFrame | None = None  # the job steps' parts of the window before (job_time.step_parts)
+        self._gaps: pd.DataFrame | None = None  # ... and its steps' gaps (job_time.gaps)
+        self._gapped: pd.DataFrame | None = None  # the steps table of those gaps
+        self._before: pd.DataFrame | None = None  # the steps table of the window before the last build's
 
     def build(self, t: Tables) -> pd.DataFrame:
         """``ledger.build(t)``, reusing the rows of the last window's steps whose rows did not change."""
         shared = _shared(t)
+        self._before = self._steps
         changed = self._changed(t.steps) if shared == self._shared else None
         if changed is None or changed >= set(pd.unique(t.steps["step"].to_numpy()).tolist()):
             built = ledger.build(t)  # nothing to reuse (a window whose every step changed may have no ledger at all)
+            changed = None
         else:
             built = self._updated(t, changed)
-        self._steps, self._ledger, self._shared = t.steps, built, shared
+        self._steps, self._ledger, self._shared, self._rebuilt = t.steps, built, shared, changed
+        if changed is None:
+            self._common = None
         return built
+
+    def job_steps(self, t: Tables) -> pd.DataFrame:
+        """``job_time.build(t)`` for the window :meth:`build` was last given: the parts of the steps whose ledger
+        rows it kept and whose gaps are the last window's are kept too (one step built instead of twenty)."""
+        if t.ledger.empty or t.steps.empty:
+            self._parts = None
+            return job_time.build(t)
+        gaps = job_time.gaps(t.steps)
+        redo = self._redo(t, gaps)
+        if redo is None:
+            parts = job_time.step_parts(t, gaps)
+        else:
+            kept = self._parts[self._parts.index.isin(pd.unique(t.ledger["step"].to_numpy())) & ~self._parts.index.isin(redo)]
+            parts = pd.concat([kept, job_time.step_parts(t, gaps, redo)]) if len(redo) else kept
+        self._parts, self._gaps, self._gapped = parts, gaps, t.steps
+        return job_time.job_steps(parts)
+
+    def _redo(self, t: Tables, gaps: pd.DataFrame) -> np.ndarray | None:
+        """The steps whose job parts are built again: those the ledger built again, and those with a row whose gap
+        changed (the window's first step: its ranks' steps before are no longer in it); None for all of them."""
+        if t.steps is not self._steps or self._rebuilt is None or self._common is None or self._parts is None \
+                or self._gapped is None or self._gapped is not self._before:
+            return None
+        old, new = self._common
+        unlike = np.zeros(int(new.sum()), dtype=bool)
+        for column in ("gap_ms", "exported"):
+            unlike |= self._gaps[column].to_numpy()[old] != gaps[column].to_numpy()[new]
+        now = t.steps["step"].to_numpy()
+        return np.union1d(np.fromiter(self._rebuilt, dtype=np.int64, count=len(self._rebuilt)), now[new][unlike])
 
     def _changed(self, steps: pd.DataFrame) -> set[int] | None:
         """The steps of ``steps`` to build: new, or with a row unlike the last window's; None where the last
@@ -56,6 +96,7 @@ class LiveLedger:
         old, new = np.isin(was, common), np.isin(now, common)
         if not all(_same(before[c].to_numpy()[old], steps[c].to_numpy()[new]) for c in ("rank", "step")):
             return None  # a rank's row came to a step already judged (or left it): the steps' peers differ
+        self._common = old, new
         unlike = np.zeros(int(new.sum()), dtype=bool)
         for column in steps.columns:
             unlike |= ~_equal(before[column].to_numpy()[old], steps[column].to_numpy()[new])

@@ -215,7 +215,8 @@ class LiveSteps:
                         world_size=self.world_size(), rank_hosts=self.rank_hosts(), hosts=hosts,
                         on_gpu=self.traces is not None and self.traces.on_gpu, process_groups=self.process_groups(),
                         telemetry=self._recent_telemetry(float(steps["start"].min())))
-        return assemble(tables, device, p2p, clock_measurements(self.run_dir), ledger_of=self.ledger.build)
+        return assemble(tables, device, p2p, clock_measurements(self.run_dir), ledger_of=self.ledger.build,
+                        job_steps_of=self.ledger.job_steps)
 
     def hosts(self) -> list[dict[str, Any]]:
         """The hosts' records (their CPUs: a crowded host hides a rank's extra work), read until every rank's is."""

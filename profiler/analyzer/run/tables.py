@@ -100,11 +100,13 @@ def build(run_dir: Path, results: list[RankResult], flight_recorder_dir: Path | 
 
 
 def assemble(t: Tables, device: list[DeviceRecord], p2p: dict[int, P2PCalls], measurements: dict[str, list[dict]],
-             results: list[RankResult] | tuple = (), ledger_of: Callable[[Tables], pd.DataFrame] = ledger.build) -> Tables:
+             results: list[RankResult] | tuple = (), ledger_of: Callable[[Tables], pd.DataFrame] = ledger.build,
+             job_steps_of: Callable[[Tables], pd.DataFrame] = job_time.build) -> Tables:
     """What the read tables imply, derived the same way for a live window (run/live_tables.py) and a finished
     run: device timings, the run's structure, every host on one clock, waits, ranks, telemetry by step, the ledgers
-    (the ranks' and the job's). ``ledger_of``: the ranks' ledger of the tables, as ``ledger.build`` gives it (a live
-    window's reuses the steps the window before held: run/live_ledger.py)."""
+    (the ranks' and the job's). ``ledger_of`` and ``job_steps_of``: the ranks' ledger of the tables and the job's
+    steps, as ``ledger.build`` and ``job_time.build`` give them (a live window's reuse the steps the window before
+    held: run/live_ledger.py)."""
     if "data" not in t.phases and "data_ms" in t.steps and t.steps["data_ms"].notna().any():
         t.phases = ["data", *t.phases]  # from the traces' DataLoader spans: a data phase comes first
     # Before the clocks are lined up: a flight record's creation time is on its rank's own clock, as its steps are.
@@ -122,7 +124,7 @@ def assemble(t: Tables, device: list[DeviceRecord], p2p: dict[int, P2PCalls], me
     t.telemetry = join_telemetry(t.telemetry, t.steps)
     t.ledger = ledger_of(t)
     release_freed_memory()  # each ledger's temporaries, before the next stage's: a long run's peak is one stage's
-    t.job_steps = job_time.build(t)
+    t.job_steps = job_steps_of(t)
     release_freed_memory()
     return t
 
