@@ -85,3 +85,14 @@ def test_a_change_every_step_shares_builds_the_whole_window(parted):
                              parted)
     pd.testing.assert_frame_equal(found, expected, check_exact=True)
     assert parted == [WINDOW]
+
+
+def test_the_gaps_of_a_table_by_rank_and_step_are_those_of_the_same_rows_in_any_order():
+    t = profiled_window(WINDOW, profiled=(3, 4))
+    t.steps["start"] += np.where(t.steps["rank"] == 2, 0.004, 0.0)  # rank 2 starts its steps 4 ms later
+    shuffled = t.steps.sample(frac=1.0, random_state=0)
+    fast, any_order = job_time.gaps(t.steps), job_time.gaps(shuffled)
+    pd.testing.assert_frame_equal(fast, any_order.set_index(shuffled.index).loc[t.steps.index].reset_index(drop=True),
+                                  check_exact=True)
+    row = fast[(fast["rank"] == 2) & (fast["step"] == 5)].iloc[0]
+    assert row["gap_ms"] == pytest.approx(14.0) and row["exported"]  # after the profiled window's last step

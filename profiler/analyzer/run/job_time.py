@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from diagtrain.profiler.util.groups import strictly_ordered
 from diagtrain.profiler.analyzer.run.ledger import DEVICE_BUSY, DEVICE_IDLE, OUTSIDE, excess_column, work_column
 
 if TYPE_CHECKING:  # built with the tables (tables.assemble)
@@ -128,12 +129,28 @@ def gaps(steps: pd.DataFrame) -> pd.DataFrame:
     """Per row of ``steps`` (rank, step), the time from the end of its rank's previous step record to the start of this
     one (``gap_ms``; 0 for a rank's first, and for a row without times), and whether the recorder wrote a profiled
     window's trace then (``exported``: the step before was the window's last)."""
+    rank, step = steps["rank"].to_numpy(), steps["step"].to_numpy()
+    start, end = steps["start"].to_numpy(dtype=float), steps["end"].to_numpy(dtype=float)
+    profiled = steps["profiled"].fillna(False).to_numpy(dtype=bool) if "profiled" in steps else np.zeros(len(steps), bool)
+    if not strictly_ordered(rank, step) or np.isnan(start).any() or np.isnan(end).any():
+        return _gaps_sorted(steps, profiled)
+    # Rows by rank, then step, every time known (a steps table as tables.step_table gives it): the row before is the
+    # rank's step before, without a sort and a group-by of the table (25 ms at 8,192 ranks x 20 steps).
+    after, exported, gap_ms = np.zeros(len(steps), bool), np.zeros(len(steps), bool), np.zeros(len(steps))
+    after[1:] = rank[1:] == rank[:-1]
+    late = (start[1:] - end[:-1]) * 1e3
+    gap_ms[1:] = np.where(after[1:] & (late >= 0.0), late, 0.0)
+    exported[1:] = after[1:] & profiled[:-1] & ~profiled[1:]
+    return pd.DataFrame({"rank": rank, "step": step, "gap_ms": gap_ms, "exported": exported})
+
+
+def _gaps_sorted(steps: pd.DataFrame, profiled: np.ndarray) -> pd.DataFrame:
+    """:func:`gaps` of a table in any order, or with rows without times (left out)."""
     s = steps[["rank", "step", "start", "end"]].reset_index(drop=True).dropna().sort_values(["rank", "step"])
     previous_end = s.groupby("rank")["end"].shift()  # s's index: the rows' positions in ``steps``
     gap = ((s["start"] - previous_end) * 1e3).clip(lower=0.0).fillna(0.0)
-    profiled = pd.Series(steps["profiled"].to_numpy()[s.index], index=s.index).fillna(False).astype(bool) \
-        if "profiled" in steps else pd.Series(False, index=s.index)
-    exported = profiled.groupby(s["rank"]).shift(fill_value=False).astype(bool) & ~profiled
+    before = pd.Series(profiled[s.index], index=s.index)
+    exported = before.groupby(s["rank"]).shift(fill_value=False).astype(bool) & ~before
     gap_ms, after_export = np.zeros(len(steps)), np.zeros(len(steps), dtype=bool)
     gap_ms[s.index], after_export[s.index] = gap.to_numpy(), exported.to_numpy()
     return pd.DataFrame({"rank": steps["rank"].to_numpy(), "step": steps["step"].to_numpy(), "gap_ms": gap_ms,

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.analyzer.run import job_time, ledger
+from diagtrain.profiler.util.groups import strictly_ordered
 
 if TYPE_CHECKING:  # built with the tables (tables.assemble)
     from diagtrain.profiler.analyzer.run.tables import Tables
@@ -89,7 +90,8 @@ class LiveLedger:
         window's ledger cannot be reused (none yet, none built, rows not in the order kept). Column by column as
         arrays: a frame cut from each window costs more than the comparison."""
         before, kept = self._steps, self._ledger
-        if before is None or kept is None or kept.empty or not _ordered(steps):
+        if before is None or kept is None or kept.empty \
+                or not strictly_ordered(steps["rank"].to_numpy(), steps["step"].to_numpy()):
             return None
         was, now = before["step"].to_numpy(), steps["step"].to_numpy()
         common = np.intersect1d(pd.unique(was), pd.unique(now))
@@ -124,13 +126,6 @@ def _shared(t: Tables) -> tuple:
     ranks = sorted(pd.unique(t.steps["rank"].to_numpy()).tolist()) if "rank" in t.steps else []
     return (tuple(t.phases), tuple(t.steps.columns), tuple(map(str, t.steps.dtypes)),
             tuple(map(tuple, t.structure.peer_groups(ranks))))
-
-
-def _ordered(steps: pd.DataFrame) -> bool:
-    """Whether the steps table's rows are by rank, then step (as tables.step_table sorts them): the order the
-    ledger's rows take."""
-    rank, step = steps["rank"].to_numpy(), steps["step"].to_numpy()
-    return bool(np.all((rank[1:] > rank[:-1]) | ((rank[1:] == rank[:-1]) & (step[1:] > step[:-1]))))
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
