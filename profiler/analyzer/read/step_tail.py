@@ -30,12 +30,16 @@ class RankSteps:
         self.found = StepFile()  # its phases, point-to-point calls, end-of-run device line, what was refused
         self.rows: dict[int, dict[str, Any]] = {}  # step -> its table row, the last ``keep`` steps
         self.added: dict[int, dict[str, Any]] = {}  # step -> its row, as the last read added (or replaced) it
+        self._last: int | None = None  # the largest step held (only the oldest are let go)
 
     def take(self, added: dict[int, dict[str, Any]]) -> None:
         """Hold the rows a read added (``self.found`` already has their phases and point-to-point calls)."""
         self.added = added
         self.found.repeated += sum(step in self.rows for step in added)  # a step recorded again, read later
         self.rows.update(added)
+        if added:
+            newest = max(added)
+            self._last = newest if self._last is None or newest > self._last else self._last
         if self.keep is not None and len(self.rows) > self.keep:
             # The oldest few only (one a read, as a rank moves on): not a sort of every step held, at every rank.
             for step in heapq.nsmallest(len(self.rows) - self.keep, self.rows):
@@ -46,7 +50,7 @@ class RankSteps:
     @property
     def last_step(self) -> int | None:
         """The latest step this rank finished, as far as its records say."""
-        return max(self.rows) if self.rows else None
+        return self._last if self.rows else None  # kept as rows come: a max over every rank's steps was 8 ms a judgement
 
 
 class StepTail(RankSteps):

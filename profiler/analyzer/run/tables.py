@@ -32,6 +32,7 @@ from diagtrain.profiler.analyzer.rank.p2p import from_step_records as p2p_from_s
 from diagtrain.profiler.analyzer.run.structure import Structure
 from diagtrain.profiler.analyzer.run.structure import infer as infer_structure
 from diagtrain.profiler.model.precision import bytes_per_parameter
+from diagtrain.profiler.util.groups import strictly_ordered
 
 US_PER_MS = 1e3
 
@@ -234,7 +235,7 @@ def _joined(recorded: pd.DataFrame, traced: pd.DataFrame) -> pd.DataFrame:
             steps = steps.drop(columns="data_ms")
         return steps.assign(profiled=True).sort_values(["rank", "step"], ignore_index=True)
     if traced.empty:
-        return recorded.assign(profiled=False).sort_values(["rank", "step"], ignore_index=True)
+        return _by_rank(recorded.assign(profiled=False))
     steps = recorded.merge(traced, on=["rank", "step"], how="left")
     steps["profiled"] = steps["compute_ms"].notna()
     # The recorded data phase where the job has one, else the wait inside DataLoader spans.
@@ -242,6 +243,13 @@ def _joined(recorded: pd.DataFrame, traced: pd.DataFrame) -> pd.DataFrame:
     steps = steps.drop(columns="trace_data_ms")
     if data.notna().any():
         steps["data_ms"] = data
+    return steps.sort_values(["rank", "step"], ignore_index=True)
+
+
+def _by_rank(steps: pd.DataFrame) -> pd.DataFrame:
+    """The rows by rank, then step (a live window's come so: no sort of 160,000 rows at 8,192 ranks)."""
+    if strictly_ordered(steps["rank"].to_numpy(), steps["step"].to_numpy()):
+        return steps.reset_index(drop=True)
     return steps.sort_values(["rank", "step"], ignore_index=True)
 
 

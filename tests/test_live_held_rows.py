@@ -1,0 +1,36 @@
+"""The held step rows a live window is cut from (run/live_tables.HeldRows) give the table one frame of all the
+rows would, deduplicated and sorted: a step recorded again (its last record kept, wherever it was read), ranks read
+out of order, a phase only some rows name."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from diagtrain.profiler.analyzer.run.live_tables import HeldRows
+
+
+def row(rank: int, step: int, forward: float, **more: float) -> dict:
+    return {"rank": rank, "step": step, "start": step * 0.1, "end": step * 0.1 + 0.05, "wall_ms": 50.0,
+            "forward_ms": forward, **more}
+
+
+READS = [
+    [row(3, 1, 20.0), row(0, 1, 21.0), row(1, 1, 22.0), row(3, 2, 23.0)],
+    [row(0, 2, 24.0), row(1, 2, 25.0, data_ms=3.0), row(3, 1, 90.0)],  # rank 3's step 1 recorded again
+    [row(0, 3, 26.0), row(1, 3, 27.0), row(3, 3, 28.0), row(2, 2, 29.0)],  # rank 2 read late
+]
+
+
+def test_a_window_cut_from_the_held_rows_is_one_table_of_their_last_records_by_rank_and_step():
+    held = HeldRows()
+    for rows in READS:
+        held.add(rows)
+    every = pd.DataFrame([r for rows in READS for r in rows])
+    expected = every[every["step"] <= 2].drop_duplicates(["rank", "step"], keep="last")
+    expected = expected.sort_values(["rank", "step"], ignore_index=True)
+    found = held.between(0, 2)
+    pd.testing.assert_frame_equal(found, expected, check_exact=True)
+    assert found.loc[(found["rank"] == 3) & (found["step"] == 1), "forward_ms"].item() == 90.0
+    assert found[["rank", "step"]].values.tolist() == [[0, 1], [0, 2], [1, 1], [1, 2], [2, 2], [3, 1], [3, 2]]
+    # Of steps 3 on, no row names a data phase: no column of theirs.
+    assert "data_ms" not in held.between(2, 3) and "data_ms" in found
