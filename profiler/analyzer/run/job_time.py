@@ -84,10 +84,11 @@ def step_parts(t: Tables, gaps_of: pd.DataFrame, only: np.ndarray | None = None)
     its own rows and their gaps alone (run/live_ledger.py keeps those of the steps that stay)."""
     # The columns it reads: a merge copies what it is given, and a long run's whole ledger is hundreds of MB.
     read = [c for c in t.ledger.columns if c in ("rank", "step", "lost_ms") or str(c).startswith(("work_", "excess_"))]
-    ledger, steps = t.ledger[read], t.steps
-    if only is not None:
+    ledger, steps = t.ledger, t.steps
+    if only is not None:  # the rows of those steps cut first: a copy of the window's columns read was most of the cost
         kept = steps["step"].isin(only).to_numpy()
-        ledger, steps, gaps_of = ledger[ledger["step"].isin(only)], steps[kept], gaps_of[kept]
+        ledger, steps, gaps_of = ledger[ledger["step"].isin(only).to_numpy()], steps[kept], gaps_of[kept]
+    ledger = ledger[read]
     ledger = _with_gaps(ledger, gaps_of)
     shared = _shared_parts(ledger, t.steps, [*t.phases, OUTSIDE, DEVICE_BUSY, DEVICE_IDLE])
     typical = shared.groupby(ledger["step"].to_numpy()).median()  # the job's typical rank, part by part

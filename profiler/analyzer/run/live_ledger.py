@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.analyzer.run import job_time, ledger
-from diagtrain.profiler.util.groups import strictly_ordered
+from diagtrain.profiler.util.groups import stable_order, strictly_ordered
 
 if TYPE_CHECKING:  # built with the tables (tables.assemble)
     from diagtrain.profiler.analyzer.run.tables import Tables
@@ -114,9 +114,11 @@ class LiveLedger:
         both = pd.concat([last, fresh], ignore_index=True) if len(fresh) else last
         chosen = np.r_[np.flatnonzero(staying), len(last) + np.arange(len(fresh))]
         rank, step = both["rank"].to_numpy()[chosen], both["step"].to_numpy()[chosen]
-        rows = both.take(chosen[np.lexsort((step, rank))]).reset_index(drop=True)
+        # By rank, then step (each pair once): one radix order of the pairs, not a lexsort (10 ms at 8,192 ranks).
+        span = int(step.max()) - int(step.min()) + 1
+        rows = both.take(chosen[stable_order((rank - rank.min()) * span + (step - step.min()))]).reset_index(drop=True)
         # Over the whole window, by the ledger's own function: the hosts' CPUs are weighed over all its steps.
-        rows["cpu_floor_ms"] = ledger._cpu_floor({c: rows[c].to_numpy() for c in rows.columns}, t)  # noqa: SLF001 - the same computation, not a copy of it
+        rows["cpu_floor_ms"] = ledger._cpu_floor({c: rows[c].to_numpy() for c in ledger.CPU_FLOOR_READS}, t)  # noqa: SLF001 - the same computation, not a copy of it
         return rows
 
 
