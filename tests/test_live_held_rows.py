@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from diagtrain.profiler.analyzer.read.step_tail import RankSteps
 from diagtrain.profiler.analyzer.run.live_tables import HeldRows
 
 
@@ -34,3 +35,19 @@ def test_a_window_cut_from_the_held_rows_is_one_table_of_their_last_records_by_r
     assert found[["rank", "step"]].values.tolist() == [[0, 1], [0, 2], [1, 1], [1, 2], [2, 2], [3, 1], [3, 2]]
     # Of steps 3 on, no row names a data phase: no column of theirs.
     assert "data_ms" not in held.between(2, 3) and "data_ms" in found
+
+
+def test_a_ranks_held_steps_are_its_last_ones_however_they_come():
+    """RankSteps keeps its oldest step and drops the oldest in a heap: the same rows, first and last step, and
+    count of steps recorded again as a dict of every row cut to its last ``keep`` steps."""
+    held, every, again = RankSteps(0, keep=3), {}, 0
+    reads = [{1: {"v": 1}, 2: {"v": 2}}, {3: {"v": 3}, 4: {"v": 4}}, {4: {"v": 40}}, {2: {"v": 20}, 6: {"v": 6}}, {},
+             {5: {"v": 5}}, {9: {"v": 9}, 7: {"v": 7}, 8: {"v": 8}}]
+    for added in reads:
+        again += sum(step in every for step in added)
+        every.update(added)
+        every = {s: every[s] for s in sorted(every)[-3:]}
+        held.take(added)
+        assert held.rows == every and (held.first, held.last_step) == (min(every), max(every))
+    assert held.found.repeated == again == 2  # steps 4 and 2, read again while held
+    assert sorted(held.rows) == [7, 8, 9] and held.rows[9] == {"v": 9}

@@ -109,7 +109,7 @@ class LiveSteps:
         new += sum(tail.read() for tail in self.direct.values())
         if self.window_steps is not None:
             self.rows.add([row for held in self.steps.values() for row in held.added.values()])
-            self.rows.trim(min((min(held.rows) for held in self.steps.values() if held.rows), default=0))
+            self.rows.trim(min((held.first for held in self.steps.values() if held.rows), default=0))
         self.new_samples = []
         for path in self.host_files().telemetry:
             tail = self.telemetry.setdefault(path, StepFilesTail(path))  # its closed segments too, as steps.jsonl's
