@@ -8,6 +8,7 @@ import pandas as pd
 
 from diagtrain.profiler.analyzer.read.step_tail import RankSteps
 from diagtrain.profiler.analyzer.run.live_tables import HeldRows
+from diagtrain.profiler.analyzer.run.tables import step_table
 
 
 def row(rank: int, step: int, forward: float, **more: float) -> dict:
@@ -51,3 +52,19 @@ def test_a_ranks_held_steps_are_its_last_ones_however_they_come():
         assert held.rows == every and (held.first, held.last_step) == (min(every), max(every))
     assert held.found.repeated == again == 2  # steps 4 and 2, read again while held
     assert sorted(held.rows) == [7, 8, 9] and held.rows[9] == {"v": 9}
+
+
+def test_a_counter_measured_in_some_reads_only_is_the_column_one_table_would_have():
+    """Counters none of a read's rows measured are not held (a None each); the window's steps table has them where
+    any of its rows measured them, typed and in the order one table of every row would."""
+    reads = [[row(0, 1, 20.0, runq_ms=None, page_faults=None), row(1, 1, 21.0, runq_ms=None, page_faults=None)],
+             [row(0, 2, 22.0, runq_ms=0.5, page_faults=None), row(1, 2, 23.0, runq_ms=None, page_faults=None)],
+             [row(0, 3, 24.0, runq_ms=None, page_faults=None), row(1, 3, 25.0, runq_ms=None, page_faults=None)]]
+    held = HeldRows()
+    for rows in reads:
+        held.add(rows)
+    every = pd.DataFrame([r for rows in reads for r in rows])
+    found = step_table(held.between(0, 3))
+    pd.testing.assert_frame_equal(found, step_table(every), check_exact=True)
+    assert "page_faults" not in found and found["runq_ms"].dtype == float and found["runq_ms"].notna().sum() == 1
+    assert "runq_ms" not in step_table(held.between(2, 3))  # only step 2 measured it

@@ -283,11 +283,16 @@ class HeldRows:
 
     def __init__(self) -> None:
         self.batches: list[pd.DataFrame] = []
+        self.named: list[list[str]] = []  # each batch's columns as its rows named them
 
     def add(self, rows: list[dict[str, Any]]) -> None:
-        """The rows one read added."""
+        """The rows one read added, without the counters none of them measured (a None each, as objects: most of the
+        cost of cutting a window from them; a window of no row that measured one has no such column either)."""
         if rows:
-            self.batches.append(pd.DataFrame(rows))
+            batch = pd.DataFrame(rows)
+            self.named.append(list(batch.columns))
+            self.batches.append(batch.drop(columns=[c for c in batch.columns
+                                                    if c in UNKNOWN_DROPPED and batch[c].isna().all()]))
 
     def has_any(self, columns: Iterable[str]) -> bool:
         """Whether a held row has any of ``columns``."""
@@ -295,7 +300,8 @@ class HeldRows:
 
     def trim(self, oldest: int) -> None:
         """Let go of the tables of steps before ``oldest`` only."""
-        self.batches = [b for b in self.batches if b["step"].max() >= oldest]
+        kept = [i for i, b in enumerate(self.batches) if b["step"].max() >= oldest]
+        self.batches, self.named = [self.batches[i] for i in kept], [self.named[i] for i in kept]
 
     def between(self, after: int, last: int) -> pd.DataFrame:
         """The rows of steps ``after`` < step <= ``last`` by rank, then step, as one table built from all of them at
@@ -312,10 +318,13 @@ class HeldRows:
             if len(rows) else rows
 
     def _cut(self, keep: Any) -> pd.DataFrame:
-        parts = [part for b in self.batches if len(part := b[keep(b)])]
-        if not parts:
+        """The rows ``keep`` chooses of each batch, as one table, its columns in the order their rows named them."""
+        cut = [(part, named) for b, named in zip(self.batches, self.named) if len(part := b[keep(b)])]
+        if not cut:
             return pd.DataFrame()
-        return pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0].reset_index(drop=True)
+        rows = pd.concat([p for p, _ in cut], ignore_index=True) if len(cut) > 1 else cut[0][0].reset_index(drop=True)
+        order = list(dict.fromkeys(c for _, named in cut for c in named if c in rows.columns))
+        return rows if list(rows.columns) == order else rows[order]
 
 
 def _known(rows: pd.DataFrame, unknown: Iterable[str] = ()) -> pd.DataFrame:
