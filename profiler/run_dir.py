@@ -426,6 +426,41 @@ def read_json(path: str | os.PathLike) -> Any | None:
         return None
 
 
+class FolderWatch:
+    """Whether a file was created, renamed or removed in the run directory's top or in a host's folder since the last
+    look (:meth:`changed`): by each folder's modification time, which an append or a heartbeat's rewrite in place
+    leaves as it is. A reader of the hosts' records every few seconds lists 1,024 folders' times instead of globbing
+    them for each kind of record (30 ms at 8,192 ranks)."""
+
+    RACY_S = 2.0  # a folder changed this recently may change again within its time's resolution: looked at again
+
+    def __init__(self, run_dir: str | os.PathLike) -> None:
+        self.run_dir = Path(run_dir)
+        self._seen: tuple | None = None
+
+    def changed(self) -> bool:
+        """Whether anything was created, renamed or removed there since the last call (True at the first)."""
+        stamp = self._stamp()
+        changed = stamp != self._seen
+        recent = max((t for _, t in stamp), default=0) > time.time_ns() - self.RACY_S * 1e9
+        self._seen = None if recent else stamp
+        return changed
+
+    def _stamp(self) -> tuple[tuple[str, int], ...]:
+        found = []
+        for folder in (self.run_dir, self.run_dir / HOSTS_DIR):
+            try:
+                found.append((folder.name, os.stat(folder).st_mtime_ns))
+            except OSError:
+                found.append((folder.name, -1))
+        try:
+            with os.scandir(self.run_dir / HOSTS_DIR) as entries:
+                found += [(e.name, e.stat().st_mtime_ns) for e in entries if e.is_dir()]
+        except OSError:
+            pass  # no hosts folder yet
+        return tuple(found)
+
+
 class RankIndex:
     """The ranks of a run directory, re-scanned cheaply: each rank.json is parsed once."""
 

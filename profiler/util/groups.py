@@ -16,6 +16,11 @@ def distinct(values: np.ndarray) -> np.ndarray:
     return np.sort(pd.unique(np.asarray(values)))
 
 
+def strictly_ordered(first: np.ndarray, second: np.ndarray) -> bool:
+    """Whether rows are sorted by ``first``, then ``second``, each pair once (a steps table by rank, then step)."""
+    return bool(np.all((first[1:] > first[:-1]) | ((first[1:] == first[:-1]) & (second[1:] > second[:-1]))))
+
+
 def positions_by(keys: np.ndarray) -> list[tuple[object, np.ndarray]]:
     """Each distinct key (ascending, as ``groupby`` sorts them) with the positions of its rows, in row
     order. NaN keys are left out, as ``groupby`` leaves them out."""

@@ -242,6 +242,9 @@ def _shares_of_max(running: np.ndarray, excess: np.ndarray, step: np.ndarray) ->
     return out
 
 
+CPU_FLOOR_READS = ("rank", "step", "cpu_ms", "lost_ms", "cpu_excess_ms")  # the ledger's columns _cpu_floor reads
+
+
 def _cpu_floor(ledger: Mapping[str, np.ndarray], t: Tables) -> np.ndarray:
     """Each row's step's shortest possible time on its hosts' free CPUs (NaN where a rank's CPU time, its host
     or the host's CPUs are unknown). Whether it is plausible against the step is the judge's call. ``ledger``:
