@@ -102,12 +102,14 @@ def build(run_dir: Path, results: list[RankResult], flight_recorder_dir: Path | 
 
 def assemble(t: Tables, device: list[DeviceRecord], p2p: dict[int, P2PCalls], measurements: dict[str, list[dict]],
              results: list[RankResult] | tuple = (), ledger_of: Callable[[Tables], pd.DataFrame] = ledger.build,
-             job_steps_of: Callable[[Tables], pd.DataFrame] = job_time.build) -> Tables:
+             job_steps_of: Callable[[Tables], pd.DataFrame] = job_time.build,
+             trim: Callable[[], None] = release_freed_memory) -> Tables:
     """What the read tables imply, derived the same way for a live window (run/live_tables.py) and a finished
     run: device timings, the run's structure, every host on one clock, waits, ranks, telemetry by step, the ledgers
     (the ranks' and the job's). ``ledger_of`` and ``job_steps_of``: the ranks' ledger of the tables and the job's
     steps, as ``ledger.build`` and ``job_time.build`` give them (a live window's reuse the steps the window before
-    held: run/live_ledger.py)."""
+    held: run/live_ledger.py). ``trim``: hands what a stage freed back to the system (a live window, judged every
+    few seconds, need not: two calls cost 8 ms at 8,192 ranks)."""
     if "data" not in t.phases and "data_ms" in t.steps and t.steps["data_ms"].notna().any():
         t.phases = ["data", *t.phases]  # from the traces' DataLoader spans: a data phase comes first
     # Before the clocks are lined up: a flight record's creation time is on its rank's own clock, as its steps are.
@@ -124,9 +126,9 @@ def assemble(t: Tables, device: list[DeviceRecord], p2p: dict[int, P2PCalls], me
     t.ranks = rank_table(t, results)
     t.telemetry = join_telemetry(t.telemetry, t.steps)
     t.ledger = ledger_of(t)
-    release_freed_memory()  # each ledger's temporaries, before the next stage's: a long run's peak is one stage's
+    trim()  # each ledger's temporaries, before the next stage's: a long run's peak is one stage's
     t.job_steps = job_steps_of(t)
-    release_freed_memory()
+    trim()
     return t
 
 
@@ -255,32 +257,56 @@ def _by_rank(steps: pd.DataFrame) -> pd.DataFrame:
 
 def rank_table(tables: Tables, results: list[RankResult]) -> pd.DataFrame:
     """report.json's ``ranks``: steps, median step time, compute, non-compute, idle, overlap. Built a column at a
-    time (a dict per rank cost 70 ms of a live judgement at 8,192 ranks), as a frame of those rows would be."""
+    time, as arrays where no value is missing (a dict per rank cost 70 ms of a live judgement at 8,192 ranks, and
+    lists of 8,192 Nones or floats that pandas types one by one 20 ms), as a frame of those rows would be."""
     per_rank = _step_stats(tables.steps)
     traced = {r.rank: r for r in results}
     ranks = sorted(set(per_rank["steps"].index) | set(traced) | set(tables.dumps))
     if not ranks:
         return pd.DataFrame()
     breakdowns = [traced[rank].breakdown if rank in traced else {} for rank in ranks]
-    counted = per_rank["steps"].reindex(ranks, fill_value=0)
-    medians = per_rank["wall_ms"].reindex(ranks).tolist()
-    peaks = per_rank["peak_mem_bytes"].reindex(ranks).tolist()
-    held = [tables.parameters.get(rank) for rank in ranks]
+    counted = per_rank["steps"].reindex(ranks, fill_value=0).to_numpy().astype(int)
+    medians = per_rank["wall_ms"].reindex(ranks).to_numpy(dtype=float)
+    peaks = per_rank["peak_mem_bytes"].reindex(ranks).to_numpy(dtype=float)
+    held = [tables.parameters.get(rank) for rank in ranks] if tables.parameters else _nones(len(ranks))
     per_parameter = bytes_per_parameter() if tables.parameters else 0
     return pd.DataFrame({
-        "rank": ranks,
-        "steps": counted.astype(int).tolist(),
-        "step_time_median_us": [float(m * US_PER_MS) if c else None for m, c in zip(medians, counted.tolist())],
-        **{column: [b.get(column) for b in breakdowns] for column in ("compute_us", "non_compute_us", "idle_us")},
-        "comm_comp_overlap_pct": [None if not b or np.isnan(b.get("overlap_pct", np.nan)) else b["overlap_pct"]
-                                  for b in breakdowns],
-        # What compute, non-compute and idle add up to: the traced window, not one step.
-        "window_us": [b.get("total_us") for b in breakdowns],
-        "profiled_steps": per_rank["profiled"].reindex(ranks, fill_value=0).astype(int).tolist(),
-        "peak_mem_bytes": [int(p) if p is not None and not np.isnan(p) else None for p in peaks],
+        "rank": np.asarray(ranks, dtype=np.int64),
+        "steps": counted,
+        "step_time_median_us": _where_known(medians * US_PER_MS, counted > 0),
+        **_breakdown_columns(breakdowns),
+        "profiled_steps": per_rank["profiled"].reindex(ranks, fill_value=0).to_numpy().astype(int),
+        "peak_mem_bytes": [int(p) if not np.isnan(p) else None for p in peaks] if not np.isnan(peaks).all()
+        else _nones(len(ranks)),
         "parameters": held,
-        "model_state_bytes": [n * per_parameter if n is not None else None for n in held],
+        "model_state_bytes": [n * per_parameter if n is not None else None for n in held] if tables.parameters
+        else _nones(len(ranks)),
     })
+
+
+def _breakdown_columns(breakdowns: list[dict[str, Any]]) -> dict[str, Any]:
+    """The traced ranks' compute, non-compute, idle, overlap and window (None for a rank not traced)."""
+    if not any(breakdowns):
+        return {column: _nones(len(breakdowns)) for column in ("compute_us", "non_compute_us", "idle_us",
+                                                               "comm_comp_overlap_pct", "window_us")}
+    return {**{column: [b.get(column) for b in breakdowns] for column in ("compute_us", "non_compute_us", "idle_us")},
+            "comm_comp_overlap_pct": [None if not b or np.isnan(b.get("overlap_pct", np.nan)) else b["overlap_pct"]
+                                      for b in breakdowns],
+            # What compute, non-compute and idle add up to: the traced window, not one step.
+            "window_us": [b.get("total_us") for b in breakdowns]}
+
+
+def _nones(n: int) -> np.ndarray:
+    """A column of ``n`` Nones, as a frame types a list of them (objects)."""
+    return np.full(n, None, dtype=object)
+
+
+def _where_known(values: np.ndarray, known: np.ndarray) -> np.ndarray:
+    """``values`` where ``known``, else None, as a frame types such a list: floats (NaN for None), objects where
+    none is known."""
+    if not known.any():
+        return _nones(len(values))
+    return np.where(known, values, np.nan)
 
 
 def _step_stats(steps: pd.DataFrame) -> dict[str, pd.Series]:
