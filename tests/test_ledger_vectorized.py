@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from diagtrain.profiler.analyzer.judge.detectors.straggler import Straggler, _Candidates
 from diagtrain.profiler.analyzer.run import ledger as lg
-from diagtrain.profiler.util.groups import median_by, median_of_others, positions_by
+from diagtrain.profiler.util.groups import Groups, median_by, median_of_others, positions_by
 from straggler_reference import over_peers
 
 PARTS = ["forward", "backward", lg.OUTSIDE]
@@ -162,7 +162,7 @@ def test_the_straggler_candidates_of_all_steps_are_each_steps(case, threshold):
     s = Straggler()
     by_step = positions_by(step)
     numbers, at = np.unique(step, return_inverse=True)
-    candidates = _Candidates(at, len(numbers), values, usual, noise, threshold, 40.0, s)
+    candidates = _Candidates(Groups(at, len(numbers)), values, usual, noise, threshold, 40.0, s)
     for k, (number, rows) in enumerate(by_step):
         expected = over_peers(number, rank[rows], values[rows], "forward", usual[rows], noise[rows], "phases",
                               threshold, 40.0, s)

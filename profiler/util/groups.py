@@ -5,6 +5,7 @@ groups' frames (issue 39: live judgement of 64 ranks)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -14,6 +15,19 @@ def distinct(values: np.ndarray) -> np.ndarray:
     """``np.unique(values)``: the distinct values, sorted (NaN last). By a hash table, then a sort of the distinct
     ones only: numpy 2.4's own np.unique took 0.4 s for a million step numbers, this 0.03 s."""
     return np.sort(pd.unique(np.asarray(values)))
+
+
+def ranked(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(keys, return_inverse=True)``: the distinct keys ascending, and each key's position among them. For
+    integers that span no more values than there are keys (ranks, steps) by a count per value, not a sort or a hash
+    table (0.5 ms, not 5, for 8,192 ranks x 20 steps)."""
+    keys = np.asarray(keys)
+    if keys.dtype.kind not in "iu" or not len(keys) or int(keys.max()) - int(keys.min()) >= len(keys):
+        found, at = np.unique(keys, return_inverse=True)
+        return found, at.reshape(-1)
+    low = keys.min()
+    present = np.bincount(keys - low) > 0
+    return (np.flatnonzero(present) + low).astype(keys.dtype), (np.cumsum(present) - 1)[keys - low]
 
 
 def strictly_ordered(first: np.ndarray, second: np.ndarray) -> bool:
@@ -81,10 +95,11 @@ def median_of_others(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
 def median_by(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
     """For each element, ``np.median`` of its group (itself included), to the bit (NaN where the group
     holds a NaN)."""
+    by = Groups.of_keys(groups)
+    if by is not None and by.equal:
+        return by.median(values)[by.codes]
     g = _Sorted(values, groups)
-    low, high = (g.size - 1) // 2, g.size // 2
-    a, b = g.at(low), g.at(high)
-    return g.of(np.where(g.nans > 0, np.nan, np.where(low == high, a, (a + b) / 2)))
+    return g.of(g.medians())
 
 
 def _by_group_then_value(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
@@ -113,7 +128,40 @@ def stable_order(keys: np.ndarray) -> np.ndarray:
     return order[np.argsort((shifted[order] >> 16).astype(np.uint16), kind="stable")]
 
 
-class _Sorted:
+@dataclass
+class _Middles:
+    """Groups' values sorted within each group, NaN last (``sorted``), with each group's ``start`` among them, ``size``
+    and count of ``nans``: what their medians are read from."""
+
+    sorted: np.ndarray
+    start: np.ndarray
+    size: np.ndarray
+    nans: np.ndarray
+
+    def at(self, position: np.ndarray) -> np.ndarray:
+        """Each group's sorted value at ``position`` (per group, clipped into the group: callers mask the rest)."""
+        return self.sorted[self.start + np.clip(position, 0, self.size - 1)]
+
+    def medians(self, skip_nan: bool = False) -> np.ndarray:
+        """Per group, ``np.median`` of its values (NaN where one is NaN); with ``skip_nan``, pandas' groupby median
+        (NaN left out, NaN where nothing is left). Both are the middle value, or the mean of the middle two."""
+        known = self.size - self.nans if skip_nan else self.size
+        low, high = (known - 1) // 2, known // 2
+        a, b = self.at(low), self.at(high)
+        missing = known < 1 if skip_nan else self.nans > 0
+        with np.errstate(invalid="ignore"):  # inf and -inf in the middle: NaN, as numpy's and pandas' own
+            return np.where(missing, np.nan, np.where(low == high, a, (a + b) / 2))
+
+
+def _rows_sorted(block: np.ndarray) -> _Middles:
+    """Groups of one size, a row of ``block`` each, sorted along the rows in place. numpy's sort of short rows
+    costs a fifth of the sort of all values by value, then group (0.6 ms for 8,192 ranks x 20 steps, either way)."""
+    block.sort(axis=1)  # NaN last
+    groups, size = block.shape
+    return _Middles(block.ravel(), np.arange(groups) * size, np.full(groups, size), np.isnan(block).sum(axis=1))
+
+
+class _Sorted(_Middles):
     """Values sorted within their groups (NaN last): per group its start among them, size and NaN count; per
     element its group. Per-group answers are taken to the elements by one gather (:meth:`of`), not computed
     for every element of a sorted copy and put back in order."""
@@ -129,10 +177,6 @@ class _Sorted:
         self.group = np.empty(n, dtype=np.int64)
         self.group[order] = np.repeat(np.arange(len(self.start)), self.size)
 
-    def at(self, position: np.ndarray) -> np.ndarray:
-        """Each group's sorted value at ``position`` (per group, clipped into the group: callers mask the rest)."""
-        return self.sorted[self.start + np.clip(position, 0, self.size - 1)]
-
     def past(self, position: np.ndarray, values: np.ndarray) -> np.ndarray:
         """Per element, its group's sorted value at ``position`` among the others, the element left out: the one
         after ``position`` where the element sits at or before it (told by its value, ``values``)."""
@@ -142,3 +186,110 @@ class _Sorted:
     def of(self, per_group: np.ndarray) -> np.ndarray:
         """A per-group array, per element."""
         return per_group[self.group]
+
+
+class Groups:
+    """Rows in groups numbered 0 .. ``n`` - 1 (``codes``: each row's), for several answers per group over the same
+    rows: gathered group by group once (a radix sort of the codes, none where they are in order already, as a steps
+    table's ranks, or a transpose where they are its steps), each answer a reduction of that order. Groups
+    that all hold as many rows (each step's peers, each rank's steps) are the rows of a (groups, size) array: their
+    medians a sort along its short rows, not of every value by value, then group."""
+
+    def __init__(self, codes: np.ndarray, n: int, *, order: np.ndarray | None = None,
+                 sizes: np.ndarray | None = None) -> None:
+        self.codes, self.n = np.asarray(codes), n
+        # The rows taken: all, or (from within) the given order's, whose order within a group no answer here reads.
+        self.rows = np.arange(len(self.codes)) if order is None else order
+        self.sizes = np.bincount(self.codes, minlength=n) if sizes is None else sizes
+        self._order = order
+        self._contiguous = False  # whether the order is every row, as they are: gathered by a copy, not an index
+
+    @classmethod
+    def of_keys(cls, keys: np.ndarray) -> Groups | None:
+        """The groups of integer ``keys`` that span no more values than there are keys (steps, ranks), numbered from
+        the lowest key; None for other keys (a count per value spanned would cost more than their sort)."""
+        keys = np.asarray(keys)
+        if keys.dtype.kind not in "iu" or not len(keys):
+            return None
+        low, span = int(keys.min()), int(keys.max()) - int(keys.min()) + 1
+        return cls(keys.astype(np.int64) - low, span) if span <= len(keys) else None
+
+    @property
+    def equal(self) -> bool:
+        """Whether every group with rows holds as many."""
+        held = self.sizes[self.sizes > 0]
+        return bool(len(held)) and bool((held == held[0]).all())
+
+    @property
+    def order(self) -> np.ndarray:
+        """The rows group by group, each group's in row order."""
+        if self._order is None:
+            keys = self.codes[self.rows]
+            if np.all(keys[1:] >= keys[:-1]):
+                self._order, self._contiguous = self.rows, len(self.rows) == len(self.codes)
+            elif self._cycles(keys):  # a steps table by rank, then step, grouped by step: its transpose
+                self._order = self.rows.reshape(-1, self.n).T.ravel()
+            else:
+                self._order = self.rows[stable_order(keys)]
+        return self._order
+
+    def _cycles(self, keys: np.ndarray) -> bool:
+        """Whether ``keys`` are 0 .. n - 1 over and over (every rank the same steps, by rank then step)."""
+        return len(keys) % self.n == 0 and bool((keys.reshape(-1, self.n) == np.arange(self.n)).all())
+
+    def within(self, chosen: np.ndarray) -> Groups:
+        """The same groups of the ``chosen`` rows only (a mask over all rows), gathered without another sort: the
+        gathered rows kept, each group's count of them summed."""
+        kept = self._gathered(chosen)
+        sizes = np.zeros(self.n, dtype=np.int64)
+        if len(kept):
+            sizes[self.sizes > 0] = np.add.reduceat(kept, self._starts(), dtype=np.int64)
+        return Groups(self.codes, self.n, order=self.order[kept], sizes=sizes)
+
+    def median(self, values: np.ndarray, skip_nan: bool = False) -> np.ndarray:
+        """Per group, ``np.median`` of its rows' ``values`` (NaN where one is NaN), or with ``skip_nan`` pandas'
+        groupby median (NaN left out), to the bit; NaN for a group without rows."""
+        out = np.full(self.n, np.nan)
+        held = self.sizes > 0
+        if not held.any():
+            return out
+        values = np.asarray(values, dtype=float)
+        if self.equal:
+            middles = _rows_sorted(self._gathered(values).reshape(-1, self.sizes[held][0]))
+        else:
+            middles = _Sorted(values[self.rows], self.codes[self.rows])
+        out[held] = middles.medians(skip_nan)
+        return out
+
+    def maximum(self, values: np.ndarray, empty: float = -np.inf) -> np.ndarray:
+        """Per group, the largest of its rows' ``values`` (NaN where one is NaN, as ``np.maximum``); ``empty`` for a
+        group without rows."""
+        return self._reduce(np.maximum, values, empty)
+
+    def minimum(self, values: np.ndarray, empty: float = np.inf) -> np.ndarray:
+        """Per group, the smallest of its rows' ``values`` (NaN where one is NaN); ``empty`` for a group without rows."""
+        return self._reduce(np.minimum, values, empty)
+
+    def first(self, chosen: np.ndarray) -> np.ndarray:
+        """Per group, its first row (by position) of those ``chosen`` (a mask over all rows); the number of rows
+        where it has none."""
+        none = len(self.codes)
+        return self._reduce(np.minimum, np.where(chosen, np.arange(none), none), none)
+
+    def _gathered(self, values: np.ndarray) -> np.ndarray:
+        """A copy of ``values`` (one per row) in :attr:`order`."""
+        order = self.order
+        return values.copy() if self._contiguous else values[order]
+
+    def _starts(self) -> np.ndarray:
+        """Where each group with rows starts in :attr:`order`."""
+        return np.r_[0, np.cumsum(self.sizes[self.sizes > 0])[:-1]]
+
+    def _reduce(self, ufunc: np.ufunc, values: np.ndarray, empty: float) -> np.ndarray:
+        """``ufunc`` over each group's rows, in row order (``ufunc.at`` from ``empty``, without its cost)."""
+        held = self.sizes > 0
+        values = np.asarray(values)
+        out = np.full(self.n, empty, dtype=values.dtype)
+        if held.any():
+            out[held] = ufunc.reduceat(self._gathered(values), self._starts())
+        return out

@@ -14,7 +14,7 @@ import pandas as pd
 
 from diagtrain.profiler.analyzer.judge.quantities import Measure, Quantity
 from diagtrain.profiler.util.settings import section, setting
-from diagtrain.profiler.util.groups import median_by
+from diagtrain.profiler.util.groups import Groups
 
 
 @section("own_time")
@@ -41,20 +41,17 @@ def blocked_column(quantity: Quantity) -> str | None:
     return f"{quantity.phase}_comm_wait_ms" if quantity.measure is Measure.PHASE else None
 
 
-def waited(blocked: np.ndarray, at: np.ndarray, group: np.ndarray, top: np.ndarray, excess_ms: np.ndarray) -> np.ndarray:
+def waited(blocked: np.ndarray, by_step: Groups, top: np.ndarray, excess_ms: np.ndarray) -> np.ndarray:
     """Per step, whether its candidate's excess in a phase is mostly time blocked in collectives, beyond what
-    its peers were blocked there: it waited for another rank. ``blocked``: the phase's blocked ms per row; ``at``:
-    each row's step (0 .. n-1); ``group``: the rows compared in their step; ``top``: each step's candidate row
-    (-1 for none); ``excess_ms``: its excess per step. Every step at once: this decided each step of the
-    straggler detector, a second of a long run's analysis as a function per step."""
-    n_steps = len(top)
-    known = group & ~np.isnan(blocked)
+    its peers were blocked there: it waited for another rank. ``blocked``: the phase's blocked ms per row compared;
+    ``by_step``: those rows' steps (0 .. n-1); ``top``: each step's candidate row (-1 for none); ``excess_ms``: its
+    excess per step. Every step at once: this decided each step of the straggler detector, a second of a long
+    run's analysis as a function per step."""
+    known = ~np.isnan(blocked)
     is_top = np.zeros(len(blocked), dtype=bool)
     is_top[top[top >= 0]] = True
-    others = known & ~is_top
-    counted = np.bincount(at[known], minlength=n_steps)  # the candidate's own row among them
-    peers = np.full(n_steps, np.nan)
-    peers[at[others]] = median_by(blocked[others], at[others])
+    counted = by_step.within(known).sizes  # the candidate's own row among them
+    peers = by_step.within(known & ~is_top).median(blocked)
     mine = blocked[np.maximum(top, 0)]
     share = OwnTime.active().waiting_share
     with np.errstate(invalid="ignore"):  # a step without a candidate or known peers: not waiting

@@ -28,7 +28,7 @@ from diagtrain.profiler.analyzer.judge.quantities import (CAUSE_OF, DEVICE_MEASU
 from diagtrain.profiler.analyzer.run.device_time import on_device
 from diagtrain.profiler.analyzer.run.tables import Tables
 from diagtrain.profiler.util.stats import MAD_TO_SIGMA
-from diagtrain.profiler.util.groups import distinct, median_by
+from diagtrain.profiler.util.groups import Groups, distinct, ranked, strictly_ordered
 
 
 
@@ -76,7 +76,8 @@ def detect(tables: Tables) -> list[Candidate]:
     """Ranks whose own work, in some part of the step, stands above their peers' beyond the noise."""
     s = Straggler.active()
     steps = steady(tables.steps.drop(columns=[c for c in UNREAD if c in tables.steps]))
-    if steps.empty or steps["rank"].nunique() < 2:
+    ranks = distinct(steps["rank"])
+    if len(ranks) < 2:
         return []
     findings = []
     # A rank late at nearly every collective because it pauses right before its calls has a slow
@@ -84,9 +85,10 @@ def detect(tables: Tables) -> list[Candidate]:
     # unknown (GPU traces), such a rank's time outside operators could be that pause: only its
     # phases can make it a straggler then.
     held, maybe_held = late_on_their_path(tables.collectives)
-    for peers in tables.structure.peer_groups(sorted(steps["rank"].unique())):
-        group = steps[steps["rank"].isin(peers)]
-        if group["rank"].nunique() >= 2:
+    for peers in tables.structure.peer_groups(ranks.tolist()):
+        # All ranks peers (no pipeline stages): the table itself, not a copy of its rows.
+        group = steps if len(peers) == len(ranks) else steps[steps["rank"].isin(peers)]
+        if np.isin(ranks, peers).sum() >= 2:
             findings += [f for f in _stragglers(group, tables.phases, s) if f.ranks[0] not in held
                          and (f.ranks[0] not in maybe_held or f.metrics["source"] in ("phases", DEVICE))]
     return findings
@@ -96,6 +98,7 @@ def _stragglers(steps: pd.DataFrame, phases: list[str], s: Straggler) -> list[Ca
     step_ms = float(steps["wall_ms"].median())
     threshold = max(s.min_excess_ms, s.min_excess_share * step_ms)
     slow, compared, measured = _excess(steps, phases, threshold, step_ms, s)  # rank, step, phase, excess_ms, value_ms, peer_ms
+    ranks = distinct(steps["rank"])
     findings = []
     for rank, rows in slow.groupby("rank"):
         # A pattern in one kind of evidence (traces or phase records), not one step of each.
@@ -118,7 +121,7 @@ def _stragglers(steps: pd.DataFrame, phases: list[str], s: Straggler) -> list[Ca
         observed = len(seen_in)
         impact = float(rows["excess_ms"].sum() / max(observed, 1))
         since = int((seen_in >= began).sum()) if began is not None else observed
-        others = sorted(int(r) for r in steps["rank"].unique() if r != rank)
+        others = ranks[ranks != rank].tolist()
         work = _work_ratio(steps, int(rank), rows["step"]) if measured[phase].measure is Measure.COMPUTE else None
         same_work = work is not None and work < s.more_work
         cause = CAUSE_OF.get(measured[phase].measure)
@@ -205,16 +208,23 @@ def _quantities(steps: pd.DataFrame, phases: list[str]) -> tuple[pd.DataFrame, d
 
 def _usual(quantities: pd.DataFrame, min_steps: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per rank and quantity: the median over steps, and the robust standard deviation from step
-    to step (NaN with fewer than ``min_steps`` steps)."""
+    to step (NaN with fewer than ``min_steps`` steps); NaN is skipped, as pandas' groupby median skips it."""
     values = quantities.drop(columns=["step", "rank"])
-    by_rank = values.groupby(quantities["rank"])
-    usual = by_rank.median()
+    found, at = ranked(quantities["rank"].to_numpy())
+    index = pd.Index(found, name="rank")
     # All ranks at once (a function per rank and quantity cost a second at 1,024 ranks), a quantity at a time (all
-    # at once held three copies of a long run's quantities); NaN is skipped.
-    at = usual.index.get_indexer(quantities["rank"])
-    noise = pd.DataFrame({label: MAD_TO_SIGMA * (values[label] - usual[label].to_numpy()[at]).abs()
-                          .groupby(quantities["rank"]).median() for label in values.columns}, columns=values.columns)
-    return usual, noise.where(by_rank.count() >= min_steps)
+    # at once held three copies of a long run's quantities), the rows gathered by rank once for all of them.
+    by_rank = Groups(at, len(index))
+    usual, noise = {}, {}
+    for label in values.columns:
+        column = values[label].to_numpy(dtype=float)
+        usual[label] = by_rank.median(column, skip_nan=True)
+        with np.errstate(invalid="ignore"):  # inf - inf: NaN, skipped as pandas skips it
+            spread = MAD_TO_SIGMA * by_rank.median(np.abs(column - usual[label][by_rank.codes]), skip_nan=True)
+        known = np.bincount(by_rank.codes, weights=~np.isnan(column), minlength=len(index))
+        noise[label] = np.where(known >= min_steps, spread, np.nan)
+    return (pd.DataFrame(usual, index=index, columns=values.columns),
+            pd.DataFrame(noise, index=index, columns=values.columns))
 
 
 SLOW_COLUMNS = ["rank", "step", "phase", "excess_ms", "value_ms", "peer_ms", "source", "threshold_ms"]
@@ -231,7 +241,7 @@ def _excess(steps: pd.DataFrame, phases: list[str], threshold: float,
     traced = excluded + [label for label, q in measured.items() if q.measure not in RECORDED]
     phased = [label for m in RECORDED for label, q in measured.items() if q.measure is m]
     ranks = quantities["rank"].to_numpy()
-    numbers, at = np.unique(quantities["step"].to_numpy(), return_inverse=True)
+    numbers, at = ranked(quantities["step"].to_numpy())
     # Each rank's usual value and noise stay one per rank, looked up for the rows a part compares: two arrays per
     # row for every part raised the detector's peak by 60 MiB at 2 x 500,000 steps. (usual and noise are indexed
     # by every rank of the rows.)
@@ -294,15 +304,14 @@ class _Walk:
         rows = np.flatnonzero((self.open & in_mode)[self.at] & ~self.dropped)
         if not len(rows):
             return
-        of_rank = self.rank_at[rows]
-        found = _Candidates(self.at[rows], self.n_steps, part.values[rows], part.usual[of_rank], part.noise[of_rank],
-                            threshold, step_ms, s)
+        of_rank = _taken(self.rank_at, rows)
+        by_step = Groups(_taken(self.at, rows), self.n_steps)  # gathered by step once, for the candidates and waiting
+        found = _Candidates(by_step, _taken(part.values, rows), part.usual[of_rank], part.noise[of_rank], threshold,
+                            step_ms, s)
         hit = found.ok
-        top = np.where(hit, rows[np.minimum(found.top, len(rows) - 1)], -1)
         if part.blocked is not None:
-            group = np.zeros(len(self.at), dtype=bool)
-            group[rows] = True
-            hit = hit & ~waited(part.blocked, self.at, group, top, found.excess)
+            hit = hit & ~waited(_taken(part.blocked, rows), by_step, np.where(hit, found.top, -1), found.excess)
+        top = np.where(hit, rows[np.minimum(found.top, len(rows) - 1)], -1)
         if exclusion:
             self.dropped[top[hit]] = True
             return
@@ -328,10 +337,15 @@ class _Walk:
         return np.flatnonzero(left & (sizes[self.at] >= 2))
 
 
+def _taken(per_row: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``per_row`` at ``rows`` (ascending); the array itself where they are every row (a live window's first part)."""
+    return per_row if len(rows) == len(per_row) else per_row[rows]
+
+
 def _pairs(quantities: pd.DataFrame, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The distinct (rank, step) pairs of the rows at positions ``at``: their ranks and their steps."""
     ranks, steps = quantities["rank"].to_numpy(dtype=np.int64)[at], quantities["step"].to_numpy(dtype=np.int64)[at]
-    if not len(at):
+    if not len(at) or strictly_ordered(ranks, steps):  # a steps table's rows by rank, then step: distinct already
         return ranks, steps
     low, span = steps.min(), steps.max() - steps.min() + 1
     pair = distinct((ranks - ranks.min()) * span + (steps - low))
@@ -340,36 +354,31 @@ def _pairs(quantities: pd.DataFrame, at: np.ndarray) -> tuple[np.ndarray, np.nda
 
 class _Candidates:
     """One part's candidate in every step at once: the rank whose value stands above the rest of its step,
-    beyond the noise, if one does (``at``: each row's step, 0 .. ``n_steps`` - 1; ``usual`` and ``noise``: each
+    beyond the noise, if one does (``by_step``: the rows' steps, 0 .. n - 1; ``usual`` and ``noise``: each
     row's rank's). tests/straggler_reference.py keeps the function per step it gives to the bit."""
 
-    def __init__(self, at: np.ndarray, n_steps: int, values: np.ndarray, usual: np.ndarray,
+    def __init__(self, by_step: Groups, values: np.ndarray, usual: np.ndarray,
                  noise: np.ndarray, threshold: float, step_ms: float, s: Straggler) -> None:
-        sizes = np.bincount(at, minlength=n_steps)
-        unknown = np.bincount(at, weights=np.isnan(values), minlength=n_steps) > 0
+        sizes, n = by_step.sizes, len(values)
+        unknown = np.bincount(by_step.codes, weights=np.isnan(values), minlength=by_step.n) > 0
         # The top row of each step: its largest value, the first such row on a tie (as np.argmax).
         filled = np.where(np.isnan(values), -np.inf, values)
-        top_value = np.full(n_steps, -np.inf)
-        np.maximum.at(top_value, at, filled)
-        is_top = filled == top_value[at]
-        self.top = np.full(n_steps, len(values))
-        np.minimum.at(self.top, at[is_top], np.flatnonzero(is_top))
+        self.top = by_step.first(filled == by_step.maximum(filled)[by_step.codes])
         # The others: one row per rank and step, so the rows other than the top are its peers.
-        peer = np.ones(len(values), dtype=bool)
-        peer[self.top[self.top < len(values)]] = False
-        self.peer = _median_per_step(values, at, peer, n_steps)
-        high, low = np.full(n_steps, -np.inf), np.full(n_steps, np.inf)
+        peer = np.ones(n, dtype=bool)
+        peer[self.top[self.top < n]] = False
+        peers = by_step.within(peer)
+        self.peer = peers.median(values)
         with np.errstate(invalid="ignore"):  # NaN in a step makes it unknown (below): its spread is not used
-            np.maximum.at(high, at[peer], values[peer])
-            np.minimum.at(low, at[peer], values[peer])
+            high, low = peers.maximum(values), peers.minimum(values)
         # Above the peers in this step and above what they usually take: one peer's quick step is
         # not the candidate's slow one.
         spread_rest = np.where(sizes > 2, high - low, 0.0)
-        usual_others = _median_per_step(usual, at, peer & ~np.isnan(usual), n_steps)
+        usual_others = peers.within(~np.isnan(usual)).median(usual)
         # The peers' own variation, not the candidate's: a straggler for part of the run varies a lot.
-        peer_noise = _median_per_step(noise, at, peer & ~np.isnan(noise), n_steps)
+        peer_noise = peers.within(~np.isnan(noise)).median(noise)
         # Python's max(a, b) (b where b > a): NaN never wins.
-        top = np.minimum(self.top, len(values) - 1)
+        top = np.minimum(self.top, n - 1)
         self.value = values[top]
         self.excess = self.value - np.where(usual_others > self.peer, usual_others, self.peer)
         # Too few steps to know how much the peers vary: only a large excess counts.
@@ -377,10 +386,3 @@ class _Candidates:
         self.limit = np.where(bar > threshold, bar, threshold)
         with np.errstate(invalid="ignore"):
             self.ok = (sizes >= 2) & ~unknown & ~(self.excess < self.limit) & ~(self.excess <= 2 * spread_rest)
-
-
-def _median_per_step(values: np.ndarray, at: np.ndarray, chosen: np.ndarray, n_steps: int) -> np.ndarray:
-    """np.median of each step's ``chosen`` rows (NaN for a step with none)."""
-    out = np.full(n_steps, np.nan)
-    out[at[chosen]] = median_by(values[chosen], at[chosen])
-    return out
