@@ -141,3 +141,23 @@ def test_a_step_reads_the_records_the_steps_before_it_left_on_each_finding():
     judged.take(Assessed(of={0: [Assessment(EXPLAINED, drop=True)]}))
     # By the position of the findings standing: the first is gone, the new candidate came with its own record.
     assert [(r.of(float), r.of(str)) for r in judged.results()] == [(2.5, None), (None, "new")]
+
+
+def test_a_findings_record_is_what_asdict_makes_of_it():
+    """to_json copies flat lists whole (a straggler's 8,191 peers at 8,192 ranks): the same record as asdict's, every
+    container a copy (a record kept by live judgement must not change with the finding)."""
+    from collections import namedtuple
+    from dataclasses import asdict
+
+    import numpy as np
+
+    Span = namedtuple("Span", "first last")
+    facts = {**FACTS, "others": list(range(2, 9000)), "span": Span(4, 5), "pair": (1, 2.5),
+             "nested": [{"rank": 1, "steps": [4, 5]}, [np.float64(1.5), None]], "value": np.int64(7)}
+    f = verdict(candidate(facts=facts, evidence=[{"type": "steps", "rank": 1}]), [])
+    record, reference = f.to_json(), asdict(f)
+    reference["time_range"] = None
+    assert record == reference
+    assert type(record["facts"]["pair"]) is tuple and type(record["facts"]["span"]) is Span
+    assert record["facts"]["others"] is not f.facts["others"] and record["evidence"][0] is not f.evidence[0]
+    assert record["facts"]["nested"][0]["steps"] is not f.facts["nested"][0]["steps"]
