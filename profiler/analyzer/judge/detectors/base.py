@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -12,7 +13,7 @@ from diagtrain.profiler.analyzer.run.job_time import JobTime
 from diagtrain.profiler.analyzer.run.host_load import LOAD_COLUMNS, HostLoad, host_loads
 from diagtrain.profiler.util.groups import distinct
 from diagtrain.profiler.util.settings import section, setting
-from diagtrain.profiler.util.stats import binomial_tail, rate_change
+from diagtrain.profiler.util.stats import rate_change
 
 if TYPE_CHECKING:
     from diagtrain.profiler.analyzer.run.tables import Tables
@@ -39,9 +40,17 @@ class LateArrival:
     # A clean 4-rank run here: 9 ms against the others' 3 ms.
     lateness_ratio: float = setting(4.0, "... and this many times later than the other ranks usually are: on a busy "
                                     "host every rank is late by turns")
-    # With 4 ranks and 4 collectives, chance alone makes some rank last 3 times of 4 in one run of five.
-    alpha: float = setting(0.05, "... and last more often than chance would make it (1 in group-size), at this "
-                           "significance")
+    # With 4 ranks and 4 collectives, chance alone makes some rank last 3 times of 4 in one run of five. Weighed
+    # by how late, not only who came last: a 3-step window holds 6 collectives of 2 ranks, and a count of who came
+    # last lost its significance (5 of 6: p = 0.11) whenever a busy host held the peer up once a little longer.
+    alpha: float = setting(0.05, "... and later, summed over its collectives, than chance would make it (each "
+                           "collective's arrivals shuffled between its ranks), at this significance")
+    chance_grid_ms: float = setting(0.5, "lateness is weighed against chance in steps of this: finer than late_ms, "
+                                    "and coarse enough for the exact count of a short window's shuffles")
+    exact_chance_bins: int = setting(1 << 12, "chance's distribution of a rank's summed lateness is counted exactly up "
+                                     "to this many grid steps ...")
+    exact_chance_collectives: int = setting(64, "... and this many collectives of a group (a short profiled window); "
+                                            "beyond, its normal approximation, close with that many")
     # Counting such a collective would dilute a rank late wherever arrivals do differ (a comm hook
     # delays the gradient buckets, not the loss all-reduce beside them).
     arrived_together_ms: float = setting(5.0, "a collective its ranks reached within this of each other (by default "
@@ -120,7 +129,8 @@ def time_range(steps: pd.DataFrame) -> tuple[float, float] | None:
     return float(steps["start"].min()), float(steps["end"].max())
 
 
-LATE_COLUMNS = ["rank", "group", "collectives", "late", "late_share", "lateness_ms", "chance", "p_value", "extra_gap_ms"]
+LATE_COLUMNS = ["rank", "group", "collectives", "late", "late_share", "lateness_ms", "chance", "p_value", "extra_gap_ms",
+                "lateness_sum", "null_mean", "null_var", "null_pmf"]
 
 
 def late_arrivals(collectives: pd.DataFrame) -> pd.DataFrame:
@@ -147,28 +157,85 @@ def late_arrivals(collectives: pd.DataFrame) -> pd.DataFrame:
     by = gap.groupby([table[k] for k in key])
     others = (by.transform("sum") - gap) / (by.transform("count") - 1)  # the other ranks' mean gap
     table["extra_gap_ms"] = ((gap - others) / 1e3).where(table["late"])
+    # Chance's share of a rank's lateness: in each judged collective, what a rank drawn at random from its
+    # arrivals would be late by (its mean and variance), on the grid the exact count uses.
+    table["steps"] = np.rint(table["lateness_ms"] / s.chance_grid_ms).where(table["judged"], 0.0)
+    by_collective = table["steps"].groupby([table[k] for k in key])
+    mean = by_collective.transform("mean")
+    table["null_mean"] = mean.where(table["judged"], 0.0)
+    table["null_var"] = ((table["steps"] ** 2).groupby([table[k] for k in key]).transform("mean") - mean ** 2) \
+        .clip(lower=0.0).where(table["judged"], 0.0)
     out = table.groupby(["rank", "group"]).agg(
         collectives=("judged", "sum"), late=("late", "sum"),
         lateness_ms=("lateness_ms", "mean"), chance=("chance", "mean"), extra_gap_ms=("extra_gap_ms", "median"),
+        lateness_sum=("steps", "sum"), null_mean=("null_mean", "sum"), null_var=("null_var", "sum"),
     ).reset_index()
     out["late_share"] = (out["late"] / out["collectives"]).where(out["collectives"] > 0, 0.0)
-    out["p_value"] = [binomial_tail(int(k), int(n), p) for k, n, p in zip(out["late"], out["collectives"], out["chance"])]
+    pmfs, judged_in = _null_pmfs(table[table["judged"]], key, s)
+    # A rank seen in fewer of its group's judged collectives than the group holds has another null: approximated.
+    out["null_pmf"] = [pmfs.get(g) if n == judged_in.get(g) else None for g, n in zip(out["group"], out["collectives"])]
+    out["p_value"] = [_tail(x, [pmf], m, v) for x, pmf, m, v in
+                      zip(out["lateness_sum"], out["null_pmf"], out["null_mean"], out["null_var"])]
     return out[LATE_COLUMNS]
+
+
+def _null_pmfs(judged: pd.DataFrame, key: list[str], s: LateArrival) -> tuple[dict, dict]:
+    """Per group: the exact distribution (over grid steps) of the lateness summed over its judged collectives of a
+    rank drawn at random from each one's arrivals (None where it would hold more than ``exact_chance_bins`` steps),
+    and how many judged collectives it holds. Every rank of a group meets at the same collectives: one per group."""
+    pmfs, counts = {}, {}
+    for group, rows in judged.groupby("group", sort=False):
+        pmf: np.ndarray | None = np.ones(1)
+        collectives = rows.groupby(key[1:], sort=False)["steps"]
+        counts[group] = collectives.ngroups
+        if collectives.ngroups > s.exact_chance_collectives:
+            pmfs[group] = None
+            continue
+        for _, steps in collectives:
+            one = np.bincount(steps.to_numpy(dtype=np.int64)) / len(steps)
+            if len(pmf) + len(one) > s.exact_chance_bins:
+                pmf = None
+                break
+            pmf = np.convolve(pmf, one)
+        pmfs[group] = pmf
+    return pmfs, counts
+
+
+def chance_of_lateness(rows: pd.DataFrame) -> float:
+    """How often chance alone makes a rank at least as late, summed over the judged collectives of ``rows`` (rows of
+    :func:`late_arrivals` of one rank: its groups pooled), with each collective's arrivals shuffled between its
+    ranks: exactly from the groups' distributions where known, else by their normal approximation."""
+    return _tail(float(rows["lateness_sum"].sum()), list(rows["null_pmf"]), float(rows["null_mean"].sum()),
+                 float(rows["null_var"].sum()))
+
+
+def _tail(observed: float, pmfs: list[np.ndarray | None], mean: float, var: float) -> float:
+    """P(chance's summed lateness >= ``observed``), in grid steps: from the groups' exact distributions ``pmfs`` where
+    all are known, else from the normal distribution of ``mean`` and ``var``."""
+    if observed <= 0.0:
+        return 1.0
+    if all(p is not None for p in pmfs) and sum(len(p) for p in pmfs) <= LateArrival.active().exact_chance_bins:
+        pmf = np.ones(1)
+        for p in pmfs:
+            pmf = np.convolve(pmf, p)
+        return float(min(1.0, pmf[int(round(observed)):].sum()))
+    if var <= 0.0:
+        return 0.0 if observed > mean else 1.0
+    return float(0.5 * math.erfc((observed - mean) / math.sqrt(2.0 * var)))
 
 
 def is_persistently_late(late: pd.DataFrame) -> pd.Series:
     """Rows of ``late_arrivals`` whose rank is late at most collectives of that group, by more than
-    noise: later than the group's other ranks usually are, and last more often than chance. The
-    chance test pools the groups in which the rank is late this way (a rank held up before every
-    call is late in each of its groups, each with few collectives in a short profiled window)."""
+    noise: later than the group's other ranks usually are, and later than chance would make it (its
+    lateness summed against each collective's arrivals shuffled: one collective at which a busy host
+    held a peer up a little longer weighs by how much, not as a whole collective lost). The chance
+    test pools the groups in which the rank is late this way (a rank held up before every call is
+    late in each of its groups, each with few collectives in a short profiled window)."""
     s = LateArrival.active()
     others = late.groupby("group")["lateness_ms"].transform(_median_of_the_others).fillna(0.0)
     candidate = ((late["late_share"] >= s.persistent_share) & (late["lateness_ms"] >= s.min_lateness_ms)
                  & (late["lateness_ms"] >= s.lateness_ratio * others))
-    pooled = late[candidate].assign(expected=lambda t: t["chance"] * t["collectives"]).groupby("rank")[
-        ["late", "collectives", "expected"]].sum()
-    p_value = {int(r): binomial_tail(int(row.late), int(row.collectives), row.expected / row.collectives)
-               for r, row in pooled.iterrows()}
+    p_value = {int(r): chance_of_lateness(rows) for r, rows in late[candidate].groupby("rank")}
     return candidate & (late["rank"].map(p_value).fillna(1.0) < s.alpha)
 
 

@@ -51,9 +51,17 @@ def detect(tables: Tables) -> list[Candidate]:
     shared = (steps["time_ms"] - steps[job_time.column(job_time.IMBALANCE)]
               - steps[job_time.column(job_time.PROFILER)]).to_numpy()
     typical = float(np.median(shared))
-    noise = MAD_TO_SIGMA * float(np.median(np.abs(shared - typical)))
-    bar = max(s.min_extra_share * typical, s.noise_sigmas * noise, s.min_extra_ms)
-    stalled = [int(x) for x in steps.loc[shared - typical > bar, "step"]]
+    floor = max(s.min_extra_share * typical, s.min_extra_ms)
+    bar = max(floor, s.noise_sigmas * _noise(shared))
+    stalled_steps = shared - typical > bar
+    # A stall grows one part of the step (a checkpoint the work outside the phases, a new shard the data wait):
+    # that part is also weighed against its own noise, not the whole step's. On a busy host a CPU-bound part (a
+    # transform in the main process) varies by tens of ms from step to step; that raised the whole step's bar over a
+    # checkpoint's and hid it, in a part that is otherwise quiet.
+    for part in _parts(steps):
+        values = steps[part].to_numpy(dtype=float)
+        stalled_steps |= values - np.median(values) > max(floor, s.noise_sigmas * _noise(values))
+    stalled = [int(x) for x in steps.loc[stalled_steps, "step"]]
     found = period(stalled, s)
     if found is None:
         return []
@@ -93,6 +101,16 @@ def period(stalled: list[int], s: PeriodicStall | None = None) -> tuple[int, lis
             if len(on) >= s.min_stalls and len(on) >= s.lattice_share * slots and (best is None or score > best[0]):
                 best = (score, every, on)
     return None if best is None else (best[1], best[2])
+
+
+def _noise(values: np.ndarray) -> float:
+    """A robust standard deviation of ``values`` (from their median absolute deviation)."""
+    return MAD_TO_SIGMA * float(np.median(np.abs(values - np.median(values))))
+
+
+def _parts(steps: pd.DataFrame) -> list[str]:
+    """The columns of the parts a stall can grow in: each ledger part's shared work, and the time between steps."""
+    return [c for c in steps.columns if c.startswith("part_")] + [job_time.column(job_time.BETWEEN)]
 
 
 def _grown_part(stalls: pd.DataFrame, others: pd.DataFrame) -> tuple[str, float]:
