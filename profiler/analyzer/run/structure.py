@@ -145,7 +145,10 @@ def _groups(process_groups: dict[int, dict], pg_configs: dict[int, list[dict]], 
         members = members_of(ranks)
         if not members:
             return
-        group = found.setdefault((str(name), id(members)), ProcessGroup(str(name), desc or None, members))
+        key = (str(name), id(members))
+        group = found.get(key)
+        if group is None:  # made once: every one of 8,192 ranks lists the world's group
+            group = found[key] = ProcessGroup(str(name), desc or None, members)
         group.desc = group.desc or desc or None
         if source not in group.sources:
             group.sources.append(source)
