@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from diagtrain.profiler.analyzer.read.row_groups import Columns, Row, columns_of, rows_of
 from diagtrain.profiler.analyzer.read.run_files import StepFile, add_step, p2p_from_json, p2p_to_json
 from diagtrain.profiler.analyzer.read.step_cache import CacheFeeder
 from diagtrain.profiler.analyzer.read.step_tail import JsonlTail, RankSteps, StepFilesTail
@@ -80,7 +81,7 @@ class HostReducer:
             if more:
                 extra[str(rank)] = more
         if rows or extra:
-            self.out.append({"groups": _columns(rows), "extra": extra})
+            self.out.append({"groups": columns_of(rows), "extra": extra})
             self.said_at = time.time()
             self._bound()
         elif time.time() - self.said_at >= BEAT_S:
@@ -152,20 +153,21 @@ class HostSummary:
         self.ranks: dict[int, RankSteps] = {}  # the ranks read from here, as their rows come
         self.elsewhere: set[int] = set()  # ranks of this host read from their own files: their rows are skipped
         self.heard_at = time.time()  # when its last line came, by this reader's clock
+        self.columns: dict[tuple[Any, ...], Columns] = {}  # its groups' sets of names: shared by their rows
 
     def read(self) -> int:
         """Read what the host appended since; the number of new step records."""
-        added: dict[int, dict[int, dict[str, Any]]] = {}
+        added: dict[int, dict[int, Row]] = {}
         for line in self._lines():
             self.heard_at = time.time()
             if not isinstance(line, dict):
                 continue  # a damaged line
-            for row in _rows(line.get("groups")):
-                rank = row.get("rank")
-                if isinstance(rank, int) and rank not in self.elsewhere and isinstance(row.get("step"), int):
+            for row in rows_of(line.get("groups"), self.columns):  # through their groups' names: no dict per row
+                rank, step = row.get("rank"), row.get("step")
+                if isinstance(rank, int) and rank not in self.elsewhere and isinstance(step, int):
                     if rank not in self.ranks:  # a rank the reader has not seen yet (made only then: 8,192 a read)
                         self.ranks[rank] = RankSteps(rank, self.keep)
-                    added.setdefault(rank, {})[row["step"]] = row
+                    added.setdefault(rank, {})[step] = row
             for rank, more in (line.get("extra") or {}).items():
                 if rank.isdigit() and int(rank) in self.ranks and isinstance(more, dict):
                     _found(self.ranks[int(rank)].found, more)
@@ -200,26 +202,6 @@ class HostSummary:
     def silent_s(self, now: float) -> float:
         """Seconds since its last line (beats included)."""
         return now - self.heard_at
-
-
-def _columns(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows as columns and values, one group per set of keys (a phase first seen adds a key): the names once a
-    line, not once a row."""
-    groups: dict[tuple[str, ...], list[list[Any]]] = {}
-    for row in rows:
-        groups.setdefault(tuple(row), []).append(list(row.values()))
-    return [{"columns": list(keys), "rows": values} for keys, values in groups.items()]
-
-
-def _rows(groups: Any) -> list[dict[str, Any]]:
-    """:func:`_columns` read back: each row as its reader made it (a group that is not one is left out)."""
-    rows = []
-    for group in groups if isinstance(groups, list) else []:
-        columns = group.get("columns") if isinstance(group, dict) else None
-        if isinstance(columns, list) and isinstance(group.get("rows"), list):
-            rows += [dict(zip(columns, values)) for values in group["rows"]
-                     if isinstance(values, list) and len(values) == len(columns)]
-    return rows
 
 
 def _found(found: StepFile, more: dict[str, Any]) -> None:

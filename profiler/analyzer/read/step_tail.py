@@ -9,6 +9,7 @@ seconds, so a read costs what was appended, not the run.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,30 +29,35 @@ class RankSteps:
     def __init__(self, rank: int, keep: int | None) -> None:
         self.rank, self.keep = rank, keep
         self.found = StepFile()  # its phases, point-to-point calls, end-of-run device line, what was refused
-        self.rows: dict[int, dict[str, Any]] = {}  # step -> its table row, the last ``keep`` steps
-        self.added: dict[int, dict[str, Any]] = {}  # step -> its row, as the last read added (or replaced) it
+        # step -> its table row (a dict, or a row_groups.Row as its host's summary carried it), the last ``keep`` steps
+        self.rows: dict[int, Mapping[str, Any]] = {}
+        self.added: dict[int, Mapping[str, Any]] = {}  # step -> its row, as the last read added (or replaced) it
         self._last: int | None = None  # the largest step held (only the oldest are let go)
         self._held: list[int] = []  # the steps held, as a heap: the oldest let go without a pass over them
 
-    def take(self, added: dict[int, dict[str, Any]]) -> None:
+    def take(self, added: dict[int, Mapping[str, Any]]) -> None:
         """Hold the rows a read added (``self.found`` already has their phases and point-to-point calls). Called for
         every rank at every read (8,192 at 8,192 ranks): no pass over the steps held."""
         self.added = added
-        rows = self.rows
+        rows, held = self.rows, self._held
         if added:
-            fresh = [step for step in added if step not in rows]
-            self.found.repeated += len(added) - len(fresh)  # a step recorded again, read later
-            for step in fresh:
-                heapq.heappush(self._held, step)
+            for step in added:
+                if step in rows:
+                    self.found.repeated += 1  # a step recorded again, read later
+                else:
+                    heapq.heappush(held, step)
             rows.update(added)
-            newest = max(added)
-            self._last = newest if self._last is None or newest > self._last else self._last
-        while self.keep is not None and len(rows) > self.keep:  # the oldest few only (one a read, as a rank moves on)
-            step = heapq.heappop(self._held)
-            del rows[step]
-            self.found.p2p.pop(step, None)
-        if len(self.found.bad_lines) > SHOWN_PROBLEMS or len(self.found.impossible) > SHOWN_PROBLEMS:
-            self.found.bound_problems()
+            newest = max(added) if len(added) > 1 else step
+            if self._last is None or newest > self._last:
+                self._last = newest
+        if self.keep is not None:
+            while len(rows) > self.keep:  # the oldest few only (one a read, as a rank moves on)
+                step = heapq.heappop(held)
+                del rows[step]
+                self.found.p2p.pop(step, None)
+        found = self.found
+        if len(found.bad_lines) > SHOWN_PROBLEMS or len(found.impossible) > SHOWN_PROBLEMS:
+            found.bound_problems()
 
     @property
     def first(self) -> int | None:

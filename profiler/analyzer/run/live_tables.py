@@ -12,7 +12,7 @@ needs them waits for the final report.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ import pandas as pd
 from diagtrain.profiler.analyzer.read import run_files as rf
 from diagtrain.profiler.analyzer.read.run_files import DEVICE_LISTS, STEP_COLUMNS, device_record
 from diagtrain.profiler.analyzer.read.host_summary import HostSummary, summary_path
+from diagtrain.profiler.analyzer.read.row_groups import table_of
 from diagtrain.profiler.analyzer.read.step_cache import CacheFeeder
 from diagtrain.profiler.analyzer.read.step_tail import JsonlTail, RankSteps, StepFilesTail, StepTail
 from diagtrain.profiler.analyzer.per_rank.p2p import from_step_records as p2p_from_step_records
@@ -284,15 +285,19 @@ class HeldRows:
     def __init__(self) -> None:
         self.batches: list[pd.DataFrame] = []
         self.named: list[list[str]] = []  # each batch's columns as its rows named them
+        self.spans: list[tuple[int, int]] = []  # each batch's first and last step: a batch wholly in a cut is not masked
 
-    def add(self, rows: list[dict[str, Any]]) -> None:
-        """The rows one read added, without the counters none of them measured (a None each, as objects: most of the
-        cost of cutting a window from them; a window of no row that measured one has no such column either)."""
+    def add(self, rows: list[Mapping[str, Any]]) -> None:
+        """The rows one read added (as read from a summary, row_groups.Row, or as dicts), without the counters none of
+        them measured (a None each, as objects: most of the cost of cutting a window from them; a window of no row
+        that measured one has no such column either)."""
         if rows:
-            batch = pd.DataFrame(rows)
+            batch = table_of(rows)
             self.named.append(list(batch.columns))
             self.batches.append(batch.drop(columns=[c for c in batch.columns
                                                     if c in UNKNOWN_DROPPED and batch[c].isna().all()]))
+            steps = batch["step"].to_numpy()
+            self.spans.append((int(steps.min()), int(steps.max())))
 
     def has_any(self, columns: Iterable[str]) -> bool:
         """Whether a held row has any of ``columns``."""
@@ -300,26 +305,37 @@ class HeldRows:
 
     def trim(self, oldest: int) -> None:
         """Let go of the tables of steps before ``oldest`` only."""
-        kept = [i for i, b in enumerate(self.batches) if b["step"].max() >= oldest]
+        kept = [i for i, (_, last) in enumerate(self.spans) if last >= oldest]
         self.batches, self.named = [self.batches[i] for i in kept], [self.named[i] for i in kept]
+        self.spans = [self.spans[i] for i in kept]
 
     def between(self, after: int, last: int) -> pd.DataFrame:
         """The rows of steps ``after`` < step <= ``last`` by rank, then step, as one table built from all of them at
         once would be, sorted: a step recorded again in its last record, a column only where a row of these steps has
         it (a counter no row has, none: tables.step_table leaves it out)."""
-        rows = self._cut(lambda b: (b["step"] > after) & (b["step"] <= last))
+        rows = self._cut(after + 1, last)
         # The counters none of them has left out first: columns of Nones were most of the cost of ordering the rows.
         return _known(_last_by_rank(_known(rows, UNKNOWN_DROPPED)).infer_objects()) if len(rows) else rows
 
     def since(self, first: int) -> pd.DataFrame:
         """The rows of steps from ``first`` on, in the order read, each step once (its last record)."""
-        rows = self._cut(lambda b: b["step"] >= first)
+        rows = self._cut(first, None)
         return _known(rows.drop_duplicates(["rank", "step"], keep="last", ignore_index=True).infer_objects()) \
             if len(rows) else rows
 
-    def _cut(self, keep: Any) -> pd.DataFrame:
-        """The rows ``keep`` chooses of each batch, as one table, its columns in the order their rows named them."""
-        cut = [(part, named) for b, named in zip(self.batches, self.named) if len(part := b[keep(b)])]
+    def _cut(self, first: int, last: int | None) -> pd.DataFrame:
+        """The rows of steps ``first`` to ``last`` (None: every one after) of each batch, as one table, its columns in
+        the order their rows named them."""
+        top = float("inf") if last is None else last
+        cut = []
+        for b, named, (low, high) in zip(self.batches, self.named, self.spans):
+            if first <= low and high <= top:  # every row of it (a read of one step, in a window): no copy to mask
+                cut.append((b, named))
+            elif low <= top and high >= first:
+                step = b["step"]
+                part = b[(step >= first) & (step <= top)]
+                if len(part):
+                    cut.append((part, named))
         if not cut:
             return pd.DataFrame()
         rows = pd.concat([p for p, _ in cut], ignore_index=True) if len(cut) > 1 else cut[0][0].reset_index(drop=True)

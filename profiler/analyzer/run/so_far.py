@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from diagtrain.profiler.analyzer.read.row_groups import table_of
 from diagtrain.profiler.analyzer.read.run_files import DEVICE_LISTS
 from diagtrain.profiler.analyzer.run.live_tables import LiveSteps, samples_table
 from diagtrain.profiler.analyzer.run.tables import step_table
@@ -75,7 +76,7 @@ class RunSoFar:
         added = [row for tail in self.live.steps.values() for row in tail.added.values()]
         if added:
             # The device timings' raw lists (of earlier steps) are not kept: the final analysis turns them into columns.
-            rows = pd.DataFrame(added).drop(columns=list(DEVICE_LISTS), errors="ignore")
+            rows = table_of(added).drop(columns=list(DEVICE_LISTS), errors="ignore")
             self._steps = _appended(self._steps, rows)
         repeated = sum(tail.found.repeated for tail in self.live.steps.values())
         if repeated != self._repeated:  # a step recorded again (a restarted job) replaces its row, as in the analysis
