@@ -26,7 +26,7 @@ def random_run(seed: int) -> Tables:
             start = 1000.0 + step + rng.random()
             rows.append({"rank": rank, "step": step, "start": start if rng.random() > 0.05 else np.nan,
                          "end": start + rng.random() if rng.random() > 0.05 else np.nan,
-                         "wall_ms": float(rng.integers(10, 100)) if rng.random() > 0.05 else np.nan,
+                         "wall_ms": float(rng.integers(0, 100)) if rng.random() > 0.05 else np.nan,  # 0: a share of inf or NaN
                          "runq_ms": float(rng.integers(0, 20)) if rng.random() > 0.3 else np.nan})
     steps = pd.DataFrame(rows).sample(frac=1.0, random_state=seed) if rows else \
         pd.DataFrame(columns=["rank", "step", "start", "end", "wall_ms", "runq_ms"])

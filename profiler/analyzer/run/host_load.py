@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.analyzer.run.tables import Tables, unix_seconds
+from diagtrain.profiler.util.groups import Groups, ranked
 from diagtrain.profiler.util.settings import section, setting
 
 
@@ -158,13 +159,16 @@ def _runq_by_host(steps: pd.DataFrame, host: np.ndarray, hosts: _Hosts) -> tuple
     chosen = (host >= 0) & ~np.isnan(waited)
     if not chosen.any():
         return runq_ms, share
-    rows = pd.DataFrame({"runq_ms": waited[chosen], "wall_ms": steps["wall_ms"].to_numpy(dtype=float)[chosen]})
-    per_rank = rows.groupby(steps["rank"].to_numpy()[chosen]).median()
-    per_rank["share"] = per_rank["runq_ms"] / per_rank["wall_ms"]
-    per_host = per_rank[["runq_ms", "share"]].groupby(hosts.of(per_rank.index.to_numpy())).median()
-    runq_ms[per_host.index.to_numpy()] = per_host["runq_ms"].to_numpy()
-    share[per_host.index.to_numpy()] = per_host["share"].to_numpy()
-    return runq_ms, share
+    # Groups of rows by rank, then of ranks by host: medians as pandas' group-by gives them (NaN left out), without
+    # its frames (8 ms at 8,192 ranks x 20 steps).
+    ranks, at = ranked(steps["rank"].to_numpy())
+    by_rank = Groups(at, len(ranks)).within(chosen)
+    rank_runq = by_rank.median(waited, skip_nan=True)
+    with np.errstate(divide="ignore", invalid="ignore"):  # a step of no time: inf or NaN, as pandas divides
+        rank_share = rank_runq / by_rank.median(steps["wall_ms"].to_numpy(dtype=float), skip_nan=True)
+    held = by_rank.sizes > 0
+    by_host = Groups(hosts.of(ranks[held]), len(hosts.names))
+    return by_host.median(rank_runq[held], skip_nan=True), by_host.median(rank_share[held], skip_nan=True)
 
 
 def _host_telemetry(t: pd.DataFrame | None) -> dict[str, pd.DataFrame]:
