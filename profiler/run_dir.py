@@ -462,24 +462,35 @@ class FolderWatch:
 
 
 class RankIndex:
-    """The ranks of a run directory, re-scanned cheaply: each rank.json is parsed once."""
+    """The ranks of a run directory, re-scanned cheaply: each rank.json is parsed once, and the ranks folder listed
+    again only when a folder was created in it (its modification time) or a rank's record is still to come."""
 
     def __init__(self, run_dir: Path) -> None:
         self.ranks_dir = Path(run_dir) / "ranks"
         self.info: dict[int, dict[str, Any]] = {}
+        self._listed: int | None = None  # the ranks folder's modification time when it was last listed
+        self._pending: set[str] = set()  # rank folders listed without a readable rank.json yet
 
     def refresh(self) -> dict[int, dict[str, Any]]:
         """Every rank that has written rank.json so far, by rank."""
         try:
-            # Names only, a path made for a new rank alone: 8,192 folders were 8,192 paths at every refresh (25 ms).
-            names = [entry.name for entry in os.scandir(self.ranks_dir)]
+            stamp = os.stat(self.ranks_dir).st_mtime_ns
         except OSError:  # no ranks folder yet (or not a folder)
             return self.info
-        for name in names:
-            if name.isdigit() and int(name) not in self.info:
-                info = read_json(self.ranks_dir / name / "rank.json")
-                if isinstance(info, dict):  # anything else is not a rank record (a damaged file)
-                    self.info[int(name)] = info
+        if stamp != self._listed:
+            try:
+                # Names only, a path made for a new rank alone: 8,192 folders were 8,192 paths at every refresh (25 ms).
+                with os.scandir(self.ranks_dir) as entries:
+                    self._pending |= {e.name for e in entries if e.name.isdigit() and int(e.name) not in self.info}
+            except OSError:
+                return self.info
+            # A folder changed this recently may change again within its time's resolution: listed again next time.
+            self._listed = None if stamp > time.time_ns() - FolderWatch.RACY_S * 1e9 else stamp
+        for name in sorted(self._pending, key=int):
+            info = read_json(self.ranks_dir / name / "rank.json")
+            if isinstance(info, dict):  # anything else is not a rank record (a damaged file): asked again next time
+                self.info[int(name)] = info
+                self._pending.discard(name)
         return self.info
 
     def on_host(self, host: str) -> dict[int, dict[str, Any]]:

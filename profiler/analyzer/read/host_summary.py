@@ -154,10 +154,12 @@ class HostSummary:
         self.elsewhere: set[int] = set()  # ranks of this host read from their own files: their rows are skipped
         self.heard_at = time.time()  # when its last line came, by this reader's clock
         self.columns: dict[tuple[Any, ...], Columns] = {}  # its groups' sets of names: shared by their rows
+        self.new_ranks: list[int] = []  # the ranks the last read saw here first
 
     def read(self) -> int:
         """Read what the host appended since; the number of new step records."""
         added: dict[int, dict[int, Row]] = {}
+        self.new_ranks = []
         for line in self._lines():
             self.heard_at = time.time()
             if not isinstance(line, dict):
@@ -167,6 +169,7 @@ class HostSummary:
                 if isinstance(rank, int) and rank not in self.elsewhere and isinstance(step, int):
                     if rank not in self.ranks:  # a rank the reader has not seen yet (made only then: 8,192 a read)
                         self.ranks[rank] = RankSteps(rank, self.keep)
+                        self.new_ranks.append(rank)
                     added.setdefault(rank, {})[step] = row
             for rank, more in (line.get("extra") or {}).items():
                 if rank.isdigit() and int(rank) in self.ranks and isinstance(more, dict):
