@@ -15,7 +15,8 @@ from test_live_ledger import window
 
 from diagtrain.profiler.analyzer.judge.assessments import ledger_price
 from diagtrain.profiler.analyzer.run import job_time, ledger
-from diagtrain.profiler.analyzer.run.live_ledger import LiveLedger, _Grid
+from diagtrain.profiler.analyzer.run.live_ledger import LiveLedger, _Grid, _merged
+from diagtrain.profiler.util.groups import stable_order
 from diagtrain.profiler.util.stats import MAD_TO_SIGMA
 
 
@@ -104,3 +105,12 @@ def test_the_steps_changed_as_arrays_of_ranks_by_steps_are_those_compared_row_by
     monkeypatch.setattr(_Grid, "of", classmethod(lambda cls, table: None))  # row by row, as any table
     assert found == live._changed(now.steps)
     assert all(np.array_equal(a, b) for a, b in zip(common, live._common))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_rows_that_stay_and_the_fresh_ones_merged_are_their_sort(seed):
+    rng = np.random.default_rng(seed)
+    keys = rng.choice(1000, size=int(rng.integers(1, 200)), replace=False)
+    first = int(rng.integers(0, len(keys) + 1))
+    keys = np.r_[np.sort(keys[:first]), np.sort(keys[first:]) if seed % 3 else keys[first:]]  # the rest out of order
+    assert np.array_equal(_merged(keys, first), stable_order(keys))

@@ -251,6 +251,10 @@ def _cpu_floor(ledger: Mapping[str, np.ndarray], t: Tables) -> np.ndarray:
     its columns as arrays by name."""
     rank, step, cpu = ledger["rank"], ledger["step"], np.asarray(ledger["cpu_ms"], dtype=float)
     free = free_cpus(t)
+    # No host's CPUs known, or some rank's CPU time not: a floor from part of the job is none (checked before the
+    # ranks' hosts are looked up, 4 ms a live window of 8,192 ranks whose hosts say nothing of their CPUs).
+    if not free or np.isnan(cpu).any() or not len(cpu):
+        return np.full(len(cpu), np.nan)
     # Each rank's host and CPUs looked up once, not once per row.
     ranks, at = ranked(rank)
     host, names = pd.factorize(np.array([t.rank_hosts.get(r) for r in ranks.tolist()], dtype=object))
@@ -258,8 +262,8 @@ def _cpu_floor(ledger: Mapping[str, np.ndarray], t: Tables) -> np.ndarray:
     # ... and each host's CPUs once (a thousand hosts, not 8,192 ranks).
     cores = np.array([free.get(h, np.nan) if isinstance(h, str) else np.nan for h in names], dtype=float)
     cores = np.where(host >= 0, cores[host], np.nan) if len(cores) else np.full(len(host), np.nan)
-    if np.isnan(cores).any() or np.isnan(cpu).any() or not len(cpu):
-        return np.full(len(cpu), np.nan)  # a floor from part of the job is none (and of no rows, no rows)
+    if np.isnan(cores).any():
+        return np.full(len(cpu), np.nan)  # as for the CPU time
     # CPU the slow ranks' excess itself spent (more work, not a sleep) is saved with it.
     work = cpu - np.where(np.asarray(ledger["lost_ms"]) > 0, np.asarray(ledger["cpu_excess_ms"], dtype=float), 0.0)
     # Each (step, host) cell's sum by pandas' own group sum (compensated: not numpy's), on one integer key per cell,

@@ -135,8 +135,7 @@ class LiveLedger:
         rank = np.r_[last["rank"].to_numpy()[staying], fresh["rank"].to_numpy()]
         step = np.r_[last["step"].to_numpy()[staying], fresh["step"].to_numpy()]
         span = int(step.max()) - int(step.min()) + 1
-        order = stable_order((rank - rank.min()) * span + (step - step.min()))
-        rows = _Rows(staying, order, len(fresh))
+        rows = _Rows(staying, _merged((rank - rank.min()) * span + (step - step.min()), len(staying)), len(fresh))
         # Column by column, each gathered once into its place: a concatenation then a cut in order copied the
         # window's 28 columns twice (30 ms at 8,192 ranks x 20 steps).
         columns = {c: rows.gathered(last[c].to_numpy(), fresh[c].to_numpy())
@@ -146,6 +145,21 @@ class LiveLedger:
         # Object columns as the ledger has them (None where none), not pandas' inferred string dtype.
         return pd.DataFrame({c: pd.Series(columns[c], dtype=object) if columns[c].dtype == object else columns[c]
                              for c in last.columns}, copy=False)
+
+
+def _merged(keys: np.ndarray, first: int) -> np.ndarray:
+    """The stable order of ``keys`` (distinct), whose ``first`` ones and the rest are each in order already (the rows
+    that stay and the fresh ones, each by rank, then step): the fresh rows' places found among the others, not a
+    sort of them all (5 ms at 8,192 ranks x 20 steps); a sort where they are not in order."""
+    a, b = keys[:first], keys[first:]
+    if not (np.all(a[1:] > a[:-1]) and np.all(b[1:] > b[:-1])):
+        return stable_order(keys)
+    fresh_at = np.searchsorted(a, b) + np.arange(len(b))  # each fresh row after the rows below it, and the fresh before
+    order = np.empty(len(keys), dtype=np.int64)
+    placed = np.zeros(len(keys), dtype=bool)
+    placed[fresh_at] = True
+    order[fresh_at], order[~placed] = first + np.arange(len(b)), np.arange(first)
+    return order
 
 
 class _Grid:
