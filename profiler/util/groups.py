@@ -261,14 +261,15 @@ class Groups:
         out[held] = middles.medians(skip_nan)
         return out
 
-    def maximum(self, values: np.ndarray, empty: float = -np.inf) -> np.ndarray:
-        """Per group, the largest of its rows' ``values`` (NaN where one is NaN, as ``np.maximum``); ``empty`` for a
-        group without rows."""
-        return self._reduce(np.maximum, values, empty)
+    def maximum(self, values: np.ndarray, empty: float = -np.inf, skip_nan: bool = False) -> np.ndarray:
+        """Per group, the largest of its rows' ``values`` (NaN where one is NaN, as ``np.maximum``; with ``skip_nan``
+        NaN left out, as pandas' groupby max, NaN where all are); ``empty`` for a group without rows."""
+        return self._reduce(np.fmax if skip_nan else np.maximum, values, empty)
 
-    def minimum(self, values: np.ndarray, empty: float = np.inf) -> np.ndarray:
-        """Per group, the smallest of its rows' ``values`` (NaN where one is NaN); ``empty`` for a group without rows."""
-        return self._reduce(np.minimum, values, empty)
+    def minimum(self, values: np.ndarray, empty: float = np.inf, skip_nan: bool = False) -> np.ndarray:
+        """Per group, the smallest of its rows' ``values`` (NaN where one is NaN; with ``skip_nan`` NaN left out, NaN
+        where all are); ``empty`` for a group without rows."""
+        return self._reduce(np.fmin if skip_nan else np.minimum, values, empty)
 
     def first(self, chosen: np.ndarray) -> np.ndarray:
         """Per group, its first row (by position) of those ``chosen`` (a mask over all rows); the number of rows

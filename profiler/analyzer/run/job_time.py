@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from diagtrain.profiler.util.groups import strictly_ordered
+from diagtrain.profiler.util.groups import Groups, distinct_rows, ranked, strictly_ordered
 from diagtrain.profiler.analyzer.run.ledger import DEVICE_BUSY, DEVICE_IDLE, OUTSIDE, excess_column, work_column
 
 if TYPE_CHECKING:  # built with the tables (tables.assemble)
@@ -82,31 +82,53 @@ def step_parts(t: Tables, gaps_of: pd.DataFrame, only: np.ndarray | None = None)
     category, the time its ranks lost (``imbalance_ms``) and its span (``start``, ``end``, ``ranks``), what
     :func:`job_steps` makes the job's steps of. ``gaps_of``: :func:`gaps` of ``t.steps``. A step's parts depend on
     its own rows and their gaps alone (run/live_ledger.py keeps those of the steps that stay)."""
-    # The columns it reads: a merge copies what it is given, and a long run's whole ledger is hundreds of MB.
+    # The columns it reads, as arrays, cut before the rows: a long run's whole ledger is hundreds of MB, and on a
+    # live window's few thousand rows pandas' per-call costs (a named aggregation, a column set at a time) were most
+    # of the 20 ms this took at 8,192 ranks.
     read = [c for c in t.ledger.columns if c in ("rank", "step", "lost_ms") or str(c).startswith(("work_", "excess_"))]
-    ledger, steps = t.ledger, t.steps
-    if only is not None:  # the rows of those steps cut first: a copy of the window's columns read was most of the cost
-        kept = steps["step"].isin(only).to_numpy()
-        ledger, steps, gaps_of = ledger[ledger["step"].isin(only).to_numpy()], steps[kept], gaps_of[kept]
-    ledger = ledger[read]
-    ledger = _with_gaps(ledger, gaps_of)
-    shared = _shared_parts(ledger, t.steps, [*t.phases, OUTSIDE, DEVICE_BUSY, DEVICE_IDLE])
-    typical = shared.groupby(ledger["step"].to_numpy()).median()  # the job's typical rank, part by part
-    lost = _lost_by_step(ledger)
-    spans = steps.groupby("step").agg(start=("start", "min"), end=("end", "max"), ranks=("rank", "nunique"))
-    spans = spans.loc[spans.index.isin(typical.index)].dropna(subset=["start", "end"])
-    return typical.reindex(spans.index).fillna(0.0).assign(**{column(IMBALANCE): lost.reindex(spans.index).fillna(0.0)},
-                                                            start=spans["start"], end=spans["end"], ranks=spans["ranks"])
+    step_columns = [c for c in ("rank", "step", "start", "end", "data_ms") if c in t.steps]
+    rows, kept = slice(None), slice(None)
+    if only is not None:
+        rows, kept = t.ledger["step"].isin(only).to_numpy(), t.steps["step"].isin(only).to_numpy()
+    ledger = {c: t.ledger[c].to_numpy()[rows] for c in read}
+    steps = {c: t.steps[c].to_numpy()[kept] for c in step_columns}
+    gap_ms, exported = _gaps_of_rows(ledger, gaps_of[kept])
+    shared = _shared_parts(ledger, steps, gap_ms, exported, [*t.phases, OUTSIDE, DEVICE_BUSY, DEVICE_IDLE])
+    ledger_steps, ledger_codes = ranked(ledger["step"])
+    by_step = Groups(ledger_codes, len(ledger_steps))
+    typical = {c: by_step.median(values, skip_nan=True) for c, values in shared.items()}  # the job's typical rank
+    lost = _lost_by_step(ledger["lost_ms"], ledger_codes, len(ledger_steps))
+    numbers, start, end, ranks = _spans(steps)
+    held = np.isin(numbers, ledger_steps) & ~np.isnan(start) & ~np.isnan(end)  # steps with ledger rows and a span
+    at = np.searchsorted(ledger_steps, numbers[held])
+    out = {c: _known(values[at]) for c, values in typical.items()}
+    out.update({column(IMBALANCE): lost[at], "start": start[held], "end": end[held], "ranks": ranks[held]})
+    return pd.DataFrame(out, index=pd.Index(numbers[held], name="step"))
 
 
-def _lost_by_step(ledger: pd.DataFrame) -> pd.Series:
-    """Per step, its ledger rows' ``lost_ms`` summed in row order (NaN counted as none): a step's sum the same whichever
-    other steps are there, as when a live window's new step is summed alone (pandas' group sum of a step differed in
-    its last bit with and without the steps before it)."""
-    steps, lost = ledger["step"].to_numpy(), ledger["lost_ms"].to_numpy(dtype=float)
-    codes, numbers = pd.factorize(steps)
-    sums = np.bincount(codes, weights=np.where(np.isnan(lost), 0.0, lost), minlength=len(numbers))
-    return pd.Series(sums, index=numbers).sort_index()
+def _known(values: np.ndarray) -> np.ndarray:
+    """NaN as 0 (a step's part nobody recorded)."""
+    return np.where(np.isnan(values), 0.0, values)
+
+
+def _spans(steps: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The steps table's steps (sorted), each one's earliest start and latest end (NaN left out, NaN where none is
+    known) and its number of distinct ranks: ``groupby("step").agg(start=min, end=max, ranks=nunique)``."""
+    numbers, codes = ranked(steps["step"])
+    by_step = Groups(codes, len(numbers))
+    start = by_step.minimum(steps["start"].astype(float), np.nan, skip_nan=True)
+    end = by_step.maximum(steps["end"].astype(float), np.nan, skip_nan=True)
+    _, first = distinct_rows(codes, steps["rank"])
+    counted = first[~pd.isna(steps["rank"][first])]  # one row of each step's each rank; a missing rank is none
+    return numbers, start, end, np.bincount(codes[counted], minlength=len(numbers)).astype(np.int64)
+
+
+def _lost_by_step(lost_ms: np.ndarray, codes: np.ndarray, n: int) -> np.ndarray:
+    """Per step (``codes``: each row's, of ``n``), its ledger rows' ``lost_ms`` summed in row order (NaN counted as
+    none): a step's sum the same whichever other steps are there, as when a live window's new step is summed alone
+    (pandas' group sum of a step differed in its last bit with and without the steps before it)."""
+    lost = np.asarray(lost_ms, dtype=float)
+    return np.bincount(codes, weights=np.where(np.isnan(lost), 0.0, lost), minlength=n)
 
 
 def job_steps(parts: pd.DataFrame) -> pd.DataFrame:
@@ -115,15 +137,14 @@ def job_steps(parts: pd.DataFrame) -> pd.DataFrame:
     parts = parts.sort_index()
     ends = parts["end"].to_numpy(dtype=float)
     before = np.r_[parts["start"].to_numpy(dtype=float)[:1], np.maximum.accumulate(ends)[:-1]]
-    out = pd.DataFrame({"step": parts.index.to_numpy().astype(int), "start": parts["start"].to_numpy(),
-                        "end": ends, "time_ms": np.clip(ends - before, 0.0, None) * 1e3,
-                        "ranks": parts["ranks"].to_numpy().astype(int)})
-    categories = {c: parts[column(c)].to_numpy() if column(c) in parts else np.zeros(len(out))
+    time_ms = np.clip(ends - before, 0.0, None) * 1e3
+    categories = {c: parts[column(c)].to_numpy() if column(c) in parts else np.zeros(len(parts))
                   for c in (COMPUTE, DATA, OTHER, BETWEEN, PROFILER, IMBALANCE)}
-    _fit(out, categories)
-    for part in [c for c in parts.columns if c.startswith("part_")]:
-        out[part] = parts[part].to_numpy()
-    return out
+    # One frame of the columns made, not a column set at a time (each rebuilt the frame's columns: 5 ms a window).
+    return pd.DataFrame({"step": parts.index.to_numpy().astype(int), "start": parts["start"].to_numpy(), "end": ends,
+                         "time_ms": time_ms, "ranks": parts["ranks"].to_numpy().astype(int),
+                         **_fit(time_ms, categories),
+                         **{part: parts[part].to_numpy() for part in parts.columns if part.startswith("part_")}})
 
 
 def gaps(steps: pd.DataFrame) -> pd.DataFrame:
@@ -158,58 +179,69 @@ def _gaps_sorted(steps: pd.DataFrame, profiled: np.ndarray) -> pd.DataFrame:
                          "exported": after_export})
 
 
-def _with_gaps(ledger: pd.DataFrame, gaps_of: pd.DataFrame) -> pd.DataFrame:
-    """The ledger's rows with their gaps (:func:`gaps`): by position where the ledger has the steps' rows in their
-    order (a merge of the whole window cost 20 ms at 8,192 ranks), else by rank and step."""
-    if len(ledger) == len(gaps_of) and all(np.array_equal(ledger[c].to_numpy(), gaps_of[c].to_numpy())
-                                           for c in ("rank", "step")):
-        return ledger.assign(gap_ms=gaps_of["gap_ms"].to_numpy(), exported=gaps_of["exported"].to_numpy())
-    return ledger.merge(gaps_of, on=["rank", "step"], how="left")
+def _gaps_of_rows(ledger: dict[str, np.ndarray], gaps_of: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """The ledger rows' gaps (:func:`gaps`: ``gap_ms``, NaN where none, and ``exported``): by position where the ledger
+    has the steps' rows in their order (a merge of the whole window cost 20 ms at 8,192 ranks), else by rank and step."""
+    found = _aligned(ledger, gaps_of, gaps_of[["gap_ms", "exported"]])
+    return found["gap_ms"], found["exported"]
 
 
-def _shared_parts(ledger: pd.DataFrame, steps: pd.DataFrame, parts: list[str]) -> pd.DataFrame:
-    """Per ledger row, each category's work at its peers' level (work less its excess over them), and each
-    part's (``part_<part>_ms``) of ``parts`` (those the ledger has); a device's idle time is data loading up to its
-    host's data wait."""
+def _aligned(ledger: dict[str, np.ndarray], table: pd.DataFrame | dict, values: pd.DataFrame) -> dict[str, np.ndarray]:
+    """``values``' columns (rows of ``table``, by rank and step) per ledger row: by position where the ledger's ranks
+    and steps are the table's, else by a merge (NaN where the table has no row)."""
+    if all(len(ledger[c]) == len(table[c]) and np.array_equal(ledger[c], np.asarray(table[c]))
+           for c in ("rank", "step")):
+        return {c: values[c].to_numpy() for c in values.columns}
+    keys = pd.DataFrame({"rank": np.asarray(table["rank"]), "step": np.asarray(table["step"])})
+    merged = pd.DataFrame({"rank": ledger["rank"], "step": ledger["step"]}).merge(
+        pd.concat([keys, values.reset_index(drop=True)], axis=1), on=["rank", "step"], how="left")
+    return {c: merged[c].to_numpy() for c in values.columns}
+
+
+def _shared_parts(ledger: dict[str, np.ndarray], steps: dict[str, np.ndarray], gap_ms: np.ndarray,
+                  exported: np.ndarray, parts: list[str]) -> dict[str, np.ndarray]:
+    """Per ledger row (``ledger``: its columns as arrays; ``steps``: the steps table's rows of its steps, as arrays;
+    ``gap_ms``, ``exported``: its gaps), each category's work at its peers' level (work less its excess over them),
+    and each part's (``part_<part>_ms``) of ``parts`` (those the ledger has); a device's idle time is data loading up
+    to its host's data wait."""
     parts = [p for p in dict.fromkeys(parts) if work_column(p) in ledger]
-    out = pd.DataFrame(index=ledger.index)
-    totals = {c: np.zeros(len(ledger)) for c in (COMPUTE, DATA, OTHER)}
+    n = len(ledger["step"])
+    out: dict[str, np.ndarray] = {}
+    totals = {c: np.zeros(n) for c in (COMPUTE, DATA, OTHER)}
     for part in parts:
-        work = ledger[work_column(part)].to_numpy(dtype=float)
-        excess = ledger[excess_column(part)].to_numpy(dtype=float) if excess_column(part) in ledger else 0.0
+        work = np.asarray(ledger[work_column(part)], dtype=float)
+        excess = np.asarray(ledger[excess_column(part)], dtype=float) if excess_column(part) in ledger else 0.0
         own = np.clip(np.nan_to_num(work - excess), 0.0, None)
         out[f"part_{part}_ms"] = own
         if part == DEVICE_IDLE:  # the device waited for its host: for data where the host waited for data
-            host_data = _host_data(ledger, steps)
-            data = np.minimum(own, host_data)
+            data = np.minimum(own, _host_data(ledger, steps))
             totals[DATA] += data
             totals[OTHER] += own - data
         else:
             totals[part_category(part)] += own
     for c, values in totals.items():
         out[column(c)] = values
-    gap = ledger["gap_ms"].fillna(0.0).to_numpy()
-    exported = ledger["exported"].fillna(False).to_numpy(dtype=bool)
+    gap = _known(np.asarray(gap_ms, dtype=float))
+    exported = np.asarray(pd.Series(exported).fillna(False), dtype=bool) if exported.dtype == object else exported
     out[column(BETWEEN)], out[column(PROFILER)] = np.where(exported, 0.0, gap), np.where(exported, gap, 0.0)
     return out
 
 
-def _host_data(ledger: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
+def _host_data(ledger: dict[str, np.ndarray], steps: dict[str, np.ndarray]) -> np.ndarray:
     """Per ledger row, its host's data wait in the step (0 where not recorded)."""
     if "data_ms" not in steps:
-        return np.zeros(len(ledger))
-    data = ledger[["rank", "step"]].merge(steps[["rank", "step", "data_ms"]], on=["rank", "step"], how="left")
-    return data["data_ms"].fillna(0.0).to_numpy(dtype=float)
+        return np.zeros(len(ledger["step"]))
+    found = _aligned(ledger, steps, pd.DataFrame({"data_ms": steps["data_ms"]}))["data_ms"]
+    return _known(np.asarray(found, dtype=float))
 
 
-def _fit(out: pd.DataFrame, categories: dict[str, np.ndarray]) -> None:
-    """Each step's categories within its time: what its ranks share, and communication the rest; where what
-    they share adds up to more (the ranks' steps are not cut at the same instant), scaled to fit."""
-    time_ms = out["time_ms"].to_numpy()
-    known = sum(categories.values(), np.zeros(len(out)))
-    scale = np.where(known > time_ms, np.divide(time_ms, known, out=np.zeros(len(out)), where=known > 0), 1.0)
-    for c in STEP_CATEGORIES:
-        out[column(c)] = categories[c] * scale if c != COMMUNICATION else np.clip(time_ms - known, 0.0, None)
+def _fit(time_ms: np.ndarray, categories: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each step's categories within its time (``time_ms``), by column: what its ranks share, and communication the
+    rest; where what they share adds up to more (the ranks' steps are not cut at the same instant), scaled to fit."""
+    known = sum(categories.values(), np.zeros(len(time_ms)))
+    scale = np.where(known > time_ms, np.divide(time_ms, known, out=np.zeros(len(time_ms)), where=known > 0), 1.0)
+    return {column(c): categories[c] * scale if c != COMMUNICATION else np.clip(time_ms - known, 0.0, None)
+            for c in STEP_CATEGORIES}
 
 
 @dataclass

@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.analyzer.run.device_time import DEVICE
-from diagtrain.profiler.util.groups import distinct, median_of_others
+from diagtrain.profiler.util.groups import Groups, distinct, median_of_others, ranked
 
 if TYPE_CHECKING:  # the tables are built with the ledger in them (tables.assemble)
     from diagtrain.profiler.analyzer.run.tables import Tables
@@ -251,16 +251,28 @@ def _cpu_floor(ledger: Mapping[str, np.ndarray], t: Tables) -> np.ndarray:
     its columns as arrays by name."""
     rank, step, cpu = ledger["rank"], ledger["step"], np.asarray(ledger["cpu_ms"], dtype=float)
     free = free_cpus(t)
+    # No host's CPUs known, or some rank's CPU time not: a floor from part of the job is none (checked before the
+    # ranks' hosts are looked up, 4 ms a live window of 8,192 ranks whose hosts say nothing of their CPUs).
+    if not free or np.isnan(cpu).any() or not len(cpu):
+        return np.full(len(cpu), np.nan)
     # Each rank's host and CPUs looked up once, not once per row.
-    ranks, at = np.unique(rank, return_inverse=True)
-    hosts = [t.rank_hosts.get(r) for r in ranks.tolist()]
-    cores = np.array([free.get(h, np.nan) if isinstance(h, str) else np.nan for h in hosts], dtype=float)[at]
-    if np.isnan(cores).any() or np.isnan(cpu).any():
-        return np.full(len(cpu), np.nan)  # a floor from part of the job is none
-    host = pd.factorize(np.array(hosts, dtype=object))[0][at]
+    ranks, at = ranked(rank)
+    host, names = pd.factorize(np.array([t.rank_hosts.get(r) for r in ranks.tolist()], dtype=object))
+    host = host[at]
+    # ... and each host's CPUs once (a thousand hosts, not 8,192 ranks).
+    cores = np.array([free.get(h, np.nan) if isinstance(h, str) else np.nan for h in names], dtype=float)
+    cores = np.where(host >= 0, cores[host], np.nan) if len(cores) else np.full(len(host), np.nan)
+    if np.isnan(cores).any():
+        return np.full(len(cpu), np.nan)  # as for the CPU time
     # CPU the slow ranks' excess itself spent (more work, not a sleep) is saved with it.
     work = cpu - np.where(np.asarray(ledger["lost_ms"]) > 0, np.asarray(ledger["cpu_excess_ms"], dtype=float), 0.0)
-    return pd.Series(work / cores).groupby([step, host]).transform("sum").groupby(step).transform("max").to_numpy()
+    # Each (step, host) cell's sum by pandas' own group sum (compensated: not numpy's), on one integer key per cell,
+    # not two (8.6 ms, not 13, at 8,192 ranks x 20 steps); each step's largest by a reduction of its rows.
+    steps, at_step = ranked(step)
+    hosts = int(host.max()) + 1
+    sums = pd.Series(work / cores).groupby(at_step * hosts + host).sum()  # by cell, sorted: a step's cells together
+    cells = sums.index.to_numpy()
+    return Groups(cells // hosts, len(steps)).maximum(sums.to_numpy(), skip_nan=True)[at_step]
 
 
 def free_cpus(t: Tables) -> dict[str, float]:
