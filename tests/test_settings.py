@@ -109,6 +109,30 @@ def test_an_override_is_in_force_only_inside_its_analysis():
     assert Straggler.active().min_excess_ms == Straggler().min_excess_ms
 
 
+def test_settings_made_once_follow_every_change_of_overrides():
+    """active() keeps the settings it made (asked 1,024 times a live judgement): a new override, a nested one, the
+    same dict changed in place and a thread of its own each get their own values."""
+    import threading
+
+    from diagtrain.profiler.analyzer.judge.detectors.straggler import Straggler
+
+    assert Straggler.active() is Straggler.active()  # made once while nothing changes
+    overrides = settings.parse(["straggler.min_excess_ms=300"])
+    with settings.overriding(overrides):
+        assert Straggler.active().min_excess_ms == 300.0
+        with settings.overriding(settings.parse(["straggler.min_excess_ms=40"])):
+            assert Straggler.active().min_excess_ms == 40.0
+        assert Straggler.active().min_excess_ms == 300.0
+        overrides["straggler"]["min_excess_ms"] = 7.0  # nobody should; if somebody does, it is seen
+        assert Straggler.active().min_excess_ms == 7.0
+        seen = []
+        worker = threading.Thread(target=lambda: seen.append(Straggler.active().min_excess_ms))  # a fresh context
+        worker.start()
+        worker.join()
+        assert seen == [Straggler().min_excess_ms]
+    assert Straggler.active().min_excess_ms == Straggler().min_excess_ms
+
+
 @pytest.mark.jobs
 def test_set_changes_the_verdict_and_the_report_records_it(tmp_path):
     run = slow_forward_run(tmp_path / "run")

@@ -52,7 +52,16 @@ def section(name: str):
 
 def active(cls: type[T]) -> T:
     """The settings of ``cls``'s section in force now: defaults, with this analysis' overrides."""
-    return cls(**_OVERRIDES.get().get(cls.section, {}))  # type: ignore[attr-defined]
+    given = _OVERRIDES.get().get(cls.section, {})  # type: ignore[attr-defined]
+    held = _ACTIVE.get(cls)
+    if held is None or held[0] != given:  # compared by value: overrides are few, and never trusted not to change
+        held = _ACTIVE[cls] = (dict(given), cls(**given))
+    return held[1]
+
+
+# cls -> (the overrides its settings were made with, those settings): asked in loops (a host's contention, 1,024
+# times a live judgement at 8,192 ranks), made once per change of overrides. Frozen, so one object serves all.
+_ACTIVE: dict[type, tuple[dict[str, Any], Any]] = {}
 
 
 def values(settings: Any) -> dict[str, Any]:

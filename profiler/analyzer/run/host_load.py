@@ -121,16 +121,19 @@ class _Hosts:
     """The run's hosts numbered in the order of their names, each with its ranks in order."""
 
     def __init__(self, rank_hosts: dict[int, str | None]) -> None:
-        named = sorted((int(r), str(h)) for r, h in rank_hosts.items() if h is not None)
-        self.names: list[str] = sorted({h for _, h in named})
-        number = {h: i for i, h in enumerate(self.names)}
-        self.ranks: list[list[int]] = [[] for _ in self.names]
+        known = [(r, h) for r, h in rank_hosts.items() if h is not None]
+        ranks = np.fromiter((int(r) for r, _ in known), dtype=np.int64, count=len(known))
+        # Numbered in C, in the order of their names (8,192 ranks' tuples sorted in Python were 6 ms a live judgement)
+        numbers, names = pd.factorize(np.array([str(h) for _, h in known], dtype=object), sort=True)
+        self.names: list[str] = [str(n) for n in names]
+        order = np.lexsort((ranks, numbers))  # by host, then rank
+        bounds = np.searchsorted(numbers[order], np.arange(len(self.names) + 1))
+        ordered = ranks[order].tolist()
+        self.ranks: list[list[int]] = [ordered[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
         # rank -> its host's number, by position (ranks are 0 .. world size - 1): a gather, not a search per row
-        self._number = np.full(max((r for r, _ in named), default=-1) + 1, -1, dtype=np.int64)
-        for rank, h in named:
-            self.ranks[number[h]].append(rank)
-            if rank >= 0:
-                self._number[rank] = number[h]
+        self._number = np.full(max(int(ranks.max()) + 1, 0) if len(ranks) else 0, -1, dtype=np.int64)
+        mine = ranks >= 0
+        self._number[ranks[mine]] = numbers[mine]
 
     def of(self, ranks: np.ndarray) -> np.ndarray:
         """Each rank's host number; -1 for a rank of no known host."""
