@@ -252,6 +252,8 @@ class Groups:
         """The same groups of the ``chosen`` rows only (a mask over all rows), gathered without another sort: the
         gathered rows kept, each group's count of them summed."""
         kept = self._gathered(chosen)
+        if kept.all():  # every row chosen (no NaN left out, as mostly): the groups themselves, as gathered already
+            return self
         sizes = np.zeros(self.n, dtype=np.int64)
         if len(kept):
             sizes[self.sizes > 0] = np.add.reduceat(kept, self._starts(), dtype=np.int64)
