@@ -10,7 +10,7 @@ import pandas as pd
 from diagtrain.profiler.analyzer.judge.detectors import straggler as st
 from diagtrain.profiler.analyzer.judge.own_time import OwnTime, blocked_column
 from diagtrain.profiler.analyzer.judge.quantities import DEVICE_MEASURES, Measure, phase as phase_quantity
-from diagtrain.profiler.util.groups import positions_by
+from diagtrain.profiler.util.groups import Groups, positions_by, ranked
 from diagtrain.profiler.util.stats import median_known
 
 
@@ -50,18 +50,20 @@ def excess(steps: pd.DataFrame, phases: list[str], threshold: float, step_ms: fl
            s: st.Straggler) -> tuple[pd.DataFrame, tuple[np.ndarray, np.ndarray]]:
     """straggler._excess's candidates and compared pairs, by a loop over the steps."""
     quantities, measured = st._quantities(steps, phases)
-    usual, noise = st._usual(quantities, s.min_noise_steps)
     excluded = [phase_quantity(p).label for p in st.EXCLUDED_PHASES if phase_quantity(p).label in measured]
     traced = excluded + [label for label, q in measured.items() if q.measure not in st.RECORDED]
     phased = [label for m in st.RECORDED for label, q in measured.items() if q.measure is m]
     rows, compared = [], []
-    ranks = quantities["rank"].to_numpy()
-    values = {label: quantities[label].to_numpy(dtype=float) for label in measured}
-    usual_at = {label: usual.reindex(ranks)[label].to_numpy(dtype=float) for label in measured}
-    noise_at = {label: noise.reindex(ranks)[label].to_numpy(dtype=float) for label in measured}
+    ranks, values = steps["rank"].to_numpy(), quantities
+    found_ranks, rank_at = ranked(ranks)
+    by_rank = Groups(rank_at, len(found_ranks))
+    usual_at, noise_at = {}, {}
+    for label in measured:  # each rank's, per row
+        usual, noise = st._usual(values[label], by_rank, s.min_noise_steps)
+        usual_at[label], noise_at[label] = usual[rank_at], noise[rank_at]
     blocked = {c: steps[c].to_numpy(dtype=float) for c in steps.columns if str(c).endswith("_comm_wait_ms")}
     profiled_rows = steps["profiled"].to_numpy(dtype=bool) if "profiled" in steps else np.zeros(len(steps), bool)
-    for step, group in positions_by(quantities["step"].to_numpy()):
+    for step, group in positions_by(steps["step"].to_numpy()):
         profiled = bool(profiled_rows[group].all())
         for label in (traced if profiled and len(traced) > len(excluded) else phased):
             measure = measured[label].measure
@@ -82,4 +84,4 @@ def excess(steps: pd.DataFrame, phases: list[str], threshold: float, step_ms: fl
         if len(group) >= 2:
             compared.append(group)
     at = np.concatenate(compared) if compared else np.zeros(0, dtype=int)
-    return pd.DataFrame(rows, columns=st.SLOW_COLUMNS), st._pairs(quantities, at)
+    return pd.DataFrame(rows, columns=st.SLOW_COLUMNS), st._pairs(ranks, steps["step"].to_numpy(), at)

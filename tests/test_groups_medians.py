@@ -96,5 +96,10 @@ def test_usual_is_pandas_groupby_median(case, data):
     ranks = codes * 2 + 1  # ranks with gaps
     other = np.array(data.draw(st.lists(VALUE, min_size=len(codes), max_size=len(codes))), dtype=float)
     quantities = pd.DataFrame({"rank": ranks, "step": np.arange(len(codes)), "a": values, "b": other})
-    for got, expected in zip(_usual(quantities, 3), pandas_usual(quantities, 3)):
-        pd.testing.assert_frame_equal(got, expected, check_exact=True)
+    found, at = ranked(ranks)
+    by_rank = Groups(at, len(found))
+    expected_usual, expected_noise = pandas_usual(quantities, 3)
+    for label in ("a", "b"):  # a quantity at a time, per rank in ascending order
+        usual, noise = _usual(quantities[label].to_numpy(dtype=float), by_rank, 3)
+        for got, expected in ((usual, expected_usual[label]), (noise, expected_noise[label])):
+            pd.testing.assert_series_equal(pd.Series(got, index=expected.index, name=label), expected, check_exact=True)

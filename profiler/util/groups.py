@@ -13,8 +13,13 @@ import pandas as pd
 
 def distinct(values: np.ndarray) -> np.ndarray:
     """``np.unique(values)``: the distinct values, sorted (NaN last). By a hash table, then a sort of the distinct
-    ones only: numpy 2.4's own np.unique took 0.4 s for a million step numbers, this 0.03 s."""
-    return np.sort(pd.unique(np.asarray(values)))
+    ones only: numpy 2.4's own np.unique took 0.4 s for a million step numbers, this 0.03 s. Integers that span no
+    more values than there are (ranks, steps) by a count per value (:func:`ranked`): 0.3 ms, not the hash's 1.3, for
+    8,192 ranks x 20 steps."""
+    values = np.asarray(values)
+    if _spans_few(values):
+        return ranked(values)[0]
+    return np.sort(pd.unique(values))
 
 
 def ranked(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -22,12 +27,18 @@ def ranked(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     integers that span no more values than there are keys (ranks, steps) by a count per value, not a sort or a hash
     table (0.5 ms, not 5, for 8,192 ranks x 20 steps)."""
     keys = np.asarray(keys)
-    if keys.dtype.kind not in "iu" or not len(keys) or int(keys.max()) - int(keys.min()) >= len(keys):
+    if not _spans_few(keys):
         found, at = np.unique(keys, return_inverse=True)
         return found, at.reshape(-1)
     low = keys.min()
     present = np.bincount(keys - low) > 0
     return (np.flatnonzero(present) + low).astype(keys.dtype), (np.cumsum(present) - 1)[keys - low]
+
+
+def _spans_few(keys: np.ndarray) -> bool:
+    """Whether ``keys`` are integers spanning fewer values than there are keys: a count per value costs less than a sort
+    or a hash table of them."""
+    return keys.dtype.kind in "iu" and len(keys) > 0 and int(keys.max()) - int(keys.min()) < len(keys)
 
 
 def strictly_ordered(first: np.ndarray, second: np.ndarray) -> bool:
@@ -241,6 +252,8 @@ class Groups:
         """The same groups of the ``chosen`` rows only (a mask over all rows), gathered without another sort: the
         gathered rows kept, each group's count of them summed."""
         kept = self._gathered(chosen)
+        if kept.all():  # every row chosen (no NaN left out, as mostly): the groups themselves, as gathered already
+            return self
         sizes = np.zeros(self.n, dtype=np.int64)
         if len(kept):
             sizes[self.sizes > 0] = np.add.reduceat(kept, self._starts(), dtype=np.int64)

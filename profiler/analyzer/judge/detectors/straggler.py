@@ -14,6 +14,7 @@ returns on the host once a collective is queued, so there the host's times say n
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
@@ -122,14 +123,15 @@ def _stragglers(steps: pd.DataFrame, phases: list[str], s: Straggler) -> list[Ca
         impact = float(rows["excess_ms"].sum() / max(observed, 1))
         since = int((seen_in >= began).sum()) if began is not None else observed
         others = ranks[ranks != rank].tolist()
-        work = _work_ratio(steps, int(rank), rows["step"]) if measured[phase].measure is Measure.COMPUTE else None
+        in_slow = _in_steps(steps, rows["step"])  # one mask of the slow steps' rows for each cut of them below
+        work = _work_ratio(steps, in_slow, int(rank)) if measured[phase].measure is Measure.COMPUTE else None
         same_work = work is not None and work < s.more_work
         cause = CAUSE_OF.get(measured[phase].measure)
-        if cause is DeviceCause.HOST_LATE and _waited_for_data(steps, int(rank), rows["step"], s.data_share * per_step):
+        if cause is DeviceCause.HOST_LATE and _waited_for_data(steps, in_slow, int(rank), s.data_share * per_step):
             continue  # its host waited for data: the dataloader_stall detector's finding, priced by the device's idle time
         findings.append(Candidate(
             kind="straggler", ranks=[int(rank)], steps=rows["step"].sort_values().tolist(),
-            time_range=time_range(steps.loc[steps["rank"].eq(rank) & steps["step"].isin(rows["step"]),
+            time_range=time_range(steps.loc[in_slow & (steps["rank"].to_numpy() == rank),
                                             [c for c in ("start", "end") if c in steps]]),
             facts={"phase": phase, "value_ms": float(rows["value_ms"].median()), "excess_ms": per_step,
                    "peer_ms": float(rows["peer_ms"].median()), "others": others, "onset": began, "blips": blips,
@@ -149,11 +151,18 @@ def _stragglers(steps: pd.DataFrame, phases: list[str], s: Straggler) -> list[Ca
     return findings
 
 
-def _waited_for_data(steps: pd.DataFrame, rank: int, slow_steps: pd.Series, at_least_ms: float) -> bool:
-    """Whether a late host's data phase was ``at_least_ms`` above its peers' in those steps (a data stall)."""
+def _in_steps(steps: pd.DataFrame, slow_steps: pd.Series) -> np.ndarray:
+    """Which rows of ``steps`` are of ``slow_steps``: by a table of the step numbers, not a hash of every row's (2 ms a
+    finding, for each cut, at 8,192 ranks x 20 steps)."""
+    return np.isin(steps["step"].to_numpy(), slow_steps.to_numpy(), kind="table")
+
+
+def _waited_for_data(steps: pd.DataFrame, in_slow: np.ndarray, rank: int, at_least_ms: float) -> bool:
+    """Whether a late host's data phase was ``at_least_ms`` above its peers' in the steps it was slow in (the rows
+    ``in_slow``): a data stall."""
     if "data_ms" not in steps:
         return False
-    rows = steps[steps["step"].isin(slow_steps)]
+    rows = steps[in_slow]
     mine, theirs = rows.loc[rows["rank"] == rank, "data_ms"], rows.loc[rows["rank"] != rank, "data_ms"]
     return bool(float(mine.median()) - float(theirs.median()) >= at_least_ms)
 
@@ -169,21 +178,22 @@ def _seen(compared: tuple[np.ndarray, np.ndarray], rank: int, steps: pd.DataFram
     return int(mine.sum())
 
 
-def _work_ratio(steps: pd.DataFrame, rank: int, slow_steps: pd.Series) -> float | None:
-    """The rank's matrix-multiply FLOPs over its peers' median in the steps it was slow in (None
+def _work_ratio(steps: pd.DataFrame, in_slow: np.ndarray, rank: int) -> float | None:
+    """The rank's matrix-multiply FLOPs over its peers' median in the steps it was slow in (the rows ``in_slow``; None
     where the traces recorded no shapes)."""
     if "gflops" not in steps:
         return None
-    rows = steps[steps["step"].isin(slow_steps)]
+    rows = steps[in_slow]
     mine, theirs = rows.loc[rows["rank"] == rank, "gflops"], rows.loc[rows["rank"] != rank, "gflops"]
     if mine.isna().all() or theirs.isna().all() or not theirs.median() > 0:
         return None
     return float(mine.median() / theirs.median())
 
 
-def _quantities(steps: pd.DataFrame, phases: list[str]) -> tuple[pd.DataFrame, dict[str, Quantity]]:
-    """Per rank and step, each part of a rank's own time the detector compares (ms), in columns named
-    by their labels; and each label's quantity."""
+def _quantities(steps: pd.DataFrame, phases: list[str]) -> tuple[dict[str, np.ndarray], dict[str, Quantity]]:
+    """Per row of ``steps``, each part of a rank's own time the detector compares (ms, as floats), by label; and each
+    label's quantity. Arrays, not a frame of them: the frame cost 6 ms of a live window of 8,192 ranks, and no more
+    than a column of it was read at a time."""
     parts: dict[Quantity, pd.Series] = {}
     if "comm_ms" in steps:
         # Clearest first: outside any operator (host stalls), then compute, then both; a busy host
@@ -202,29 +212,19 @@ def _quantities(steps: pd.DataFrame, phases: list[str]) -> tuple[pd.DataFrame, d
         busy = steps["device_step_ms"] - steps["device_comm_wait_ms"] - steps["device_idle_ms"]
         parts[Quantity(Measure.DEVICE_IDLE)] = steps["device_idle_ms"].where(device)
         parts[Quantity(Measure.DEVICE_BUSY)] = busy.where(device)
-    labels = {q.label: q for q in parts}
-    return pd.DataFrame({"rank": steps["rank"], "step": steps["step"], **{q.label: v for q, v in parts.items()}}), labels
+    return {q.label: v.to_numpy(dtype=float) for q, v in parts.items()}, {q.label: q for q in parts}
 
 
-def _usual(quantities: pd.DataFrame, min_steps: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Per rank and quantity: the median over steps, and the robust standard deviation from step
-    to step (NaN with fewer than ``min_steps`` steps); NaN is skipped, as pandas' groupby median skips it."""
-    values = quantities.drop(columns=["step", "rank"])
-    found, at = ranked(quantities["rank"].to_numpy())
-    index = pd.Index(found, name="rank")
-    # All ranks at once (a function per rank and quantity cost a second at 1,024 ranks), a quantity at a time (all
-    # at once held three copies of a long run's quantities), the rows gathered by rank once for all of them.
-    by_rank = Groups(at, len(index))
-    usual, noise = {}, {}
-    for label in values.columns:
-        column = values[label].to_numpy(dtype=float)
-        usual[label] = by_rank.median(column, skip_nan=True)
-        with np.errstate(invalid="ignore"):  # inf - inf: NaN, skipped as pandas skips it
-            spread = MAD_TO_SIGMA * by_rank.median(np.abs(column - usual[label][by_rank.codes]), skip_nan=True)
-        known = np.bincount(by_rank.codes, weights=~np.isnan(column), minlength=len(index))
-        noise[label] = np.where(known >= min_steps, spread, np.nan)
-    return (pd.DataFrame(usual, index=index, columns=values.columns),
-            pd.DataFrame(noise, index=index, columns=values.columns))
+def _usual(values: np.ndarray, by_rank: Groups, min_steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per rank (``by_rank``'s groups), one quantity's median over steps, and its robust standard deviation from step
+    to step (NaN with fewer than ``min_steps`` steps); NaN is skipped, as pandas' groupby median skips it. All ranks
+    at once (a function per rank and quantity cost a second at 1,024 ranks), a quantity at a time (all at once held
+    three copies of a long run's quantities)."""
+    usual = by_rank.median(values, skip_nan=True)
+    with np.errstate(invalid="ignore"):  # inf - inf: NaN, skipped as pandas skips it
+        spread = MAD_TO_SIGMA * by_rank.median(np.abs(values - usual[by_rank.codes]), skip_nan=True)
+    known = np.bincount(by_rank.codes, weights=~np.isnan(values), minlength=by_rank.n)
+    return usual, np.where(known >= min_steps, spread, np.nan)
 
 
 SLOW_COLUMNS = ["rank", "step", "phase", "excess_ms", "value_ms", "peer_ms", "source", "threshold_ms"]
@@ -235,29 +235,28 @@ def _excess(steps: pd.DataFrame, phases: list[str], threshold: float,
     """Each rank's excess over its peers per step, from traces where profiled, else from phases; the distinct
     (rank, step) pairs compared with a peer at all (as arrays of ranks and steps); and each compared label's quantity."""
     quantities, measured = _quantities(steps, phases)
-    usual, noise = _usual(quantities, s.min_noise_steps)
     excluded = [phase_quantity(p).label for p in EXCLUDED_PHASES if phase_quantity(p).label in measured]
     # A data stall comes first in a step, also in profiled ones, and explains what follows it.
     traced = excluded + [label for label, q in measured.items() if q.measure not in RECORDED]
     phased = [label for m in RECORDED for label, q in measured.items() if q.measure is m]
-    ranks = quantities["rank"].to_numpy()
-    numbers, at = ranked(quantities["step"].to_numpy())
-    # Each rank's usual value and noise stay one per rank, looked up for the rows a part compares: two arrays per
-    # row for every part raised the detector's peak by 60 MiB at 2 x 500,000 steps. (usual and noise are indexed
-    # by every rank of the rows.)
-    parts = {label: _Part(label, _source(q.measure), quantities[label].to_numpy(dtype=float),
-                          usual[label].to_numpy(dtype=float), noise[label].to_numpy(dtype=float),
+    ranks, of_steps = steps["rank"].to_numpy(), steps["step"].to_numpy()
+    numbers, at = ranked(of_steps)
+    # The rows gathered by rank once for every part's usual value and noise, each part's computed only if it is
+    # compared: a live window's steps are mostly decided by its first parts (issue 62).
+    found, rank_at = ranked(ranks)
+    by_rank = Groups(rank_at, len(found))
+    parts = {label: _Part(label, _source(q.measure), quantities[label], by_rank, s.min_noise_steps,
                           _column(steps, blocked_column(q))) for label, q in measured.items()}
     profiled = steps["profiled"].to_numpy(dtype=bool) if "profiled" in steps else np.zeros(len(steps), bool)
     # From traces, the first part in which a rank stands out; from phases, the earliest phase with a slow
     # rank is the cause, and later ones are waiting. Every step at once, part by part: a loop over the
     # steps cost 4 s of a run of 2 x 100,000 steps (issue 62).
     traced_steps = (np.bincount(at, weights=~profiled, minlength=len(numbers)) == 0) & (len(traced) > len(excluded))
-    walk = _Walk(at, len(numbers), usual.index.get_indexer(ranks))
+    walk = _Walk(at, len(numbers), by_rank.codes)
     for labels, in_mode in ((traced, traced_steps), (phased, ~traced_steps)):
         for label in labels:
             walk.compare(parts[label], in_mode, label in excluded, threshold, step_ms, s)
-    return walk.slow(ranks, numbers), _pairs(quantities, walk.compared()), measured
+    return walk.slow(ranks, numbers), _pairs(ranks, of_steps, walk.compared()), measured
 
 
 def _source(measure: Measure) -> str:
@@ -273,15 +272,22 @@ def _column(steps: pd.DataFrame, name: str | None) -> np.ndarray | None:
 
 @dataclass
 class _Part:
-    """One compared part of the step: its values per row, each rank's usual value and noise (per rank, in the order
-    of _usual's index), and the time blocked in collectives within it per row (a phase's counters; None for the rest)."""
+    """One compared part of the step: its values per row, the rows' ranks (``by_rank``: 0 .. ranks - 1) whose usual
+    value and noise it is compared with, and the time blocked in collectives within it per row (a phase's counters;
+    None for the rest)."""
 
     label: str
     source: str
     values: np.ndarray
-    usual: np.ndarray
-    noise: np.ndarray
+    by_rank: Groups
+    min_steps: int
     blocked: np.ndarray | None
+
+    @cached_property
+    def usual(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each rank's usual value and noise (:func:`_usual`), on first use: a part whose steps were all decided
+        by earlier parts never needs them."""
+        return _usual(self.values, self.by_rank, self.min_steps)
 
 
 class _Walk:
@@ -306,8 +312,8 @@ class _Walk:
             return
         of_rank = _taken(self.rank_at, rows)
         by_step = Groups(_taken(self.at, rows), self.n_steps)  # gathered by step once, for the candidates and waiting
-        found = _Candidates(by_step, _taken(part.values, rows), part.usual[of_rank], part.noise[of_rank], threshold,
-                            step_ms, s)
+        usual, noise = part.usual
+        found = _Candidates(by_step, _taken(part.values, rows), usual[of_rank], noise[of_rank], threshold, step_ms, s)
         hit = found.ok
         if part.blocked is not None:
             hit = hit & ~waited(_taken(part.blocked, rows), by_step, np.where(hit, found.top, -1), found.excess)
@@ -342,9 +348,10 @@ def _taken(per_row: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return per_row if len(rows) == len(per_row) else per_row[rows]
 
 
-def _pairs(quantities: pd.DataFrame, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct (rank, step) pairs of the rows at positions ``at``: their ranks and their steps."""
-    ranks, steps = quantities["rank"].to_numpy(dtype=np.int64)[at], quantities["step"].to_numpy(dtype=np.int64)[at]
+def _pairs(ranks: np.ndarray, steps: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (rank, step) pairs of the rows at positions ``at`` (of rows' ``ranks`` and ``steps``): their ranks
+    and their steps."""
+    ranks, steps = ranks.astype(np.int64, copy=False)[at], steps.astype(np.int64, copy=False)[at]
     if not len(at) or strictly_ordered(ranks, steps):  # a steps table's rows by rank, then step: distinct already
         return ranks, steps
     low, span = steps.min(), steps.max() - steps.min() + 1
