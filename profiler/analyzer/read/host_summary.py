@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from diagtrain.profiler.analyzer.read.row_groups import Columns, Row, columns_of, rows_of
+from diagtrain.profiler.analyzer.read.row_groups import Columns, Row, columns_of, groups_of
 from diagtrain.profiler.analyzer.read.run_files import StepFile, add_step, p2p_from_json, p2p_to_json
 from diagtrain.profiler.analyzer.read.step_cache import CacheFeeder
 from diagtrain.profiler.analyzer.read.step_tail import JsonlTail, RankSteps, StepFilesTail
@@ -164,13 +164,8 @@ class HostSummary:
             self.heard_at = time.time()
             if not isinstance(line, dict):
                 continue  # a damaged line
-            for row in rows_of(line.get("groups"), self.columns):  # through their groups' names: no dict per row
-                rank, step = row.get("rank"), row.get("step")
-                if isinstance(rank, int) and rank not in self.elsewhere and isinstance(step, int):
-                    if rank not in self.ranks:  # a rank the reader has not seen yet (made only then: 8,192 a read)
-                        self.ranks[rank] = RankSteps(rank, self.keep)
-                        self.new_ranks.append(rank)
-                    added.setdefault(rank, {})[step] = row
+            for columns, values in groups_of(line.get("groups"), self.columns):  # no dict per row
+                self._add(columns, values, added)
             for rank, more in (line.get("extra") or {}).items():
                 if rank.isdigit() and int(rank) in self.ranks and isinstance(more, dict):
                     _found(self.ranks[int(rank)].found, more)
@@ -179,6 +174,20 @@ class HostSummary:
             holder.found.lines += len(rows)
             holder.take(rows)
         return sum(map(len, added.values()))
+
+    def _add(self, columns: Columns, values: list[tuple[Any, ...]], added: dict[int, dict[int, Row]]) -> None:
+        """One group's rows into ``added`` (rank -> step -> row), each by the rank and step at their places in the
+        group (a row without them as numbers is left out)."""
+        at_rank, at_step = columns.at.get("rank"), columns.at.get("step")
+        if at_rank is None or at_step is None:
+            return
+        for cells in values:
+            rank, step = cells[at_rank], cells[at_step]
+            if isinstance(rank, int) and rank not in self.elsewhere and isinstance(step, int):
+                if rank not in self.ranks:  # a rank the reader has not seen yet (made only then: 8,192 a read)
+                    self.ranks[rank] = RankSteps(rank, self.keep)
+                    self.new_ranks.append(rank)
+                added.setdefault(rank, {})[step] = Row(columns, cells)
 
     def _lines(self) -> list[Any]:
         """The lines appended since the last read: where the summary was set aside since, the rest of the old file

@@ -291,6 +291,7 @@ class HeldRows:
         self.batches: list[pd.DataFrame] = []
         self.named: list[list[str]] = []  # each batch's columns as its rows named them
         self.spans: list[tuple[int, int]] = []  # each batch's first and last step: a batch wholly in a cut is not masked
+        self._last: _Cut | None = None  # the last window cut, while no row of its steps was read again since
 
     def add(self, rows: list[Mapping[str, Any]]) -> None:
         """The rows one read added (as read from a summary, row_groups.Row, or as dicts), without the counters none of
@@ -303,6 +304,8 @@ class HeldRows:
                                                     if c in UNKNOWN_DROPPED and batch[c].isna().all()]))
             steps = batch["step"].to_numpy()
             self.spans.append((int(steps.min()), int(steps.max())))
+            if self._last is not None and ((steps > self._last.after) & (steps <= self._last.last)).any():
+                self._last = None  # a row of its steps recorded again, or read late: the window is cut afresh
 
     def has_any(self, columns: Iterable[str]) -> bool:
         """Whether a held row has any of ``columns``."""
@@ -311,6 +314,8 @@ class HeldRows:
     def trim(self, oldest: int) -> None:
         """Let go of the tables of steps before ``oldest`` only."""
         kept = [i for i, (_, last) in enumerate(self.spans) if last >= oldest]
+        if self._last is not None and any(last > self._last.after for _, last in self.spans if last < oldest):
+            self._last = None  # rows it holds are let go: a window of them is no longer one of the held rows
         self.batches, self.named = [self.batches[i] for i in kept], [self.named[i] for i in kept]
         self.spans = [self.spans[i] for i in kept]
 
@@ -318,9 +323,39 @@ class HeldRows:
         """The rows of steps ``after`` < step <= ``last`` by rank, then step, as one table built from all of them at
         once would be, sorted: a step recorded again in its last record, a column only where a row of these steps has
         it (a counter no row has, none: tables.step_table leaves it out)."""
+        rows = self._moved(after, last)
+        if rows is None:
+            rows = self._ordered(after, last)
+        self._last = _Cut(after, last, rows) if _reusable(rows) else None
+        return rows
+
+    def _ordered(self, after: int, last: int) -> pd.DataFrame:
+        """:meth:`between` from the held batches: their rows cut, deduplicated and ordered."""
         rows = self._cut(after + 1, last)
         # The counters none of them has left out first: columns of Nones were most of the cost of ordering the rows.
         return _known(_last_by_rank(_known(rows, UNKNOWN_DROPPED)).infer_objects()) if len(rows) else rows
+
+    def _moved(self, after: int, last: int) -> pd.DataFrame | None:
+        """:meth:`between` as the last window's rows of the steps both hold and the rows of the steps after it, merged
+        by rank, then step (ordering 20 steps' rows anew was most of a window's cost at 8,192 ranks); None where that
+        could differ from the rows cut afresh: a row of its steps read again, a batch naming other columns or in
+        another order, the steps after it typed otherwise."""
+        before = self._last
+        if before is None or not before.after <= after <= before.last <= last:
+            return None
+        if (after, last) == (before.after, before.last):
+            return before.rows  # nothing of its steps read since
+        if after == before.last or not self._named_alike(before.after, last):
+            return None
+        fresh = self._ordered(before.last, last)
+        if fresh.empty or list(fresh.columns) != list(before.rows.columns) or not fresh.dtypes.equals(before.rows.dtypes):
+            return None
+        return _merged(before.rows, fresh, after)
+
+    def _named_alike(self, after: int, last: int) -> bool:
+        """Whether every batch with rows of steps ``after`` < step <= ``last`` named the same columns, in one order."""
+        return len({tuple(named) for named, (low, high) in zip(self.named, self.spans)
+                    if low <= last and high > after}) == 1
 
     def since(self, first: int) -> pd.DataFrame:
         """The rows of steps from ``first`` on, in the order read, each step once (its last record)."""
@@ -346,6 +381,45 @@ class HeldRows:
         rows = pd.concat([p for p, _ in cut], ignore_index=True) if len(cut) > 1 else cut[0][0].reset_index(drop=True)
         order = list(dict.fromkeys(c for _, named in cut for c in named if c in rows.columns))
         return rows if list(rows.columns) == order else rows[order]
+
+
+@dataclass
+class _Cut:
+    """A window :meth:`HeldRows.between` gave: the rows of steps ``after`` < step <= ``last``."""
+
+    after: int
+    last: int
+    rows: pd.DataFrame
+
+
+def _reusable(rows: pd.DataFrame) -> bool:
+    """Whether a window's rows can be merged with the next steps' (:meth:`HeldRows._moved`): ranks and steps as
+    numbers, no column of objects (one table of every row would infer those from all their values at once)."""
+    kinds = {name: d.kind if isinstance(d, np.dtype) else "O" for name, d in rows.dtypes.items()}
+    return len(rows) > 0 and kinds.get("rank") in ("i", "u") and kinds.get("step") in ("i", "u") \
+        and all(kind in "iufb" for kind in kinds.values())
+
+
+def _merged(held: pd.DataFrame, fresh: pd.DataFrame, after: int) -> pd.DataFrame:
+    """``held``'s rows of steps after ``after`` and ``fresh``'s (each by rank, then step; ``fresh``'s steps all
+    later than ``held``'s), as one table by rank, then step: one gather, no sort of them all."""
+    step = held["step"].to_numpy()
+    kept = np.flatnonzero(step > after)
+    low = min(int(held["rank"].min()), int(fresh["rank"].min()))
+    span = max(int(step.max()), int(fresh["step"].max())) - after + 1
+
+    def keys(rows: pd.DataFrame, at: np.ndarray | slice) -> np.ndarray:
+        return (rows["rank"].to_numpy()[at].astype(np.int64) - low) * span + rows["step"].to_numpy()[at] - after
+
+    # A fresh row's place: after the held rows of keys below its own (its rank's held steps come first), and the
+    # fresh rows before it.
+    places = np.searchsorted(keys(held, kept), keys(fresh, slice(None))) + np.arange(len(fresh))
+    order = np.empty(len(kept) + len(fresh), dtype=np.int64)
+    is_fresh = np.zeros(len(order), dtype=bool)
+    is_fresh[places] = True
+    order[places] = len(held) + np.arange(len(fresh))
+    order[~is_fresh] = kept
+    return pd.concat([held, fresh], ignore_index=True).take(order).reset_index(drop=True)
 
 
 def _known(rows: pd.DataFrame, unknown: Iterable[str] = ()) -> pd.DataFrame:
