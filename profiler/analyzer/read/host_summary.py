@@ -155,11 +155,12 @@ class HostSummary:
         self.heard_at = time.time()  # when its last line came, by this reader's clock
         self.columns: dict[tuple[Any, ...], Columns] = {}  # its groups' sets of names: shared by their rows
         self.new_ranks: list[int] = []  # the ranks the last read saw here first
+        self.named = False  # whether the last read found a rank naming a phase it had not named before
 
     def read(self) -> int:
         """Read what the host appended since; the number of new step records."""
         added: dict[int, dict[int, Row]] = {}
-        self.new_ranks = []
+        self.new_ranks, self.named = [], False
         for line in self._lines():
             self.heard_at = time.time()
             if not isinstance(line, dict):
@@ -168,7 +169,7 @@ class HostSummary:
                 self._add(columns, values, added)
             for rank, more in (line.get("extra") or {}).items():
                 if rank.isdigit() and int(rank) in self.ranks and isinstance(more, dict):
-                    _found(self.ranks[int(rank)].found, more)
+                    self.named |= _found(self.ranks[int(rank)].found, more)
         for rank, holder in self.ranks.items():
             rows = added.get(rank, {})
             holder.found.lines += len(rows)
@@ -216,11 +217,12 @@ class HostSummary:
         return now - self.heard_at
 
 
-def _found(found: StepFile, more: dict[str, Any]) -> None:
+def _found(found: StepFile, more: dict[str, Any]) -> bool:
     """What a summary adds to its rank's record of its file besides rows: the phases, point-to-point calls, device
-    line and problems its host's reader found."""
+    line and problems its host's reader found. Whether it named a phase first."""
     found.lines += int(more.get("bad") or 0) + len(more.get("impossible") or [])
-    found.phases += [p for p in more.get("phases") or [] if isinstance(p, str) and p not in found.phases]
+    named = [p for p in more.get("phases") or [] if isinstance(p, str) and p not in found.phases]
+    found.phases += named
     for step, calls in (more.get("p2p") or {}).items():
         if step.isdigit() and isinstance(calls, dict):
             found.p2p[int(step)] = p2p_from_json(calls)
@@ -229,3 +231,4 @@ def _found(found: StepFile, more: dict[str, Any]) -> None:
             found.device.setdefault(name, []).extend(entries)
     found.bad_lines_dropped += int(more.get("bad") or 0)  # counted; the lines themselves are in the rank's file
     found.impossible += [str(x) for x in more.get("impossible") or []]
+    return bool(named)

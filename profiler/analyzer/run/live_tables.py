@@ -92,13 +92,16 @@ class LiveSteps:
         self._files: HostFiles | None = None  # what the hosts' folders held when one last changed
         self._folders_changed = True  # since _files was read
         self._hosts_stale = True  # a folder changed since the hosts' records were read
+        self._said: tuple[int, dict[int, str], int | None] | None = None  # RankIndex.version, rank_hosts, world_size
+        self._phases: list[str] | None = None  # phases(), until a rank is placed or names a phase first
 
     def read(self) -> int:
         """Read what every host and rank appended since the last call; the number of new step records."""
         if self.folders.changed():
             self._folders_changed = self._hosts_stale = True
         info = self.ranks.refresh()
-        for rank in sorted(info.keys() - self.steps.keys()):  # a set difference: not a pass over 8,192 ranks
+        placed = sorted(info.keys() - self.steps.keys())  # a set difference: not a pass over 8,192 ranks
+        for rank in placed:
             self._place(rank, info[rank].get("host"))
         new = sum(summary.read() for summary in self.summaries.values())
         for summary in self.summaries.values():  # a rank whose rows came before its rank.json was seen here
@@ -107,7 +110,11 @@ class LiveSteps:
         # After the summaries are read: a judge that reads seldom (paced to its CPU, ~50 s apart at 8,192 ranks) or
         # late (a starved host) hears the beats written meanwhile, and takes no host for silent that is not.
         self._leave_silent(time.time())
-        new += sum(tail.read() for tail in self.direct.values())
+        direct = sum(tail.read() for tail in self.direct.values())
+        # The phases named so far change only with a rank's reader, or a phase a rank named first.
+        if placed or self.silenced or direct or any(s.new_ranks or s.named for s in self.summaries.values()):
+            self._phases = None
+        new += direct
         if self.window_steps is not None:
             self.rows.add([row for held in self.steps.values() for row in held.added.values()])
             self.rows.trim(min((held.first for held in self.steps.values() if held.rows), default=0))
@@ -175,9 +182,10 @@ class LiveSteps:
         latest: dict[int, Any] = {}
         last_ends: dict[int, float] = {}
         for rank, held in self.steps.items():  # one pass over 8,192 ranks, not four
-            if held.rows:
-                tails[rank], last_steps[rank] = held, int(held.last_step)
-                latest[rank] = row = held.rows[last_steps[rank]]
+            step = held.last_step  # None: no rows held
+            if step is not None:
+                tails[rank], last_steps[rank] = held, int(step)
+                latest[rank] = row = held.rows[step]
                 last_ends[rank] = float(row["end"])
         if not tails:
             return Window(None, last_steps, last_ends, latest)
@@ -215,7 +223,14 @@ class LiveSteps:
         return self._files
 
     def phases(self) -> list[str]:
-        """The phases the ranks' step records named, in the order they were first seen."""
+        """The phases the ranks' step records named, in the order they were first seen (gathered again only when a
+        read placed a rank, or found one naming a phase first: a pass over 8,192 ranks otherwise)."""
+        if self._phases is None:
+            self._phases = self._named()
+        return list(self._phases)
+
+    def _named(self) -> list[str]:
+        """:meth:`phases`, from every rank's record."""
         phases: list[str] = []
         last: list[str] = []
         for t in self.steps.values():
@@ -226,19 +241,29 @@ class LiveSteps:
 
     def world_size(self) -> int | None:
         """The job's world size, as its ranks' records say."""
-        return next((i.get("world_size") for i in self.ranks.info.values() if isinstance(i.get("world_size"), int)), None)
+        return self._ranks_said()[2]
 
     def rank_hosts(self) -> dict[int, str]:
-        """rank -> the host folder of the wrapper that started it."""
-        return {r: i.get("host") for r, i in self.ranks.info.items() if i.get("host")}
+        """rank -> the host folder of the wrapper that started it (the caller's to read, not to change: it is kept)."""
+        return self._ranks_said()[1]
+
+    def _ranks_said(self) -> tuple[int, dict[int, str], int | None]:
+        """What the ranks' records say (rank_hosts, world_size), made again only when a record was read since
+        (RankIndex.version): a pass over 8,192 records a judgement otherwise."""
+        if self._said is None or self._said[0] != self.ranks.version:
+            info = self.ranks.info
+            self._said = (self.ranks.version, {r: i.get("host") for r, i in info.items() if i.get("host")},
+                          next((i.get("world_size") for i in info.values() if isinstance(i.get("world_size"), int)),
+                               None))
+        return self._said
 
     def _tables(self, rows: pd.DataFrame, tails: dict[int, RankSteps], requested: set[int]) -> Tables:
         # A step's device timings come in later records: the held rows from the window's first step on are read,
         # not only the window's (the ones before carry the timings of steps before it).
         device = device_time.records_of(self.rows.since(int(rows["step"].min()))) \
             if self.rows.has_any(DEVICE_LISTS) else []  # none to cut the held rows again for (40 ms at 8,192 ranks)
-        device += [device_record(r, t.found.device) for r, t in tails.items() if t.found.device]
-        p2p = {r: p2p_from_step_records(t.found.p2p) for r, t in tails.items() if t.found.p2p}
+        of_ranks, p2p = _found_of(tails)
+        device += of_ranks
         steps = step_table(rows, profiled=requested)
         hosts = self.hosts()  # once: until every rank's host record is read, each call reads them all
         launched = [h["started_at"] for h in hosts if isinstance(h.get("started_at"), (int, float))]
@@ -281,6 +306,18 @@ class LiveSteps:
         """The telemetry samples of the window (older ones are dropped: the window only moves on)."""
         self.samples = [r for r in self.samples if r["time"] >= since - TELEMETRY_MARGIN_S]
         return samples_table(self.samples) if self.samples else None
+
+
+def _found_of(tails: dict[int, RankSteps]) -> tuple[list, dict[int, Any]]:
+    """The ranks' end-of-run device lines (device records) and point-to-point calls by rank: one pass over them."""
+    device, p2p = [], {}
+    for rank, held in tails.items():
+        found = held.found
+        if found.device:
+            device.append(device_record(rank, found.device))
+        if found.p2p:
+            p2p[rank] = p2p_from_step_records(found.p2p)
+    return device, p2p
 
 
 class HeldRows:
