@@ -470,6 +470,7 @@ class RankIndex:
         self.info: dict[int, dict[str, Any]] = {}
         self._listed: int | None = None  # the ranks folder's modification time when it was last listed
         self._pending: set[str] = set()  # rank folders listed without a readable rank.json yet
+        self.version = 0  # bumped when a rank's record is read: what a reader made of ``info`` before is out of date
 
     def refresh(self) -> dict[int, dict[str, Any]]:
         """Every rank that has written rank.json so far, by rank."""
@@ -491,6 +492,7 @@ class RankIndex:
             if isinstance(info, dict):  # anything else is not a rank record (a damaged file): asked again next time
                 self.info[int(name)] = info
                 self._pending.discard(name)
+                self.version += 1
         return self.info
 
     def on_host(self, host: str) -> dict[int, dict[str, Any]]:

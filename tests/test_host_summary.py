@@ -207,3 +207,32 @@ def test_rows_that_come_before_their_rank_is_seen_are_kept_and_ranks_read_elsewh
     summary.read()
     assert sorted(summary.ranks) == [8, *range(10, 16)]
     assert all(sorted(held.rows) == [1, 2, 3] for held in summary.ranks.values())
+
+
+def test_the_phases_named_are_gathered_again_only_when_a_rank_names_one_first(tmp_path, monkeypatch):
+    """LiveSteps keeps the phases its ranks named until a read places a rank or finds one naming a phase first."""
+    from diagtrain.profiler.analyzer.run.live_tables import LiveSteps
+
+    job = Job(tmp_path)
+    reducers = [HostReducer(tmp_path, f"node-{h}") for h in range(RANKS // PER_HOST)]
+    job.append(2)
+    for reducer in reducers:
+        reducer.reduce()
+    live = LiveSteps(tmp_path, window_steps=5)
+    live.read()
+    gathered = []
+    named = live._named
+    monkeypatch.setattr(live, "_named", lambda: gathered.append(1) or named())
+    assert live.phases() == ["data", "forward", "backward"] and len(gathered) == 1
+    job.append(1)
+    for reducer in reducers:
+        reducer.reduce()
+    live.read()
+    assert live.phases() == ["data", "forward", "backward"] and len(gathered) == 1  # no phase first named: kept
+    record = {"rank": 3, "step": job.step + 1, "start": job.clock, "end": job.clock + 0.1, "duration_ms": 100.0,
+              "phases_ms": {"forward": 50.0, "optimizer": 20.0}}
+    with open(tmp_path / "ranks" / "3" / "steps.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+    reducers[0].reduce()
+    live.read()
+    assert live.phases() == ["data", "forward", "backward", "optimizer"] and len(gathered) == 2

@@ -4,10 +4,12 @@ out of order, a phase only some rows name."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.analyzer.read.step_tail import RankSteps
-from diagtrain.profiler.analyzer.run.live_tables import HeldRows
+from diagtrain.profiler.analyzer.run import live_tables
+from diagtrain.profiler.analyzer.run.live_tables import HeldRows, _merged as merged
 from diagtrain.profiler.analyzer.run.tables import step_table
 
 
@@ -68,3 +70,55 @@ def test_a_counter_measured_in_some_reads_only_is_the_column_one_table_would_hav
     pd.testing.assert_frame_equal(found, step_table(every), check_exact=True)
     assert "page_faults" not in found and found["runq_ms"].dtype == float and found["runq_ms"].notna().sum() == 1
     assert "runq_ms" not in step_table(held.between(2, 3))  # only step 2 measured it
+
+
+def _moving_reads(seed: int) -> list[list[dict]]:
+    """Reads of a window moving a step at a time, with what cuts a window afresh among them: a step recorded again,
+    a rank read late, a rank ahead, a phase first named, a counter measured in some reads only."""
+    rng = np.random.default_rng(seed)
+    reads = [[row(r, s, 20.0 + r + s) for s in range(1, 6) for r in range(4)]]
+    for step in range(6, 30):
+        read = [row(r, step, float(rng.integers(100))) for r in range(4) if not (r == 2 and step % 7 == 0)]
+        if step % 7 == 1:
+            read.append(row(2, step - 1, 1.0))  # rank 2 read late
+        if step % 5 == 0:
+            read.append(row(1, step - 2, 99.0))  # a step recorded again
+        if step % 6 == 0:
+            read.append(row(3, step + 1, 5.0))  # ahead of the others
+        if step in (12, 13):
+            read = [{**r, "data_ms": 1.0} for r in read]  # a phase in these reads only
+        if step in (20, 21):
+            read = [{**r, "runq_ms": float(rng.integers(3)) if rng.random() < 0.5 else None} for r in read]
+        reads.append(read)
+    return reads
+
+
+def test_a_window_moved_on_is_the_one_cut_afresh_whatever_was_read_meanwhile(monkeypatch):
+    """The last window's rows merged with the next steps' (HeldRows._moved) are the table cut from every held row:
+    a window reused only while no row of its steps was read again, nor let go (trim)."""
+    merges = []
+    monkeypatch.setattr(live_tables, "_merged", lambda *a: merges.append(1) or merged(*a))
+    for seed in range(3):
+        held = HeldRows()
+        for read in _moving_reads(seed):
+            held.add(read)
+            last = max(r["step"] for r in read if r["rank"] == 0)
+            held.trim(last - 8)
+            found = held.between(last - 4, last)
+            pd.testing.assert_frame_equal(found, held._ordered(last - 4, last), check_exact=True)
+            assert held.between(last - 4, last) is found  # read again, nothing new: the same table
+    assert len(merges) > 15  # the window was merged, not only cut afresh
+
+
+def test_a_step_of_the_last_window_read_again_cuts_the_next_afresh():
+    held = HeldRows()
+    held.add([row(r, s, 20.0) for s in (1, 2, 3) for r in range(2)])
+    held.between(0, 3)
+    held.add([row(0, 4, 1.0), row(1, 4, 1.0)])
+    assert held._last is not None  # steps after the window's: it is merged with them
+    held.add([row(1, 3, 77.0)])  # rank 1's step 3 recorded again
+    assert held._last is None
+    assert held.between(1, 4).loc[lambda t: (t["rank"] == 1) & (t["step"] == 3), "forward_ms"].item() == 77.0
+    assert held._last is not None
+    held.trim(5)  # the rows it holds let go
+    assert held._last is None

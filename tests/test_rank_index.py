@@ -58,3 +58,22 @@ def test_a_recently_changed_ranks_folder_is_listed_again(tmp_path: Path) -> None
     rank_folder(tmp_path, 1)
     os.utime(tmp_path / "ranks", ns=(listed, listed))  # the same time, as a coarse clock would give it
     assert sorted(index.refresh()) == [0, 1]
+
+
+def test_what_live_judgement_makes_of_the_ranks_records_is_made_again_when_one_is_read(tmp_path: Path) -> None:
+    """LiveSteps keeps rank_hosts and world_size until RankIndex reads a rank's record (its version), not longer."""
+    from diagtrain.profiler.analyzer.run.live_tables import LiveSteps
+
+    rank_folder(tmp_path, 0)
+    live = LiveSteps(tmp_path, window_steps=5)
+    version = live.ranks.version
+    live.ranks.refresh()
+    assert live.ranks.version == version + 1
+    assert live.rank_hosts() == {0: "node-0"} and live.world_size() is None
+    assert live.rank_hosts() is live.rank_hosts()  # kept: no record read since
+    live.ranks.refresh()  # nothing new: the same version, the same maps
+    assert live.ranks.version == version + 1 and live.rank_hosts() == {0: "node-0"}
+    write_json_atomic(rank_folder(tmp_path, 3, record=False) / "rank.json",
+                      {"rank": 3, "host": "node-9", "world_size": 4})
+    live.ranks.refresh()
+    assert live.rank_hosts() == {0: "node-0", 3: "node-9"} and live.world_size() == 4

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from diagtrain.profiler.analyzer.read.row_groups import Columns, Row, columns_of, rows_of
+from diagtrain.profiler.analyzer.read.row_groups import Columns, Row, columns_of, groups_of
 from diagtrain.profiler.analyzer.read.run_files import StepFile, add_step, p2p_from_json, p2p_to_json
 from diagtrain.profiler.analyzer.read.step_cache import CacheFeeder
 from diagtrain.profiler.analyzer.read.step_tail import JsonlTail, RankSteps, StepFilesTail
@@ -155,30 +155,40 @@ class HostSummary:
         self.heard_at = time.time()  # when its last line came, by this reader's clock
         self.columns: dict[tuple[Any, ...], Columns] = {}  # its groups' sets of names: shared by their rows
         self.new_ranks: list[int] = []  # the ranks the last read saw here first
+        self.named = False  # whether the last read found a rank naming a phase it had not named before
 
     def read(self) -> int:
         """Read what the host appended since; the number of new step records."""
         added: dict[int, dict[int, Row]] = {}
-        self.new_ranks = []
+        self.new_ranks, self.named = [], False
         for line in self._lines():
             self.heard_at = time.time()
             if not isinstance(line, dict):
                 continue  # a damaged line
-            for row in rows_of(line.get("groups"), self.columns):  # through their groups' names: no dict per row
-                rank, step = row.get("rank"), row.get("step")
-                if isinstance(rank, int) and rank not in self.elsewhere and isinstance(step, int):
-                    if rank not in self.ranks:  # a rank the reader has not seen yet (made only then: 8,192 a read)
-                        self.ranks[rank] = RankSteps(rank, self.keep)
-                        self.new_ranks.append(rank)
-                    added.setdefault(rank, {})[step] = row
+            for columns, values in groups_of(line.get("groups"), self.columns):  # no dict per row
+                self._add(columns, values, added)
             for rank, more in (line.get("extra") or {}).items():
                 if rank.isdigit() and int(rank) in self.ranks and isinstance(more, dict):
-                    _found(self.ranks[int(rank)].found, more)
+                    self.named |= _found(self.ranks[int(rank)].found, more)
         for rank, holder in self.ranks.items():
             rows = added.get(rank, {})
             holder.found.lines += len(rows)
             holder.take(rows)
         return sum(map(len, added.values()))
+
+    def _add(self, columns: Columns, values: list[tuple[Any, ...]], added: dict[int, dict[int, Row]]) -> None:
+        """One group's rows into ``added`` (rank -> step -> row), each by the rank and step at their places in the
+        group (a row without them as numbers is left out)."""
+        at_rank, at_step = columns.at.get("rank"), columns.at.get("step")
+        if at_rank is None or at_step is None:
+            return
+        for cells in values:
+            rank, step = cells[at_rank], cells[at_step]
+            if isinstance(rank, int) and rank not in self.elsewhere and isinstance(step, int):
+                if rank not in self.ranks:  # a rank the reader has not seen yet (made only then: 8,192 a read)
+                    self.ranks[rank] = RankSteps(rank, self.keep)
+                    self.new_ranks.append(rank)
+                added.setdefault(rank, {})[step] = Row(columns, cells)
 
     def _lines(self) -> list[Any]:
         """The lines appended since the last read: where the summary was set aside since, the rest of the old file
@@ -207,11 +217,12 @@ class HostSummary:
         return now - self.heard_at
 
 
-def _found(found: StepFile, more: dict[str, Any]) -> None:
+def _found(found: StepFile, more: dict[str, Any]) -> bool:
     """What a summary adds to its rank's record of its file besides rows: the phases, point-to-point calls, device
-    line and problems its host's reader found."""
+    line and problems its host's reader found. Whether it named a phase first."""
     found.lines += int(more.get("bad") or 0) + len(more.get("impossible") or [])
-    found.phases += [p for p in more.get("phases") or [] if isinstance(p, str) and p not in found.phases]
+    named = [p for p in more.get("phases") or [] if isinstance(p, str) and p not in found.phases]
+    found.phases += named
     for step, calls in (more.get("p2p") or {}).items():
         if step.isdigit() and isinstance(calls, dict):
             found.p2p[int(step)] = p2p_from_json(calls)
@@ -220,3 +231,4 @@ def _found(found: StepFile, more: dict[str, Any]) -> None:
             found.device.setdefault(name, []).extend(entries)
     found.bad_lines_dropped += int(more.get("bad") or 0)  # counted; the lines themselves are in the rank's file
     found.impossible += [str(x) for x in more.get("impossible") or []]
+    return bool(named)

@@ -91,7 +91,13 @@ def rows_of(groups: Any, known: dict[tuple[Any, ...], Columns]) -> list[Row]:
     """:func:`columns_of` read back: each row as its reader made it, in order (a group that is not one, and a row of
     another length than its names, are left out). ``known``: the groups' names read before and their columns, the
     caller's to keep (a reader's rows share them: the same few sets of names every read)."""
-    rows: list[Row] = []
+    return [Row(columns, cells) for columns, values in groups_of(groups, known) for cells in values]
+
+
+def groups_of(groups: Any, known: dict[tuple[Any, ...], Columns]) -> list[tuple[Columns, list[tuple[Any, ...]]]]:
+    """:func:`rows_of` as each group's columns and its rows' values (in the order of the columns' names): a reader
+    finds a row's rank and step at their places in its group, not through a Row's lookup a row."""
+    found = []
     for group in groups if isinstance(groups, list) else []:
         names = group.get("columns") if isinstance(group, dict) else None
         values = group.get("rows") if isinstance(names, list) else None
@@ -99,12 +105,12 @@ def rows_of(groups: Any, known: dict[tuple[Any, ...], Columns]) -> list[Row]:
             columns = known.get(key := tuple(names)) or known.setdefault(key, _columns(names))
             width = len(names)
             if len(columns.names) == width:
-                rows += [Row(columns, tuple(v)) for v in values if isinstance(v, list) and len(v) == width]
+                found.append((columns, [tuple(v) for v in values if isinstance(v, list) and len(v) == width]))
             else:  # a name given twice: its last value, as a dict made of the pairs holds
                 last = list({name: i for i, name in enumerate(names)}.values())
-                rows += [Row(columns, tuple(v[i] for i in last)) for v in values
-                         if isinstance(v, list) and len(v) == width]
-    return rows
+                found.append((columns, [tuple(v[i] for i in last) for v in values
+                                        if isinstance(v, list) and len(v) == width]))
+    return found
 
 
 def _columns(names: list[Any]) -> Columns:

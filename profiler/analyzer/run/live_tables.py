@@ -92,13 +92,16 @@ class LiveSteps:
         self._files: HostFiles | None = None  # what the hosts' folders held when one last changed
         self._folders_changed = True  # since _files was read
         self._hosts_stale = True  # a folder changed since the hosts' records were read
+        self._said: tuple[int, dict[int, str], int | None] | None = None  # RankIndex.version, rank_hosts, world_size
+        self._phases: list[str] | None = None  # phases(), until a rank is placed or names a phase first
 
     def read(self) -> int:
         """Read what every host and rank appended since the last call; the number of new step records."""
         if self.folders.changed():
             self._folders_changed = self._hosts_stale = True
         info = self.ranks.refresh()
-        for rank in sorted(info.keys() - self.steps.keys()):  # a set difference: not a pass over 8,192 ranks
+        placed = sorted(info.keys() - self.steps.keys())  # a set difference: not a pass over 8,192 ranks
+        for rank in placed:
             self._place(rank, info[rank].get("host"))
         new = sum(summary.read() for summary in self.summaries.values())
         for summary in self.summaries.values():  # a rank whose rows came before its rank.json was seen here
@@ -107,7 +110,11 @@ class LiveSteps:
         # After the summaries are read: a judge that reads seldom (paced to its CPU, ~50 s apart at 8,192 ranks) or
         # late (a starved host) hears the beats written meanwhile, and takes no host for silent that is not.
         self._leave_silent(time.time())
-        new += sum(tail.read() for tail in self.direct.values())
+        direct = sum(tail.read() for tail in self.direct.values())
+        # The phases named so far change only with a rank's reader, or a phase a rank named first.
+        if placed or self.silenced or direct or any(s.new_ranks or s.named for s in self.summaries.values()):
+            self._phases = None
+        new += direct
         if self.window_steps is not None:
             self.rows.add([row for held in self.steps.values() for row in held.added.values()])
             self.rows.trim(min((held.first for held in self.steps.values() if held.rows), default=0))
@@ -175,9 +182,10 @@ class LiveSteps:
         latest: dict[int, Any] = {}
         last_ends: dict[int, float] = {}
         for rank, held in self.steps.items():  # one pass over 8,192 ranks, not four
-            if held.rows:
-                tails[rank], last_steps[rank] = held, int(held.last_step)
-                latest[rank] = row = held.rows[last_steps[rank]]
+            step = held.last_step  # None: no rows held
+            if step is not None:
+                tails[rank], last_steps[rank] = held, int(step)
+                latest[rank] = row = held.rows[step]
                 last_ends[rank] = float(row["end"])
         if not tails:
             return Window(None, last_steps, last_ends, latest)
@@ -215,7 +223,14 @@ class LiveSteps:
         return self._files
 
     def phases(self) -> list[str]:
-        """The phases the ranks' step records named, in the order they were first seen."""
+        """The phases the ranks' step records named, in the order they were first seen (gathered again only when a
+        read placed a rank, or found one naming a phase first: a pass over 8,192 ranks otherwise)."""
+        if self._phases is None:
+            self._phases = self._named()
+        return list(self._phases)
+
+    def _named(self) -> list[str]:
+        """:meth:`phases`, from every rank's record."""
         phases: list[str] = []
         last: list[str] = []
         for t in self.steps.values():
@@ -226,19 +241,29 @@ class LiveSteps:
 
     def world_size(self) -> int | None:
         """The job's world size, as its ranks' records say."""
-        return next((i.get("world_size") for i in self.ranks.info.values() if isinstance(i.get("world_size"), int)), None)
+        return self._ranks_said()[2]
 
     def rank_hosts(self) -> dict[int, str]:
-        """rank -> the host folder of the wrapper that started it."""
-        return {r: i.get("host") for r, i in self.ranks.info.items() if i.get("host")}
+        """rank -> the host folder of the wrapper that started it (the caller's to read, not to change: it is kept)."""
+        return self._ranks_said()[1]
+
+    def _ranks_said(self) -> tuple[int, dict[int, str], int | None]:
+        """What the ranks' records say (rank_hosts, world_size), made again only when a record was read since
+        (RankIndex.version): a pass over 8,192 records a judgement otherwise."""
+        if self._said is None or self._said[0] != self.ranks.version:
+            info = self.ranks.info
+            self._said = (self.ranks.version, {r: i.get("host") for r, i in info.items() if i.get("host")},
+                          next((i.get("world_size") for i in info.values() if isinstance(i.get("world_size"), int)),
+                               None))
+        return self._said
 
     def _tables(self, rows: pd.DataFrame, tails: dict[int, RankSteps], requested: set[int]) -> Tables:
         # A step's device timings come in later records: the held rows from the window's first step on are read,
         # not only the window's (the ones before carry the timings of steps before it).
         device = device_time.records_of(self.rows.since(int(rows["step"].min()))) \
             if self.rows.has_any(DEVICE_LISTS) else []  # none to cut the held rows again for (40 ms at 8,192 ranks)
-        device += [device_record(r, t.found.device) for r, t in tails.items() if t.found.device]
-        p2p = {r: p2p_from_step_records(t.found.p2p) for r, t in tails.items() if t.found.p2p}
+        of_ranks, p2p = _found_of(tails)
+        device += of_ranks
         steps = step_table(rows, profiled=requested)
         hosts = self.hosts()  # once: until every rank's host record is read, each call reads them all
         launched = [h["started_at"] for h in hosts if isinstance(h.get("started_at"), (int, float))]
@@ -283,6 +308,18 @@ class LiveSteps:
         return samples_table(self.samples) if self.samples else None
 
 
+def _found_of(tails: dict[int, RankSteps]) -> tuple[list, dict[int, Any]]:
+    """The ranks' end-of-run device lines (device records) and point-to-point calls by rank: one pass over them."""
+    device, p2p = [], {}
+    for rank, held in tails.items():
+        found = held.found
+        if found.device:
+            device.append(device_record(rank, found.device))
+        if found.p2p:
+            p2p[rank] = p2p_from_step_records(found.p2p)
+    return device, p2p
+
+
 class HeldRows:
     """The step rows live judgement holds, as tables made once per read from the rows it added: a window is cut
     from them, not rebuilt from every row's dict at every judgement (20,000 rows at 1,024 ranks)."""
@@ -291,6 +328,7 @@ class HeldRows:
         self.batches: list[pd.DataFrame] = []
         self.named: list[list[str]] = []  # each batch's columns as its rows named them
         self.spans: list[tuple[int, int]] = []  # each batch's first and last step: a batch wholly in a cut is not masked
+        self._last: _Cut | None = None  # the last window cut, while no row of its steps was read again since
 
     def add(self, rows: list[Mapping[str, Any]]) -> None:
         """The rows one read added (as read from a summary, row_groups.Row, or as dicts), without the counters none of
@@ -303,6 +341,8 @@ class HeldRows:
                                                     if c in UNKNOWN_DROPPED and batch[c].isna().all()]))
             steps = batch["step"].to_numpy()
             self.spans.append((int(steps.min()), int(steps.max())))
+            if self._last is not None and ((steps > self._last.after) & (steps <= self._last.last)).any():
+                self._last = None  # a row of its steps recorded again, or read late: the window is cut afresh
 
     def has_any(self, columns: Iterable[str]) -> bool:
         """Whether a held row has any of ``columns``."""
@@ -311,6 +351,8 @@ class HeldRows:
     def trim(self, oldest: int) -> None:
         """Let go of the tables of steps before ``oldest`` only."""
         kept = [i for i, (_, last) in enumerate(self.spans) if last >= oldest]
+        if self._last is not None and any(last > self._last.after for _, last in self.spans if last < oldest):
+            self._last = None  # rows it holds are let go: a window of them is no longer one of the held rows
         self.batches, self.named = [self.batches[i] for i in kept], [self.named[i] for i in kept]
         self.spans = [self.spans[i] for i in kept]
 
@@ -318,9 +360,39 @@ class HeldRows:
         """The rows of steps ``after`` < step <= ``last`` by rank, then step, as one table built from all of them at
         once would be, sorted: a step recorded again in its last record, a column only where a row of these steps has
         it (a counter no row has, none: tables.step_table leaves it out)."""
+        rows = self._moved(after, last)
+        if rows is None:
+            rows = self._ordered(after, last)
+        self._last = _Cut(after, last, rows) if _reusable(rows) else None
+        return rows
+
+    def _ordered(self, after: int, last: int) -> pd.DataFrame:
+        """:meth:`between` from the held batches: their rows cut, deduplicated and ordered."""
         rows = self._cut(after + 1, last)
         # The counters none of them has left out first: columns of Nones were most of the cost of ordering the rows.
         return _known(_last_by_rank(_known(rows, UNKNOWN_DROPPED)).infer_objects()) if len(rows) else rows
+
+    def _moved(self, after: int, last: int) -> pd.DataFrame | None:
+        """:meth:`between` as the last window's rows of the steps both hold and the rows of the steps after it, merged
+        by rank, then step (ordering 20 steps' rows anew was most of a window's cost at 8,192 ranks); None where that
+        could differ from the rows cut afresh: a row of its steps read again, a batch naming other columns or in
+        another order, the steps after it typed otherwise."""
+        before = self._last
+        if before is None or not before.after <= after <= before.last <= last:
+            return None
+        if (after, last) == (before.after, before.last):
+            return before.rows  # nothing of its steps read since
+        if after == before.last or not self._named_alike(before.after, last):
+            return None
+        fresh = self._ordered(before.last, last)
+        if fresh.empty or list(fresh.columns) != list(before.rows.columns) or not fresh.dtypes.equals(before.rows.dtypes):
+            return None
+        return _merged(before.rows, fresh, after)
+
+    def _named_alike(self, after: int, last: int) -> bool:
+        """Whether every batch with rows of steps ``after`` < step <= ``last`` named the same columns, in one order."""
+        return len({tuple(named) for named, (low, high) in zip(self.named, self.spans)
+                    if low <= last and high > after}) == 1
 
     def since(self, first: int) -> pd.DataFrame:
         """The rows of steps from ``first`` on, in the order read, each step once (its last record)."""
@@ -346,6 +418,45 @@ class HeldRows:
         rows = pd.concat([p for p, _ in cut], ignore_index=True) if len(cut) > 1 else cut[0][0].reset_index(drop=True)
         order = list(dict.fromkeys(c for _, named in cut for c in named if c in rows.columns))
         return rows if list(rows.columns) == order else rows[order]
+
+
+@dataclass
+class _Cut:
+    """A window :meth:`HeldRows.between` gave: the rows of steps ``after`` < step <= ``last``."""
+
+    after: int
+    last: int
+    rows: pd.DataFrame
+
+
+def _reusable(rows: pd.DataFrame) -> bool:
+    """Whether a window's rows can be merged with the next steps' (:meth:`HeldRows._moved`): ranks and steps as
+    numbers, no column of objects (one table of every row would infer those from all their values at once)."""
+    kinds = {name: d.kind if isinstance(d, np.dtype) else "O" for name, d in rows.dtypes.items()}
+    return len(rows) > 0 and kinds.get("rank") in ("i", "u") and kinds.get("step") in ("i", "u") \
+        and all(kind in "iufb" for kind in kinds.values())
+
+
+def _merged(held: pd.DataFrame, fresh: pd.DataFrame, after: int) -> pd.DataFrame:
+    """``held``'s rows of steps after ``after`` and ``fresh``'s (each by rank, then step; ``fresh``'s steps all
+    later than ``held``'s), as one table by rank, then step: one gather, no sort of them all."""
+    step = held["step"].to_numpy()
+    kept = np.flatnonzero(step > after)
+    low = min(int(held["rank"].min()), int(fresh["rank"].min()))
+    span = max(int(step.max()), int(fresh["step"].max())) - after + 1
+
+    def keys(rows: pd.DataFrame, at: np.ndarray | slice) -> np.ndarray:
+        return (rows["rank"].to_numpy()[at].astype(np.int64) - low) * span + rows["step"].to_numpy()[at] - after
+
+    # A fresh row's place: after the held rows of keys below its own (its rank's held steps come first), and the
+    # fresh rows before it.
+    places = np.searchsorted(keys(held, kept), keys(fresh, slice(None))) + np.arange(len(fresh))
+    order = np.empty(len(kept) + len(fresh), dtype=np.int64)
+    is_fresh = np.zeros(len(order), dtype=bool)
+    is_fresh[places] = True
+    order[places] = len(held) + np.arange(len(fresh))
+    order[~is_fresh] = kept
+    return pd.concat([held, fresh], ignore_index=True).take(order).reset_index(drop=True)
 
 
 def _known(rows: pd.DataFrame, unknown: Iterable[str] = ()) -> pd.DataFrame:
