@@ -276,7 +276,7 @@ class LiveSteps:
                         on_gpu=self.traces is not None and self.traces.on_gpu, process_groups=self.process_groups(),
                         telemetry=self._recent_telemetry(float(steps["start"].min())))
         return assemble(tables, device, p2p, self.host_files().clocks, ledger_of=self.ledger.build,
-                        job_steps_of=self.ledger.job_steps, trim=lambda: None)
+                        job_steps_of=self.ledger.job_steps, live=True)
 
     def hosts(self) -> list[dict[str, Any]]:
         """The hosts' records (their CPUs: a crowded host hides a rank's extra work), read until every rank's is."""
