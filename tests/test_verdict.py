@@ -161,3 +161,23 @@ def test_a_findings_record_is_what_asdict_makes_of_it():
     assert type(record["facts"]["pair"]) is tuple and type(record["facts"]["span"]) is Span
     assert record["facts"]["others"] is not f.facts["others"] and record["evidence"][0] is not f.evidence[0]
     assert record["facts"]["nested"][0]["steps"] is not f.facts["nested"][0]["steps"]
+
+
+def test_a_verdict_copies_its_candidate_as_a_deep_copy_would():
+    """Nothing edits a candidate: its finding holds copies of every container (flat lists copied whole)."""
+    import copy
+    from collections import namedtuple
+
+    Span = namedtuple("Span", "first last")
+    c = candidate(facts={**FACTS, "others": list(range(2, 9000)), "span": Span(4, 5),
+                         "nested": [{"rank": 1, "steps": [4, 5]}]}, evidence=[{"type": "steps", "rank": 1}])
+    reference = copy.deepcopy(c)
+    f = verdict(c, [])
+    assert {k: getattr(f, k) for k in ("ranks", "steps", "facts", "evidence", "metrics")} == \
+        {k: getattr(reference, k) for k in ("ranks", "steps", "facts", "evidence")} | {"metrics": f.metrics}
+    f.facts["others"].append(-1)
+    f.facts["nested"][0]["steps"].append(6)
+    f.steps.append(99)
+    f.evidence[0]["rank"] = 7
+    assert c.facts == reference.facts and c.steps == reference.steps and c.evidence == reference.evidence
+    assert type(f.facts["span"]) is Span

@@ -13,11 +13,10 @@ An assessment's typed record of a finding (``Assessment.result``: the ledger's `
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, TypeVar
 
-from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, Candidate, Finding
+from diagtrain.profiler.analyzer.judge.findings import SEVERITIES, Candidate, Finding, copied
 
 # The assessments, by name (``Assessment.by``), in the order they are made and their remarks are read.
 LEDGER = "ledger"  # what the cause cost the job over every step (judge/assessments/ledger_price.py)
@@ -94,12 +93,9 @@ def _proposal(candidate: Candidate) -> Assessment:
 
 
 def _made(candidate: Candidate, severity: str, impact_ms: float | None) -> Finding:
-    """The finding of a candidate's fields, copied: nothing edits a candidate (its steps, ints, as one list: a deep
-    copy walked a long run's hundreds of thousands one by one)."""
-    values = {f.name: getattr(candidate, f.name) for f in fields(Candidate)}
-    steps = list(values.pop("steps"))
-    values.update(severity=severity, impact_ms=impact_ms)
-    return Finding(**copy.deepcopy(values), steps=steps)
+    """The finding of a candidate's fields, copied: nothing edits a candidate."""
+    values = {f.name: copied(getattr(candidate, f.name)) for f in fields(Candidate)}
+    return Finding(**values, severity=severity, impact_ms=impact_ms)
 
 
 R = TypeVar("R")
