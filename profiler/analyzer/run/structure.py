@@ -153,9 +153,14 @@ def _groups(process_groups: dict[int, dict], pg_configs: dict[int, list[dict]], 
         if source not in group.sources:
             group.sources.append(source)
 
+    listed: set[tuple[Any, Any, int]] = set()  # a group as a rank lists it: added once, however many ranks do
     for groups in process_groups.values():
         for name, info in (groups or {}).items():
-            add(name, (info or {}).get("desc"), (info or {}).get("ranks"), "process_groups.json")
+            info = info or {}
+            key = (name, info.get("desc"), id(info.get("ranks")))  # the members' one tuple, alive while they are read
+            if key not in listed:
+                listed.add(key)
+                add(name, info.get("desc"), info.get("ranks"), "process_groups.json")
     for configs in pg_configs.values():
         for g in configs or []:
             add(g.get("pg_name"), g.get("pg_desc"), g.get("ranks"), "trace")
