@@ -22,11 +22,11 @@ SETTINGS = (Contention, Steady)
 def detect(tables: Tables) -> list[Candidate]:
     """One info finding per host whose CPUs other processes contended, or whose ranks waited for a CPU."""
     s = Contention.active()
-    steps = steady(tables.steps[["rank", "step"]])  # what it reads: not a copy of a long run's whole table
+    contended = [(host, load) for host, load in sorted(steady_host_loads(tables).items()) if load.is_contended]
+    # What it reads (not a copy of a long run's whole table), for the hosts found only (most are quiet)
+    steps = steady(tables.steps[["rank", "step"]]) if contended else None
     findings = []
-    for host, load in sorted(steady_host_loads(tables).items()):
-        if not load.is_contended:
-            continue
+    for host, load in contended:
         stepped = distinct(steps.loc[steps["rank"].isin(load.ranks), "step"]).tolist()
         findings.append(Candidate(
             kind="host_contention", ranks=load.ranks, steps=stepped, time_range=load.time_range,
