@@ -1,4 +1,4 @@
-"""Statistics for telling a real change from noise: Mann-Whitney U, a bootstrap of medians, a binomial tail."""
+"""Statistics for telling a real change from noise: Mann-Whitney U, a bootstrap of medians."""
 
 from __future__ import annotations
 
@@ -60,21 +60,6 @@ def _ranks(values: np.ndarray) -> np.ndarray:
     _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
     sums = np.bincount(inverse, weights=ranks)
     return sums[inverse] / counts[inverse]
-
-
-def binomial_tail(k: int, n: int, p: float) -> float:
-    """P(X >= k) for X ~ Binomial(n, p): how often chance alone does at least this well."""
-    if k <= 0:
-        return 1.0
-    if k > n or p <= 0.0:
-        return 0.0
-    if p >= 1.0:
-        return 1.0
-    # In logs: a rank's thousands of collectives overflow math.comb's float conversion.
-    i = np.arange(k, n + 1)
-    log_pmf = (math.lgamma(n + 1) - np.array([math.lgamma(x + 1) + math.lgamma(n - x + 1) for x in i])
-               + i * math.log(p) + (n - i) * math.log1p(-p))
-    return float(min(1.0, np.exp(log_pmf).sum()))
 
 
 def t_quantile(p: float, df: int) -> float:
