@@ -54,3 +54,18 @@ def test_host_loads_name_each_hosts_wait() -> None:
     assert loads["node-b"].ranks == [0, 2] and loads["node-b"].runq_ms == 20.0 and loads["node-b"].runq_share == 0.2
     assert loads["node-b"].time_range == (1.0, 2.9) and loads["node-a"].time_range == (1.0, 2.2)
     assert loads["node-a"].runq_ms == 0.0
+
+
+def test_steady_host_loads_are_made_once_per_steps_and_settings() -> None:
+    """The detector and the contention assessment read one measurement; other settings or steps measure again."""
+    from diagtrain.profiler.analyzer.judge.detectors.base import steady_host_loads
+    from diagtrain.profiler.util import settings
+
+    t = random_run(1)
+    first = steady_host_loads(t)
+    assert steady_host_loads(t) is first
+    with settings.overriding(settings.parse(["contention.runq_min_share=0.5"])):
+        assert steady_host_loads(t) is not first
+    t.steps = t.steps.copy()
+    again = steady_host_loads(t)
+    assert again is not first and repr(again) == repr(first)

@@ -10,9 +10,9 @@ import pandas as pd
 
 from diagtrain.profiler.analyzer.run import job_time
 from diagtrain.profiler.analyzer.run.job_time import JobTime
-from diagtrain.profiler.analyzer.run.host_load import LOAD_COLUMNS, HostLoad, host_loads
+from diagtrain.profiler.analyzer.run.host_load import LOAD_COLUMNS, Contention, HostLoad, host_loads
 from diagtrain.profiler.util.groups import distinct
-from diagtrain.profiler.util.settings import section, setting
+from diagtrain.profiler.util.settings import section, setting, values
 from diagtrain.profiler.util.stats import rate_change
 
 if TYPE_CHECKING:
@@ -290,5 +290,11 @@ def steady_job_steps(tables: Tables) -> pd.DataFrame:
 
 
 def steady_host_loads(tables: Tables) -> dict[str, HostLoad]:
-    """Each host's CPU load over the run's steady steps (run/host_load.py)."""
-    return host_loads(tables, steady_columns(tables.steps, LOAD_COLUMNS), whole_run=True)
+    """Each host's CPU load over the run's steady steps (run/host_load.py). Made once per steps table, telemetry and
+    settings: the host_contention detector and the contention assessment (once per straggler) both read them."""
+    settings = tuple(tuple(values(s).items()) for s in (Contention.active(), Steady.active()))
+    held = tables.memo.get("steady_host_loads")
+    if held is None or held[0] is not tables.steps or held[1] is not tables.telemetry or held[2] != settings:
+        loads = host_loads(tables, steady_columns(tables.steps, LOAD_COLUMNS), whole_run=True)
+        held = tables.memo["steady_host_loads"] = (tables.steps, tables.telemetry, settings, loads)
+    return held[3]
