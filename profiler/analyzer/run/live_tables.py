@@ -456,7 +456,10 @@ def _merged(held: pd.DataFrame, fresh: pd.DataFrame, after: int) -> pd.DataFrame
     is_fresh[places] = True
     order[places] = len(held) + np.arange(len(fresh))
     order[~is_fresh] = kept
-    return pd.concat([held, fresh], ignore_index=True).take(order).reset_index(drop=True)
+    # A column at a time (numpy's take of each joined column): the frames' concat, then pandas' take of its blocks,
+    # copied the window twice (15 ms at 8,192 ranks, this 10).
+    return pd.DataFrame({name: np.concatenate([held[name].to_numpy(), fresh[name].to_numpy()]).take(order)
+                         for name in held.columns}, columns=held.columns, copy=False)
 
 
 def _known(rows: pd.DataFrame, unknown: Iterable[str] = ()) -> pd.DataFrame:
