@@ -15,7 +15,8 @@ from test_live_ledger import window
 
 from diagtrain.profiler.analyzer.judge.assessments import ledger_price
 from diagtrain.profiler.analyzer.run import job_time, ledger
-from diagtrain.profiler.analyzer.run.live_ledger import LiveLedger, _Grid, _merged
+from diagtrain.profiler.analyzer.run.live_ledger import (LiveLedger, _Grid, _GridRows, _identical, _merged, _Overlap,
+                                                          _Rows)
 from diagtrain.profiler.util.groups import stable_order
 from diagtrain.profiler.util.stats import MAD_TO_SIGMA
 
@@ -92,19 +93,123 @@ def test_the_noise_is_the_median_of_each_ranks_spread(ranks):
     assert ledger_price.noise_ms(frame) == float(pd.Series(spread).median())
 
 
-@pytest.mark.parametrize("change", [{}, {(2, 5): {"cpu_ms": 99.0}}, {(0, 8): {"runq_ms": np.nan}},
+@pytest.mark.parametrize("last", [5, 9])  # a window growing (grids of unlike widths), then one moving on
+@pytest.mark.parametrize("change", [{}, {(2, 5): {"cpu_ms": 99.0}}, {(0, 5): {"runq_ms": np.nan}},
                                     {(4, 3): {"end": 0.95}}])
-def test_the_steps_changed_as_arrays_of_ranks_by_steps_are_those_compared_row_by_row(monkeypatch, change):
+def test_the_steps_changed_as_arrays_of_ranks_by_steps_are_those_compared_row_by_row(change, last):
     live = LiveLedger()
-    live.build(window(8))
-    now = window(9, change)
-    assert _Grid.of(now.steps) is not None
-    kept = (live._steps, live._ledger, live._shared)
-    found, common = live._changed(now.steps), live._common
-    live._steps, live._ledger, live._shared = kept
-    monkeypatch.setattr(_Grid, "of", classmethod(lambda cls, table: None))  # row by row, as any table
-    assert found == live._changed(now.steps)
+    live.build(window(last - 1))
+    now = window(last, change)
+    grid = _Grid.of(now.steps)
+    assert grid is not None
+    found, common = live._changed(now.steps, grid), live._common
+    assert (live._overlap is not None) == (last > 8)  # the steps held again as one stretch of each column
+    live._steps_grid = None  # row by row, as any table
+    assert found == live._changed(now.steps, None)
     assert all(np.array_equal(a, b) for a, b in zip(common, live._common))
+
+
+def _column(rng: np.random.Generator, dtype: str, n: int) -> np.ndarray:
+    """``n`` values of a type, with NaN, -0.0 and None among them."""
+    values = rng.choice([0.0, -0.0, np.nan, 1.5, 2.0], size=n)
+    if dtype == "object":
+        return np.array([None if np.isnan(v) else v for v in values], dtype=object)
+    return values.astype(dtype) if dtype.startswith("float") else (np.nan_to_num(values) * 2).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int64", "bool", "object"])
+@pytest.mark.parametrize("seed", range(6))
+def test_the_overlap_of_two_grids_compares_their_common_cells_as_the_cells_do(seed, dtype):
+    rng = np.random.default_rng(seed)
+    ranks, width = int(rng.integers(1, 6)), int(rng.integers(2, 7))
+    shift = int(rng.integers(1, width))
+    was, now = _Grid(np.arange(ranks), np.arange(width)), _Grid(np.arange(ranks), np.arange(shift, shift + width))
+    in_was, in_now = np.isin(was.steps, now.steps), np.isin(now.steps, was.steps)
+    overlap = _Overlap.of(was, in_was, now, in_now)
+    assert np.array_equal(overlap.steps, np.arange(shift, width))
+    for _ in range(20):
+        a = _column(rng, dtype, ranks * width)
+        b = _column(rng, dtype, ranks * width)
+        b.reshape(ranks, width)[:, :width - shift] = a.reshape(ranks, width)[:, shift:]  # the steps both hold
+        changed = rng.random(ranks * width) < rng.choice([0.0, 0.05, 0.3])
+        b[changed] = _column(rng, dtype, int(changed.sum()))
+        cells_a, cells_b = was.cells(a, in_was), now.cells(b, in_now)
+        assert overlap.identical(a, b) == _identical(cells_a, cells_b)
+        unlike = overlap.unlike(a, b)
+        if dtype == "object":
+            assert unlike is None
+        else:
+            assert np.array_equal(unlike, (cells_a != cells_b).any(axis=0))
+
+
+def _ledger_grid(ranks: np.ndarray, steps: np.ndarray, rng: np.random.Generator) -> pd.DataFrame:
+    """A ledger-like frame of every rank's every step, by rank, then step."""
+    n = len(ranks) * len(steps)
+    return pd.DataFrame({"rank": np.repeat(ranks, len(steps)), "step": np.tile(steps, len(ranks)),
+                         "lost_ms": rng.random(n), "waited_for": rng.integers(-1, 5, n),
+                         "cause_phase": pd.Series(rng.choice(np.array([None, "forward"], dtype=object), n),
+                                                  dtype=object)})
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_rows_of_a_window_moved_on_are_put_together_as_row_by_row(seed):
+    rng = np.random.default_rng(seed)
+    ranks = np.sort(rng.choice(50, size=int(rng.integers(1, 6)), replace=False))
+    width, moved = int(rng.integers(2, 8)), int(rng.integers(0, 3))
+    last = _ledger_grid(ranks, np.arange(10, 10 + width), rng)
+    again = int(rng.integers(0, 2))  # the last steps recorded again
+    changed = set(range(10 + width - again, 10 + width + moved))
+    fresh = _ledger_grid(ranks, np.array(sorted(changed), dtype=np.int64), rng)
+    now = np.arange(10 + moved, 10 + width + moved)
+    rows = _GridRows.of(_Grid.of(last), now, changed, _Grid.of(fresh))
+    if not changed or moved + again >= width:
+        assert rows is None  # nothing fresh, or nothing stays
+        return
+    plain = _Rows.of(last, now, changed, fresh)
+    built = {}
+    for c in last.columns:
+        found = rows.gathered(last[c].to_numpy(), fresh[c].to_numpy())
+        expected = plain.gathered(last[c].to_numpy(), fresh[c].to_numpy())
+        assert found.dtype == expected.dtype and found.tolist() == expected.tolist()
+        built[c] = found
+    layout = _Grid.of(pd.DataFrame(built))
+    assert np.array_equal(rows.layout.ranks, layout.ranks) and np.array_equal(rows.layout.steps, layout.steps)
+
+
+def test_rows_not_a_run_followed_by_the_fresh_steps_are_not_put_together_as_a_grid():
+    rng = np.random.default_rng(0)
+    last = _Grid.of(_ledger_grid(np.arange(3), np.arange(1, 9), rng))
+    now = np.arange(2, 10)
+    assert _GridRows.of(last, now, {9}, _Grid(np.arange(3), np.array([9]))) is not None
+    assert _GridRows.of(last, now, {5, 9}, _Grid(np.arange(3), np.array([5, 9]))) is None  # a step amid the rest
+    assert _GridRows.of(last, now, {2}, _Grid(np.arange(3), np.array([2]))) is None  # fresh before those that stay
+    assert _GridRows.of(last, now, {9}, _Grid(np.arange(4), np.array([9]))) is None  # a rank joined
+    assert _GridRows.of(None, now, {9}, _Grid(np.arange(3), np.array([9]))) is None  # the last ledger not a grid
+
+
+@pytest.mark.parametrize(("values", "only"), [
+    (np.array([3, 1, 2, 3, 7]), np.array([3, 7])),
+    (np.array([3, 1, 2, 3, 7]), np.array([3, 7], dtype=np.int32)),
+    (np.array([3, 1, 2, 3, 7], dtype=np.uint64), np.array([3, 7], dtype=np.uint64)),
+    (np.array([3.0, np.nan, 2.0]), np.array([np.nan, 2.0])),
+    (np.array([3, None, "a"], dtype=object), np.array([None, 3], dtype=object)),
+    (np.array([3, 1]), np.array([], dtype=np.int64)),
+])
+def test_the_positions_of_some_steps_are_those_isin_finds(values, only):
+    expected = np.flatnonzero(pd.Series(values).isin(only).to_numpy())
+    assert np.array_equal(job_time.positions_of(pd.Series(values), only), expected)
+
+
+def test_a_window_whose_ledger_is_not_a_grid_for_a_while_is_the_whole_ledger_and_job():
+    """A rank's step without its blocked time has no ledger row: the window's ledger is no grid until it leaves."""
+    live = LiveLedger()
+    for last in range(8, 20):
+        gone = {(2, 10): {"comm_wait_ms": np.nan}} if last < 18 else {}
+        t = window(last, gone)
+        t.ledger = live.build(t)
+        pd.testing.assert_frame_equal(t.ledger, ledger.build(t), check_exact=True)
+        pd.testing.assert_frame_equal(live.job_steps(t), job_time.build(t), check_exact=True)
+        assert (live._layout is None) == (10 <= last < 18)
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -87,12 +87,13 @@ def step_parts(t: Tables, gaps_of: pd.DataFrame, only: np.ndarray | None = None)
     # of the 20 ms this took at 8,192 ranks.
     read = [c for c in t.ledger.columns if c in ("rank", "step", "lost_ms") or str(c).startswith(("work_", "excess_"))]
     step_columns = [c for c in ("rank", "step", "start", "end", "data_ms") if c in t.steps]
-    rows, kept = slice(None), slice(None)
-    if only is not None:
-        rows, kept = t.ledger["step"].isin(only).to_numpy(), t.steps["step"].isin(only).to_numpy()
+    rows: np.ndarray | slice = slice(None)
+    kept: np.ndarray | slice = slice(None)
+    if only is not None:  # positions, not masks: each column cut gathers its few rows, not a pass over all of them
+        rows, kept = positions_of(t.ledger["step"], only), positions_of(t.steps["step"], only)
     ledger = {c: t.ledger[c].to_numpy()[rows] for c in read}
     steps = {c: t.steps[c].to_numpy()[kept] for c in step_columns}
-    gap_ms, exported = _gaps_of_rows(ledger, gaps_of[kept])
+    gap_ms, exported = _gaps_of_rows(ledger, {c: gaps_of[c].to_numpy()[kept] for c in gaps_of.columns})
     shared = _shared_parts(ledger, steps, gap_ms, exported, [*t.phases, OUTSIDE, DEVICE_BUSY, DEVICE_IDLE])
     ledger_steps, ledger_codes = ranked(ledger["step"])
     by_step = Groups(ledger_codes, len(ledger_steps))
@@ -104,6 +105,15 @@ def step_parts(t: Tables, gaps_of: pd.DataFrame, only: np.ndarray | None = None)
     out = {c: _known(values[at]) for c, values in typical.items()}
     out.update({column(IMBALANCE): lost[at], "start": start[held], "end": end[held], "ranks": ranks[held]})
     return pd.DataFrame(out, index=pd.Index(numbers[held], name="step"))
+
+
+def positions_of(values: pd.Series, only: np.ndarray) -> np.ndarray:
+    """The positions of the rows whose value is one of ``only`` (where ``values.isin(only)``): by numpy's comparisons
+    where both are integers of one type (a hash of each of a live window's rows cost 1 ms at 8,192 ranks x 20 steps)."""
+    array, only = values.to_numpy(), np.asarray(only)
+    if array.dtype == only.dtype and array.dtype.kind in "iu":
+        return np.flatnonzero(np.isin(array, only))
+    return np.flatnonzero(values.isin(only).to_numpy())
 
 
 def _known(values: np.ndarray) -> np.ndarray:
@@ -179,23 +189,24 @@ def _gaps_sorted(steps: pd.DataFrame, profiled: np.ndarray) -> pd.DataFrame:
                          "exported": after_export})
 
 
-def _gaps_of_rows(ledger: dict[str, np.ndarray], gaps_of: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """The ledger rows' gaps (:func:`gaps`: ``gap_ms``, NaN where none, and ``exported``): by position where the ledger
-    has the steps' rows in their order (a merge of the whole window cost 20 ms at 8,192 ranks), else by rank and step."""
-    found = _aligned(ledger, gaps_of, gaps_of[["gap_ms", "exported"]])
+def _gaps_of_rows(ledger: dict[str, np.ndarray], gaps_of: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The ledger rows' gaps (:func:`gaps`' columns, as arrays: ``gap_ms``, NaN where none, and ``exported``): by
+    position where the ledger has the steps' rows in their order (a merge of the whole window cost 20 ms at 8,192
+    ranks), else by rank and step."""
+    found = _aligned(ledger, gaps_of, {c: gaps_of[c] for c in ("gap_ms", "exported")})
     return found["gap_ms"], found["exported"]
 
 
-def _aligned(ledger: dict[str, np.ndarray], table: pd.DataFrame | dict, values: pd.DataFrame) -> dict[str, np.ndarray]:
-    """``values``' columns (rows of ``table``, by rank and step) per ledger row: by position where the ledger's ranks
-    and steps are the table's, else by a merge (NaN where the table has no row)."""
+def _aligned(ledger: dict[str, np.ndarray], table: dict[str, np.ndarray], values: dict[str, np.ndarray]) \
+        -> dict[str, np.ndarray]:
+    """``values`` (columns of ``table``'s rows, by rank and step; both as arrays by name) per ledger row: by position
+    where the ledger's ranks and steps are the table's, else by a merge (NaN where the table has no row)."""
     if all(len(ledger[c]) == len(table[c]) and np.array_equal(ledger[c], np.asarray(table[c]))
            for c in ("rank", "step")):
-        return {c: values[c].to_numpy() for c in values.columns}
-    keys = pd.DataFrame({"rank": np.asarray(table["rank"]), "step": np.asarray(table["step"])})
-    merged = pd.DataFrame({"rank": ledger["rank"], "step": ledger["step"]}).merge(
-        pd.concat([keys, values.reset_index(drop=True)], axis=1), on=["rank", "step"], how="left")
-    return {c: merged[c].to_numpy() for c in values.columns}
+        return dict(values)
+    rows = pd.DataFrame({"rank": np.asarray(table["rank"]), "step": np.asarray(table["step"]), **values})
+    merged = pd.DataFrame({"rank": ledger["rank"], "step": ledger["step"]}).merge(rows, on=["rank", "step"], how="left")
+    return {c: merged[c].to_numpy() for c in values}
 
 
 def _shared_parts(ledger: dict[str, np.ndarray], steps: dict[str, np.ndarray], gap_ms: np.ndarray,
@@ -231,7 +242,7 @@ def _host_data(ledger: dict[str, np.ndarray], steps: dict[str, np.ndarray]) -> n
     """Per ledger row, its host's data wait in the step (0 where not recorded)."""
     if "data_ms" not in steps:
         return np.zeros(len(ledger["step"]))
-    found = _aligned(ledger, steps, pd.DataFrame({"data_ms": steps["data_ms"]}))["data_ms"]
+    found = _aligned(ledger, steps, {"data_ms": steps["data_ms"]})["data_ms"]
     return _known(np.asarray(found, dtype=float))
 
 
