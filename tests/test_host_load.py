@@ -69,3 +69,27 @@ def test_steady_host_loads_are_made_once_per_steps_and_settings() -> None:
     t.steps = t.steps.copy()
     again = steady_host_loads(t)
     assert again is not first and repr(again) == repr(first)
+
+
+def test_the_hosts_kept_for_the_next_call_follow_a_changed_rank() -> None:
+    """The hosts made from the ranks' records are kept while the very same records come: a rank moved to another
+    host in place, an equal dict of other objects, or a load's ranks changed by its reader are each seen."""
+    t = random_run(7)
+    first = host_loads(t, t.steps)
+    assert repr(first) == repr(reference.host_loads(t, t.steps))
+    next(iter(first.values())).ranks.append(10_000)  # a reader's change to a load: not the next call's
+    assert repr(host_loads(t, t.steps)) == repr(reference.host_loads(t, t.steps))
+    moved = next(r for r, h in t.rank_hosts.items() if h is not None)
+    t.rank_hosts[moved] = "node-elsewhere"  # the same dict, changed in place
+    assert repr(host_loads(t, t.steps)) == repr(reference.host_loads(t, t.steps))
+    t.rank_hosts = {r: None if h is None else "".join(h) for r, h in reversed(t.rank_hosts.items())}
+    assert repr(host_loads(t, t.steps)) == repr(reference.host_loads(t, t.steps))
+    del t.rank_hosts[moved]
+    assert repr(host_loads(t, t.steps)) == repr(reference.host_loads(t, t.steps))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_host_loads_of_runs_one_after_another_are_each_their_own(seed: int) -> None:
+    """Each run of a sequence measured as if alone, whatever the hosts kept from the run before it."""
+    for t in (random_run(seed), random_run(seed + 100), random_run(seed)):
+        assert repr(host_loads(t, t.steps)) == repr(reference.host_loads(t, t.steps))

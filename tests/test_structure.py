@@ -219,3 +219,30 @@ def test_damaged_members_name_the_file_and_the_group(tmp_path):
             assert "pg.json" in str(e) and "group '3'" in str(e) and "'members'" in str(e)
         else:
             raise AssertionError(f"{members!r} was read")
+
+
+def test_the_groups_kept_for_the_next_call_follow_the_ranks_entries():
+    """The groups found in the ranks' process groups are kept while the same entries come again: a rank's entry
+    added or replaced, another dict, or a group changed by its reader after a call are each seen."""
+    world = 8
+    groups = mesh_groups(world, {"dp": 2, "tp": 4})
+    live = {r: groups[r] for r in range(4)}  # the ranks read so far: more come
+    fresh = lambda: {r: json.loads(json.dumps(g)) for r, g in live.items()}  # the same entries, read anew
+    first = infer(live, {}, [], {}, {}, None, world)
+    assert first.to_json() == infer(fresh(), {}, [], {}, {}, None, world).to_json()
+    first.groups[0].sources.append("a reader's")
+    first.groups[0].ops.update(all_reduce=3)
+    first.groups[0].desc = "changed"
+    assert infer(live, {}, [], {}, {}, None, world).to_json() == infer(fresh(), {}, [], {}, {}, None, world).to_json()
+    for rank in range(4, world):  # added in place
+        live[rank] = groups[rank]
+        assert infer(live, {}, [], {}, {}, None, world).to_json() == infer(fresh(), {}, [], {}, {}, None, world).to_json()
+    live[5] = {"0": {"desc": "default_pg", "ranks": list(range(world))}, "9": {"desc": "mesh_pp", "ranks": [1, 5]}}
+    assert infer(live, {}, [], {}, {}, None, world).to_json() == infer(fresh(), {}, [], {}, {}, None, world).to_json()
+    assert any(g["desc"] == "mesh_pp" for g in infer(live, {}, [], {}, {}, None, world).to_json()["groups"])
+    ops = {first.groups[0].key: {"all_reduce": 2}}  # the collectives seen on a group: each call's own
+    traced = {0: [{"pg_name": "0", "pg_desc": "default_pg", "ranks": list(range(world))}]}
+    assert infer(live, traced, [], {}, ops, None, world).groups[0].ops == {"all_reduce": 2}
+    assert infer(live, traced, [], {}, ops, None, world).groups[0].sources == ["process_groups.json", "trace"]
+    assert infer(live, {}, [], {}, {}, None, world).groups[0].sources == ["process_groups.json"]
+    assert infer(live, {}, [], {}, {}, None, world).groups[0].ops == {}

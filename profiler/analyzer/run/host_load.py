@@ -5,6 +5,8 @@ reads a rank's host to tell starvation from its own work.
 
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -97,20 +99,21 @@ def host_loads(tables: Tables, steps: pd.DataFrame, whole_run: bool = False) -> 
     of the run's that count, its steady steps). The rows are grouped by a number per host, once: 8,192 ranks are
     1,024 hosts, and hosts as text per row (a lookup per rank, a group-by of text) cost 40 ms a live judgement."""
     s = Contention.active()
-    hosts = _Hosts(tables.rank_hosts)
+    hosts = _Hosts.of_ranks(tables.rank_hosts)
     host = hosts.of(steps["rank"].to_numpy())
     if not (host >= 0).any():
         return {}
-    start, end = _span_by_host(steps, host, len(hosts.names))
-    runq, share = _runq_by_host(steps, host, hosts)
+    # Python floats once per array, not a numpy scalar per host and number (1,024 hosts: 2 ms a live judgement)
+    start, end = (a.tolist() for a in _span_by_host(steps, host, len(hosts.names)))
+    runq, share = (a.tolist() for a in _runq_by_host(steps, host, hosts))
     telemetry = _host_telemetry(tables.telemetry)
     loads = {}
     for h in np.flatnonzero(np.bincount(host[host >= 0], minlength=len(hosts.names))).tolist():
         name = hosts.names[h]
-        load = HostLoad(name, hosts.ranks[h], 0, 0, None, None, None, None,
-                        time_range=(float(start[h]), float(end[h])))
-        if not np.isnan(runq[h]):
-            load.runq_ms, load.runq_share = float(runq[h]), float(share[h])
+        # Its own list of ranks: a finding may take it, and the hosts' are kept for the next call
+        load = HostLoad(name, list(hosts.ranks[h]), 0, 0, None, None, None, None, time_range=(start[h], end[h]))
+        if not math.isnan(runq[h]):
+            load.runq_ms, load.runq_share = runq[h], share[h]
         if name in telemetry:
             _add_telemetry(load, telemetry[name], whole_run, s)
         loads[name] = load
@@ -119,6 +122,22 @@ def host_loads(tables: Tables, steps: pd.DataFrame, whole_run: bool = False) -> 
 
 class _Hosts:
     """The run's hosts numbered in the order of their names, each with its ranks in order."""
+
+    # The last ones made, with the ranks and hosts they were made of (held: compared by identity). Live judgement
+    # makes them of the same ranks' records every few seconds (6 ms at 8,192 ranks); any other key or host object,
+    # or another order, makes them again.
+    _last: tuple[list, list, _Hosts] | None = None
+
+    @classmethod
+    def of_ranks(cls, rank_hosts: dict[int, str | None]) -> _Hosts:
+        """The hosts of ``rank_hosts``: the last ones made where it holds the very same keys and hosts, in order."""
+        last = cls._last  # read once: another thread may replace it
+        if last is not None and len(last[0]) == len(rank_hosts) and all(map(operator.is_, last[0], rank_hosts)) \
+                and all(map(operator.is_, last[1], rank_hosts.values())):
+            return last[2]
+        hosts = cls(rank_hosts)
+        cls._last = (list(rank_hosts), list(rank_hosts.values()), hosts)
+        return hosts
 
     def __init__(self, rank_hosts: dict[int, str | None]) -> None:
         known = [(r, h) for r, h in rank_hosts.items() if h is not None]

@@ -14,8 +14,9 @@ straggler because it holds more layers than the last). The job's own configurati
 
 from __future__ import annotations
 
+import operator
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from diagtrain.profiler.analyzer.read.flight_records import Entry
@@ -135,35 +136,10 @@ def infer(process_groups: dict[int, dict], pg_configs: dict[int, list[dict]], fl
 
 def _groups(process_groups: dict[int, dict], pg_configs: dict[int, list[dict]], flight_records: list[Entry],
             collective_ops: dict[str, dict[str, int]]) -> list[ProcessGroup]:
-    # Each group is keyed by its name and its members' one tuple (by identity): every rank lists the world's group,
-    # and hashing its members per rank was the world squared (8,192 ranks: 67M ranks hashed at every judgement).
-    found: dict[tuple[str, int], ProcessGroup] = {}
-    distinct: dict[tuple[int, ...], tuple[int, ...]] = {}
-    members_of = ByIdentity(lambda given: distinct.setdefault(m := tuple(sorted(int(r) for r in given or ())), m))
-
-    def add(name: Any, desc: str | None, ranks: Any, source: str) -> None:
-        members = members_of(ranks)
-        if not members:
-            return
-        key = (str(name), id(members))
-        group = found.get(key)
-        if group is None:  # made once: every one of 8,192 ranks lists the world's group
-            group = found[key] = ProcessGroup(str(name), desc or None, members)
-        group.desc = group.desc or desc or None
-        if source not in group.sources:
-            group.sources.append(source)
-
-    listed: set[tuple[Any, Any, int]] = set()  # a group as a rank lists it: added once, however many ranks do
-    for groups in process_groups.values():
-        for name, info in (groups or {}).items():
-            info = info or {}
-            key = (name, info.get("desc"), id(info.get("ranks")))  # the members' one tuple, alive while they are read
-            if key not in listed:
-                listed.add(key)
-                add(name, info.get("desc"), info.get("ranks"), "process_groups.json")
+    found = _listed(process_groups)
     for configs in pg_configs.values():
         for g in configs or []:
-            add(g.get("pg_name"), g.get("pg_desc"), g.get("ranks"), "trace")
+            found.add(g.get("pg_name"), g.get("pg_desc"), g.get("ranks"), "trace")
     # The flight recorder names groups; its members are those listed in the key (once keyed by
     # members, see flight_records.keyed_by_members), else the ranks that recorded it.
     recorded: dict[str, set[int]] = {}
@@ -173,11 +149,69 @@ def _groups(process_groups: dict[int, dict], pg_configs: dict[int, list[dict]], 
         descs[e.pg] = descs.get(e.pg) or e.pg_desc
     for pg, ranks in recorded.items():
         listed = group_members(pg)
-        add(pg.rpartition(":")[0] if listed else pg, descs[pg], listed or ranks, "flight recorder")
-    for g in found.values():
-        g.ops = dict(collective_ops.get(g.key, {}))
-    return sorted(found.values(), key=lambda g: (len(g.ranks) != max(len(x.ranks) for x in found.values()),
-                                                 _name_order(g.name), g.ranks))
+        found.add(pg.rpartition(":")[0] if listed else pg, descs[pg], listed or ranks, "flight recorder")
+    for g in found.groups.values():  # its key written only to be looked up (the world's group: 8,192 ranks, 1 ms)
+        g.ops = dict(collective_ops.get(g.key, {})) if collective_ops else {}
+    largest = max((len(g.ranks) for g in found.groups.values()), default=0)  # once, not once per group compared
+    return sorted(found.groups.values(), key=lambda g: (len(g.ranks) != largest, _name_order(g.name), g.ranks))
+
+
+class _Found:
+    """The groups found so far. Each is keyed by its name and its members' one tuple (by identity): every rank lists
+    the world's group, and hashing its members per rank was the world squared (8,192 ranks: 67M ranks hashed at every
+    judgement)."""
+
+    def __init__(self, groups: dict[tuple[str, int], ProcessGroup] | None = None,
+                 distinct: dict[tuple[int, ...], tuple[int, ...]] | None = None) -> None:
+        self.groups = {} if groups is None else groups
+        self.distinct = {} if distinct is None else distinct  # members -> their one tuple
+        self._members = ByIdentity(lambda given: self.distinct.setdefault(
+            m := tuple(sorted(int(r) for r in given or ())), m))
+
+    def add(self, name: Any, desc: str | None, ranks: Any, source: str) -> None:
+        """A group as ``source`` lists it: a new one, or another source (and maybe a description) of one found."""
+        members = self._members(ranks)
+        if not members:
+            return
+        key = (str(name), id(members))
+        group = self.groups.get(key)
+        if group is None:  # made once: every one of 8,192 ranks lists the world's group
+            group = self.groups[key] = ProcessGroup(str(name), desc or None, members)
+        group.desc = group.desc or desc or None
+        if source not in group.sources:
+            group.sources.append(source)
+
+    def copy(self) -> _Found:
+        """The same groups as new objects, to add to and change without changing these."""
+        return _Found({k: replace(g, sources=list(g.sources), ops=dict(g.ops)) for k, g in self.groups.items()},
+                      dict(self.distinct))
+
+
+# The groups of the last process groups read (held: their ranks' entries, compared by identity, and what they
+# found). Live judgement reads the same entries every few seconds, adding a rank's when it writes them (8,192 ranks'
+# entries: 4-9 ms a judgement). A rank's entry is replaced, never changed in place (read_process_groups gives a new
+# one): another entry, one more or one less, or another order finds them again.
+_last_listed: tuple[list[dict], _Found] | None = None
+
+
+def _listed(process_groups: dict[int, dict]) -> _Found:
+    """The groups the ranks' process_groups.json list, as new objects (each call's to change)."""
+    global _last_listed
+    last = _last_listed  # read once: another thread may replace it
+    if last is not None and len(last[0]) == len(process_groups) \
+            and all(map(operator.is_, last[0], process_groups.values())):
+        return last[1].copy()
+    found = _Found()
+    listed: set[tuple[Any, Any, int]] = set()  # a group as a rank lists it: added once, however many ranks do
+    for groups in process_groups.values():
+        for name, info in (groups or {}).items():
+            info = info or {}
+            key = (name, info.get("desc"), id(info.get("ranks")))  # the members' one tuple, alive while they are read
+            if key not in listed:
+                listed.add(key)
+                found.add(name, info.get("desc"), info.get("ranks"), "process_groups.json")
+    _last_listed = (list(process_groups.values()), found)
+    return found.copy()
 
 
 def _name_order(name: str) -> tuple[int, str]:
