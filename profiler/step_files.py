@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -105,14 +107,18 @@ class JsonlTail:
         self.offset = 0  # bytes consumed: up to the last newline read
         self.lines = 0  # lines consumed
 
-    def read(self) -> list[str]:
-        """New whole lines (none while the file is absent); a file that shrank (replaced) is read anew."""
+    def read(self, opened: Opened | None = None) -> list[str]:
+        """New whole lines (none while the file is absent); a file that shrank (replaced) is read anew. ``opened``:
+        the file as its caller opened it (:func:`open_read`, the caller's to close), else it is opened here."""
         try:
-            with open(self.path, "rb") as f:
-                if f.seek(0, 2) < self.offset:
-                    self.offset = self.lines = 0
-                f.seek(self.offset)
-                data = f.read()
+            if opened is None:
+                fd = os.open(self.path, os.O_RDONLY)
+                try:
+                    data = self._appended(fd, os.fstat(fd))
+                finally:
+                    os.close(fd)
+            else:
+                data = self._appended(*opened)
         except OSError:
             return []
         complete = data[:data.rfind(b"\n") + 1]
@@ -121,18 +127,71 @@ class JsonlTail:
         self.lines += len(lines)
         return lines
 
+    def _appended(self, fd: int, info: os.stat_result) -> bytes:
+        """The bytes of ``fd`` (``info``: its status) past ``offset``, from the start of a file shorter than that. A
+        regular file by its descriptor alone: less than half the system calls of a buffered file object (a judgement
+        of 8,192 ranks reads 1,024 host summaries); what is appended while it is read is read next time."""
+        if not stat.S_ISREG(info.st_mode):  # a folder, a FIFO, a device: as a file object of it reads it
+            with open(fd, "rb", closefd=False) as f:
+                if f.seek(0, 2) < self.offset:
+                    self.offset = self.lines = 0
+                f.seek(self.offset)
+                return f.read()
+        if info.st_size < self.offset:
+            self.offset = self.lines = 0
+        return _read_at(fd, self.offset, info.st_size - self.offset)
+
     def read_json(self) -> list[Any]:
         """New lines as JSON values; a line that is not JSON is left out."""
-        found = []
-        for line in self.read():
-            try:
-                found.append(json_value(line))
-            except ValueError:
-                continue
-        return found
+        return json_values(self.read())
+
+
+class Opened(NamedTuple):
+    """A file its caller opened for reading (and closes), and its status as opened (``os.fstat``)."""
+
+    fd: int
+    info: os.stat_result
+
+
+def open_read(path: Path) -> Opened | None:
+    """``path`` opened for reading, with its status; None where it cannot be opened (absent, not permitted)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return Opened(fd, os.fstat(fd))
+    except OSError:
+        os.close(fd)
+        return None
+
+
+def _read_at(fd: int, offset: int, size: int) -> bytes:
+    """``size`` bytes of ``fd`` from ``offset``, fewer where it ends before (cut short while it was read)."""
+    parts = []
+    while size > 0:
+        part = os.pread(fd, size, offset)
+        if not part:
+            break
+        parts.append(part)
+        offset, size = offset + len(part), size - len(part)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 _decode = msgspec.json.Decoder().decode
+
+
+def json_values(lines: list[str], decode: Callable[[str], Any] | None = None) -> list[Any]:
+    """``lines`` as JSON values, by ``decode`` (:func:`json_value` unless given); a line that is not JSON (that it
+    raises ValueError for) is left out."""
+    decode = decode or json_value
+    found = []
+    for line in lines:
+        try:
+            found.append(decode(line))
+        except ValueError:
+            continue
+    return found
 
 
 def json_value(line: str) -> Any:

@@ -25,10 +25,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from diagtrain.profiler.analyzer.read.row_groups import Columns, Row, columns_of, groups_of
+import msgspec
+
+from diagtrain.profiler.analyzer.read.row_groups import Columns, Group, Row, columns_of, groups_decoded, groups_of
 from diagtrain.profiler.analyzer.read.run_files import StepFile, add_step, p2p_from_json, p2p_to_json
 from diagtrain.profiler.analyzer.read.step_cache import CacheFeeder
 from diagtrain.profiler.analyzer.read.step_tail import JsonlTail, RankSteps, StepFilesTail
+from diagtrain.profiler.step_files import Opened, json_value, json_values, open_read
 from diagtrain.profiler.run_dir import (ANALYSIS_CACHE, HOST_STEPS_SUMMARY, HOSTS_DIR, STEPS_FILE, JsonlAppender, RankIndex,
                                         compress_segments)
 
@@ -153,7 +156,9 @@ class HostSummary:
         self.ranks: dict[int, RankSteps] = {}  # the ranks read from here, as their rows come
         self.elsewhere: set[int] = set()  # ranks of this host read from their own files: their rows are skipped
         self.heard_at = time.time()  # when its last line came, by this reader's clock
-        self.columns: dict[tuple[Any, ...], Columns] = {}  # its groups' sets of names: shared by their rows
+        # Its groups' sets of names, shared by their rows: of the lines decoded as plain JSON (the others' are shared
+        # by every host's summary: _named_alike).
+        self.columns: dict[tuple[Any, ...], Columns] = {}
         self.new_ranks: list[int] = []  # the ranks the last read saw here first
         self.named = False  # whether the last read found a rank naming a phase it had not named before
 
@@ -163,15 +168,19 @@ class HostSummary:
         self.new_ranks, self.named = [], False
         for line in self._lines():
             self.heard_at = time.time()
-            if not isinstance(line, dict):
+            if isinstance(line, _Line):
+                groups, extra = groups_decoded(line.groups, _named_alike()), line.extra
+            elif isinstance(line, dict):  # a line the decoder refused as a _Line
+                groups, extra = groups_of(line.get("groups"), self.columns), line.get("extra")
+            else:
                 continue  # a damaged line
-            for columns, values in groups_of(line.get("groups"), self.columns):  # no dict per row
+            for columns, values in groups:  # no dict per row
                 self._add(columns, values, added)
-            for rank, more in (line.get("extra") or {}).items():
+            for rank, more in (extra or {}).items():
                 if rank.isdigit() and int(rank) in self.ranks and isinstance(more, dict):
                     self.named |= _found(self.ranks[int(rank)].found, more)
         for rank, holder in self.ranks.items():
-            rows = added.get(rank, {})
+            rows = added.get(rank) or {}  # a fresh dict only for a rank without rows (every rank's is its own)
             holder.found.lines += len(rows)
             holder.take(rows)
         return sum(map(len, added.values()))
@@ -182,39 +191,85 @@ class HostSummary:
         at_rank, at_step = columns.at.get("rank"), columns.at.get("step")
         if at_rank is None or at_step is None:
             return
+        ranks, elsewhere = self.ranks, self.elsewhere  # looked up once a group, not once a row
         for cells in values:
             rank, step = cells[at_rank], cells[at_step]
-            if isinstance(rank, int) and rank not in self.elsewhere and isinstance(step, int):
-                if rank not in self.ranks:  # a rank the reader has not seen yet (made only then: 8,192 a read)
-                    self.ranks[rank] = RankSteps(rank, self.keep)
+            if isinstance(rank, int) and isinstance(step, int) and rank not in elsewhere:
+                if rank not in ranks:  # a rank the reader has not seen yet (made only then: 8,192 a read)
+                    ranks[rank] = RankSteps(rank, self.keep)
                     self.new_ranks.append(rank)
                 added.setdefault(rank, {})[step] = Row(columns, cells)
 
     def _lines(self) -> list[Any]:
         """The lines appended since the last read: where the summary was set aside since, the rest of the old file
         first, then the fresh one from its start (at the first read, the whole file set aside last, if any)."""
+        opened = open_read(self.path)  # the file whose inode is checked is the one read (one open, no stat besides)
         try:
-            inode = os.stat(self.path).st_ino
+            return self._lines_of(opened)
+        finally:
+            if opened is not None:
+                os.close(opened.fd)
+
+    def _lines_of(self, opened: Opened | None) -> list[Any]:
+        """:meth:`_lines`, the summary opened (None: not openable now, its inode as the path's status says)."""
+        try:
+            inode = opened.info.st_ino if opened is not None else os.stat(self.path).st_ino
         except OSError:
             return []
         lines = []
         if self.inode is None:  # a reader that comes after a summary was set aside: its lines first
-            lines = JsonlTail(set_aside(self.path)).read_json()
+            lines = JsonlTail(set_aside(self.path)).read()
         elif inode != self.inode:
             old = JsonlTail(set_aside(self.path))
             old.offset = self.tail.offset
             try:
                 if os.stat(old.path).st_ino == self.inode:
-                    lines = old.read_json()
+                    lines = old.read()
             except OSError:
                 pass  # set aside twice since the last read (hours unread): lost to live judgement, not to the ranks' files
             self.tail = JsonlTail(self.path)
         self.inode = inode
-        return lines + self.tail.read_json()
+        return json_values(lines + self.tail.read(opened), _line_of)
 
     def silent_s(self, now: float) -> float:
         """Seconds since its last line (beats included)."""
         return now - self.heard_at
+
+
+# The columns of every host's summary lines decoded as _Lines (names that are strings), one Columns a set of names:
+# the hosts name the same few sets, and a table of every host's rows (row_groups.table_of) then finds one, not one a
+# host (a millisecond a judgement at 8,192 ranks). A set's columns never change, so nothing invalidates them; past
+# SHARED_COLUMNS sets (names that change without end) they are begun afresh, each row keeping its own.
+SHARED_COLUMNS = 1024
+_shared_columns: dict[tuple[Any, ...], Columns] = {}
+
+
+def _named_alike() -> dict[tuple[Any, ...], Columns]:
+    """The columns shared by every host's summary lines (row_groups.groups_decoded's ``known``)."""
+    if len(_shared_columns) > SHARED_COLUMNS:
+        _shared_columns.clear()
+    return _shared_columns
+
+
+class _Line(msgspec.Struct):
+    """A summary line as the judge decodes it first: its groups as row_groups.Group (their rows tuples from the
+    decoder), its extra as JSON (a beat is one without either). A line that is not one (a group that is none, a name
+    that is no string, a NaN) is decoded as plain JSON, and read as before."""
+
+    groups: list[Group] = []
+    extra: Any = None
+
+
+_decode_line = msgspec.json.Decoder(_Line).decode
+
+
+def _line_of(text: str) -> Any:
+    """One summary line: a :class:`_Line` where it is one, else its JSON value (step_files.json_value: ValueError
+    where it is not JSON)."""
+    try:
+        return _decode_line(text)
+    except msgspec.DecodeError:  # not a _Line (a ValidationError is one), or not what msgspec reads (NaN): as JSON
+        return json_value(text)
 
 
 def _found(found: StepFile, more: dict[str, Any]) -> bool:
