@@ -14,7 +14,7 @@ from rich.console import Console
 
 from diagtrain.profiler.collect import manifest, telemetry, watchdog
 from diagtrain.profiler.collect.launcher import Collection
-from diagtrain.profiler.collect.live import LiveDiagnosis, LiveWork
+from diagtrain.profiler.collect.live import LiveDiagnosis, LiveWork, Verdict
 from diagtrain.profiler.collect.metrics import LiveMetrics
 from diagtrain.profiler.collect.metrics import serve as serve_metrics
 from diagtrain.profiler.rank import BOOTSTRAP_DIR
@@ -129,13 +129,18 @@ def run_command(args: argparse.Namespace, argv: list[str]) -> int:
 def live_diagnosis(out: Path, host: str, metrics: LiveMetrics | None) -> LiveDiagnosis:
     """The analyzer's live judgement, run beside the job by the launcher (made in its thread: the
     analyzer's imports take a second that the job's start should not wait for)."""
-    def make() -> tuple:
+    def make() -> LiveWork:
         from diagtrain.profiler.analyzer.judge.live_judge import Live, LiveJudge
         from diagtrain.profiler.analyzer.read.host_summary import HostReducer
         from diagtrain.profiler.analyzer.report.wording import worded
 
         judge, reducer = LiveJudge(out), HostReducer(out, host)
-        return LiveWork(lambda: worded(judge.judge()), Live.active().interval_s,
+
+        def judged() -> Verdict:
+            verdict = worded(judge.judge())
+            judge.spare_readers()  # this process is the wrapper's: what the judge holds, it holds to the end
+            return verdict
+        return LiveWork(judged, Live.active().interval_s,
                         lambda: reducer.reduce(Live.active().cache_lines, Live.active().cache_cpu_s))
     return LiveDiagnosis(out, host, make, metrics)
 
