@@ -137,7 +137,9 @@ def test_a_summarys_rows_read_as_groups_make_the_windows_the_per_row_path_made(t
 
 def test_rows_read_back_are_read_as_their_dicts_and_tabled_as_one_frame_of_them():
     groups = [{"columns": ["rank", "step", "x", "x"], "rows": [[1, 2, 3, 4], [5], "no row"]},
-              {"columns": ["rank", "step", "y"], "rows": [[0, 1, True], [2, 3, None]]}, {"columns": ["rank"]}]
+              {"columns": ["rank", "step", "y"], "rows": [[0, 1, True], [2, 3, None]]}, {"columns": ["rank"]},
+              # names no column can have (a damaged line): the group left out, not the read failed
+              {"columns": ["rank", ["step"]], "rows": [[7, 8]]}, {"columns": [{"a": 1}, "step"], "rows": [[7, 8]]}]
     rows = rows_of(groups, {})
     dicts = [{"rank": 1, "step": 2, "x": 4}, {"rank": 0, "step": 1, "y": True}, {"rank": 2, "step": 3, "y": None}]
     assert rows == dicts and [dict(r) for r in rows] == dicts and [{**r} for r in rows] == dicts

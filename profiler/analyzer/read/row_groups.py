@@ -101,7 +101,8 @@ def groups_of(groups: Any, known: dict[tuple[Any, ...], Columns]) -> list[tuple[
     for group in groups if isinstance(groups, list) else []:
         names = group.get("columns") if isinstance(group, dict) else None
         values = group.get("rows") if isinstance(names, list) else None
-        if isinstance(values, list):
+        # A name JSON gives as a list or an object cannot name a column (nor key one): a damaged group, left out.
+        if isinstance(values, list) and not any(isinstance(name, (list, dict)) for name in names):
             width = len(names)
             found.append(_group(tuple(names), [tuple(v) for v in values if isinstance(v, list) and len(v) == width],
                                 known))
