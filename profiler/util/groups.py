@@ -41,6 +41,18 @@ def _spans_few(keys: np.ndarray) -> bool:
     return keys.dtype.kind in "iu" and len(keys) > 0 and int(keys.max()) - int(keys.min()) < len(keys)
 
 
+def merged_order(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """The order of ``first`` then ``second`` (each ascending, no key in both) that sorts them: positions in the two
+    together, each of ``second``'s placed after the keys of ``first`` below it and the ones of its own before it, not a
+    sort of them all (a live window's rows that stay and its new step's, 163,840 at 8,192 ranks)."""
+    placed = np.searchsorted(first, second) + np.arange(len(second))
+    order = np.empty(len(first) + len(second), dtype=np.int64)
+    from_second = np.zeros(len(order), dtype=bool)
+    from_second[placed] = True
+    order[placed], order[~from_second] = len(first) + np.arange(len(second)), np.arange(len(first))
+    return order
+
+
 def strictly_ordered(first: np.ndarray, second: np.ndarray) -> bool:
     """Whether rows are sorted by ``first``, then ``second``, each pair once (a steps table by rank, then step)."""
     return bool(np.all((first[1:] > first[:-1]) | ((first[1:] == first[:-1]) & (second[1:] > second[:-1]))))

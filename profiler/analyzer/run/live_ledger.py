@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from diagtrain.profiler.analyzer.run import job_time, ledger
-from diagtrain.profiler.util.groups import ranked, stable_order, strictly_ordered
+from diagtrain.profiler.util.groups import merged_order, ranked, stable_order, strictly_ordered
 
 if TYPE_CHECKING:  # built with the tables (tables.assemble)
     from diagtrain.profiler.analyzer.run.tables import Tables
@@ -170,12 +170,7 @@ def _merged(keys: np.ndarray, first: int) -> np.ndarray:
     a, b = keys[:first], keys[first:]
     if not (np.all(a[1:] > a[:-1]) and np.all(b[1:] > b[:-1])):
         return stable_order(keys)
-    fresh_at = np.searchsorted(a, b) + np.arange(len(b))  # each fresh row after the rows below it, and the fresh before
-    order = np.empty(len(keys), dtype=np.int64)
-    placed = np.zeros(len(keys), dtype=bool)
-    placed[fresh_at] = True
-    order[fresh_at], order[~placed] = first + np.arange(len(b)), np.arange(first)
-    return order
+    return merged_order(a, b)
 
 
 class _Grid:
@@ -250,8 +245,8 @@ class _Overlap:
             return None
         span = (self.ranks - 1) * self.width + self.run  # from the first rank's first common cell to the last's last
         a, b = was[self.was_first:self.was_first + span], now[self.now_first:self.now_first + span]
-        if bits and a.dtype.kind == "f":  # bits, not values: NaN is then the same as NaN, and one pass does
-            a, b = a.view(f"u{a.itemsize}"), b.view(f"u{b.itemsize}")
+        if bits:
+            a, b = _bits(a), _bits(b)
         same = np.ones((self.ranks, self.width), dtype=bool)
         np.equal(a, b, out=same.reshape(-1)[:span])
         same[:, self.run:] = True  # the stretch's cells of steps not both hold
@@ -345,15 +340,17 @@ def _identical(a: np.ndarray, b: np.ndarray) -> bool:
     comparison, where :func:`_equal`'s of floats takes four passes."""
     if a.dtype != b.dtype or a.shape != b.shape or a.dtype.kind not in "fiub":
         return False
-    if a.dtype.kind == "f":  # bits, not values: NaN is then the same as NaN, and one pass does
-        return bool((a.view(f"u{a.itemsize}") == b.view(f"u{b.itemsize}")).all())
-    return np.array_equal(a, b)
+    return bool((_bits(a) == _bits(b)).all())
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    """Floats as their bits (NaN is then the same as NaN, and one comparison does); other numbers as they are."""
+    return a.view(f"u{a.itemsize}") if a.dtype.kind == "f" else a
 
 
 def _equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Per element, whether two columns (or arrays of one shape) hold the same value (NaN the same as NaN). Values
-    that cannot be compared
-    one by one (arrays in a column) are taken to differ: their step is built again."""
+    that cannot be compared one by one (arrays in a column) are taken to differ: their step is built again."""
     if a.dtype != b.dtype:
         return np.zeros(a.shape, dtype=bool)
     if a.dtype.kind == "f":

@@ -35,7 +35,7 @@ from diagtrain.profiler.analyzer.run.tables import UNKNOWN_DROPPED, Tables, asse
 from diagtrain.profiler.run_dir import (ANALYSIS_CACHE, HOSTS_DIR, STEPS_FILE, FolderWatch, RankIndex, closed_segments,
                                         read_hosts)
 from diagtrain.profiler.util.bounded_read import InputError
-from diagtrain.profiler.util.groups import stable_order
+from diagtrain.profiler.util.groups import merged_order, stable_order
 
 GROUPS_PATIENCE = 3  # reads of a rank's steps without its process_groups.json before it is taken to have none
 TELEMETRY_MARGIN_S = 5.0  # telemetry kept from this long before the window's first step: its first sample
@@ -116,7 +116,7 @@ class LiveSteps:
             self._phases = None
         new += direct
         if self.window_steps is not None:
-            self.rows.add([row for held in self.steps.values() for row in held.added.values()])
+            self.rows.add(self.added())
             self.rows.trim(min((held.first for held in self.steps.values() if held.rows), default=0))
         self.new_samples = []
         for path in self.host_files().telemetry:
@@ -131,6 +131,10 @@ class LiveSteps:
             except (InputError, OSError):
                 self.trainer = {}  # not readable: the structure comes from the step records alone
         return new
+
+    def added(self) -> list[Mapping[str, Any]]:
+        """The step rows the last :meth:`read` added (or replaced), rank by rank."""
+        return [row for held in self.steps.values() for row in held.added.values()]
 
     def _place(self, rank: int, host: str | None) -> None:
         """Read ``rank`` through its host's summary where its wrapper writes one, else from its own file: decided
@@ -448,14 +452,8 @@ def _merged(held: pd.DataFrame, fresh: pd.DataFrame, after: int) -> pd.DataFrame
     def keys(rows: pd.DataFrame, at: np.ndarray | slice) -> np.ndarray:
         return (rows["rank"].to_numpy()[at].astype(np.int64) - low) * span + rows["step"].to_numpy()[at] - after
 
-    # A fresh row's place: after the held rows of keys below its own (its rank's held steps come first), and the
-    # fresh rows before it.
-    places = np.searchsorted(keys(held, kept), keys(fresh, slice(None))) + np.arange(len(fresh))
-    order = np.empty(len(kept) + len(fresh), dtype=np.int64)
-    is_fresh = np.zeros(len(order), dtype=bool)
-    is_fresh[places] = True
-    order[places] = len(held) + np.arange(len(fresh))
-    order[~is_fresh] = kept
+    # Positions in the kept rows then the fresh ones, as rows of held and fresh together
+    order = np.r_[kept, len(held) + np.arange(len(fresh))][merged_order(keys(held, kept), keys(fresh, slice(None)))]
     # A column at a time (numpy's take of each joined column): the frames' concat, then pandas' take of its blocks,
     # copied the window twice (15 ms at 8,192 ranks, this 10).
     return pd.DataFrame({name: np.concatenate([held[name].to_numpy(), fresh[name].to_numpy()]).take(order)

@@ -73,7 +73,7 @@ class RunSoFar:
     def read(self) -> SoFar:
         """Read what was appended since the last call; the tables of the whole run so far."""
         new = self.live.read()
-        added = [row for tail in self.live.steps.values() for row in tail.added.values()]
+        added = self.live.added()
         if added:
             # The device timings' raw lists (of earlier steps) are not kept: the final analysis turns them into columns.
             rows = table_of(added).drop(columns=list(DEVICE_LISTS), errors="ignore")
